@@ -1,0 +1,2 @@
+"""Models: backbones and their layers."""
+from .backbones import *  # noqa: F401,F403

@@ -1,0 +1,4 @@
+"""Registered backbones."""
+from .soft import SOFT
+
+__all__ = ['SOFT']

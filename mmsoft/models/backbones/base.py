@@ -1,0 +1,105 @@
+"""What the multi-stage backbones share: freezing, norm_eval, checkpointing."""
+from typing import List, Optional
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...utils import check_frozen_stages, check_image_batch
+
+
+def init_transformer_weights(module: nn.Module) -> None:
+    """Truncated-normal (std 0.02) Linear weights, zero biases, unit LayerNorms."""
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class MultiStageBackbone(BaseModule):
+    """Base of the backbones: the OpenMMLab conventions in one place.
+
+    Subclasses list what belongs to each stage in :meth:`stage_parts` and
+    implement their own initialisation in :meth:`init_from_scratch`.
+
+    Args:
+        in_channels (int): Channels of the input image.
+        num_stages (int): Number of freezable stages.
+        frozen_stages (int): Stages whose parameters are frozen and whose
+            norm layers stay in eval mode; -1 freezes nothing. Default: -1.
+        norm_eval (bool): Keep BatchNorm layers in eval mode while training
+            (running statistics frozen). Default: False.
+        with_cp (bool): Checkpoint each block to save memory at the cost of
+            recomputation. Default: False.
+        min_input_size (int): Smallest accepted image side. Default: 32.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)``
+            loads weights; otherwise the model's own initialisation is used.
+    """
+
+    def __init__(self, in_channels: int, num_stages: int, frozen_stages: int = -1,
+                 norm_eval: bool = False, with_cp: bool = False,
+                 min_input_size: int = 32, init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        check_frozen_stages(frozen_stages, num_stages)
+        self.in_channels = in_channels
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.min_input_size = min_input_size
+
+    def stage_parts(self, stage: int) -> List:
+        """Modules and parameters frozen by ``frozen_stages``.
+
+        ``stage`` 0 is the stem (the first patch embedding); stage ``i >= 1``
+        is everything of the i-th stage.
+        """
+        raise NotImplementedError
+
+    def init_from_scratch(self) -> None:
+        """Initialisation used when ``init_cfg`` loads no checkpoint."""
+        raise NotImplementedError
+
+    def init_weights(self) -> None:
+        """Loads ``init_cfg``'s checkpoint, or initialises from scratch."""
+        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
+            super().init_weights()
+        else:
+            self.init_from_scratch()
+        self.freeze_stages()
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """Raises ``ValueError`` for a wrong channel count or a too small image."""
+        check_image_batch(x, self.in_channels, self.min_input_size)
+
+    def run_block(self, block: nn.Module, x: torch.Tensor, *args) -> torch.Tensor:
+        """Runs ``block(x, *args)``, checkpointed when ``with_cp`` and training."""
+        if self.with_cp and self.training and x.requires_grad:
+            return cp.checkpoint(block, x, *args, use_reentrant=False)
+        return block(x, *args)
+
+    def freeze_stages(self) -> None:
+        """Stops gradients of the frozen stages and puts them in eval mode."""
+        for stage in range(self.frozen_stages + 1):
+            for part in self.stage_parts(stage):
+                if isinstance(part, nn.Parameter):
+                    part.requires_grad = False
+                    continue
+                part.eval()
+                for param in part.parameters():
+                    param.requires_grad = False
+
+    def train(self, mode: bool = True):
+        """Sets train mode, keeping frozen stages and (with norm_eval) BN in eval."""
+        super().train(mode)
+        self.freeze_stages()
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, _BatchNorm):
+                    module.eval()
+        return self

@@ -1,0 +1,49 @@
+"""Caps the number of bottleneck tokens of SOFT attention."""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+
+def capped_grid_size(height: int, width: int,
+                     max_tokens: Optional[int]) -> Tuple[int, int]:
+    """Largest grid with the aspect ratio of ``height x width`` and at most
+    ``max_tokens`` cells; the grid itself when it is already small enough.
+
+    Args:
+        height (int): Rows of the bottleneck grid.
+        width (int): Columns of the bottleneck grid.
+        max_tokens (int | None): The cap; None disables it.
+
+    Returns:
+        tuple[int, int]: (rows, columns) with rows * columns <= max_tokens.
+    """
+    if max_tokens is None or height * width <= max_tokens:
+        return height, width
+    scale = math.sqrt(max_tokens / (height * width))
+    rows = min(height, max(1, math.floor(height * scale)))
+    cols = min(width, max(1, math.floor(width * scale)))
+    # Only a side clamped up to 1 can push the product over the cap.
+    rows = min(rows, max_tokens // cols)
+    cols = min(cols, max_tokens // rows)
+    return rows, cols
+
+
+def cap_bottleneck_grid(grid: torch.Tensor, max_tokens: Optional[int]) -> torch.Tensor:
+    """Average-pools a bottleneck grid down to at most ``max_tokens`` cells.
+
+    Pooling keeps the cost of SOFT attention linear in the number of pixels:
+    with m bounded, the kernel is O(N m d) and the inverse O(m^3).
+
+    Args:
+        grid (Tensor): Shape (B, d, h, w).
+        max_tokens (int | None): The cap; None disables it.
+
+    Returns:
+        Tensor: Shape (B, d, h', w') with h' * w' <= max_tokens.
+    """
+    size = capped_grid_size(grid.shape[-2], grid.shape[-1], max_tokens)
+    if size == tuple(grid.shape[-2:]):
+        return grid
+    return F.adaptive_avg_pool2d(grid, size)

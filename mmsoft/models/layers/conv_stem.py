@@ -1,0 +1,46 @@
+"""Convolutional patch embedding: a stack of 3x3 conv + BN + activation."""
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+
+class ConvPatchEmbed(nn.Module):
+    """Image (or feature map) to tokens through 3x3 convolutions.
+
+    Each layer is ``Conv2d(3x3, stride, padding=1) -> BatchNorm2d -> act``;
+    a stride-2 layer maps a side of length L to ceil(L / 2), so any input size
+    works without padding. The layers live in ``self.proj`` (an
+    ``nn.Sequential``), activations included, so that parameter names follow
+    the reference checkpoints (``proj.0``, ``proj.1``, ``proj.3``, ...).
+
+    Args:
+        channels (Sequence[int]): Input channels followed by each layer's
+            output channels.
+        strides (Sequence[int]): Stride of each layer.
+        act_layer (type): Activation class. Default: ``nn.ReLU``.
+        last_act (bool): Whether the last layer has an activation.
+            Default: True.
+    """
+
+    def __init__(self, channels: Sequence[int], strides: Sequence[int],
+                 act_layer: type = nn.ReLU, last_act: bool = True):
+        super().__init__()
+        if len(channels) != len(strides) + 1:
+            raise ValueError(f'channels={list(channels)} needs one entry more than '
+                             f'strides={list(strides)}.')
+        layers = []
+        for i, stride in enumerate(strides):
+            layers += [
+                nn.Conv2d(channels[i], channels[i + 1], 3, stride, padding=1),
+                nn.BatchNorm2d(channels[i + 1])
+            ]
+            if last_act or i < len(strides) - 1:
+                layers.append(act_layer())
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """(B, C_in, H, W) -> tokens (B, H' * W', C_out) and (H', W')."""
+        x = self.proj(x)
+        hw_shape = tuple(x.shape[-2:])
+        return x.flatten(2).transpose(1, 2), hw_shape

@@ -1,0 +1,71 @@
+"""Position information for token grids of any size."""
+import math
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
+                     dst_shape: Tuple[int, int]) -> torch.Tensor:
+    """Bilinearly resizes a learned grid of position embeddings.
+
+    Args:
+        pos_embed (Tensor): Shape (1, Hs * Ws, C).
+        src_shape (tuple[int, int]): The grid (Hs, Ws) it was learned on.
+        dst_shape (tuple[int, int]): The grid (H, W) wanted.
+
+    Returns:
+        Tensor: Shape (1, H * W, C).
+    """
+    if tuple(src_shape) == tuple(dst_shape):
+        return pos_embed
+    channels = pos_embed.shape[-1]
+    grid = pos_embed.reshape(1, *src_shape, channels).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=dst_shape, mode='bilinear', align_corners=False)
+    return grid.flatten(2).transpose(1, 2)
+
+
+class FourierPositionEncoding(nn.Module):
+    """Sinusoidal encoding of normalised (y, x) coordinates, projected by 1x1 conv.
+
+    Computed for the actual grid at every forward, so nothing is tied to a
+    training resolution. Coordinates are the cell indices ``1..H`` and
+    ``1..W`` normalised to (0, 2*pi]; each is encoded by ``hidden_dims``
+    sines/cosines of geometrically spaced frequencies.
+
+    Args:
+        embed_dims (int): Output channels.
+        hidden_dims (int): Features per coordinate. Default: 32.
+        temperature (float): Frequency base. Default: 10000.
+    """
+
+    def __init__(self, embed_dims: int, hidden_dims: int = 32,
+                 temperature: float = 10000.):
+        super().__init__()
+        self.hidden_dims = hidden_dims
+        self.temperature = temperature
+        self.proj = nn.Conv2d(2 * hidden_dims, embed_dims, kernel_size=1)
+
+    def encode_axis(self, length: int, device) -> torch.Tensor:
+        """Sinusoidal features of one axis: (length, hidden_dims)."""
+        coords = torch.arange(1, length + 1, dtype=torch.float32, device=device)
+        coords = coords / (length + 1e-6) * 2 * math.pi  # (length, )
+        index = torch.arange(self.hidden_dims, dtype=torch.float32, device=device)
+        freqs = self.temperature**(2 * torch.div(index, 2, rounding_mode='floor') /
+                                   self.hidden_dims)
+        angles = coords[:, None] / freqs  # (length, hidden)
+        return torch.stack((angles[:, 0::2].sin(), angles[:, 1::2].cos()),
+                           dim=2).flatten(1)
+
+    def forward(self, batch: int, hw_shape: Tuple[int, int],
+                device=None) -> torch.Tensor:
+        """Encoding of a (H, W) grid: (batch, embed_dims, H, W)."""
+        height, width = hw_shape
+        device = device or self.proj.weight.device
+        pos_y = self.encode_axis(height, device)[:, None, :].expand(-1, width, -1)
+        pos_x = self.encode_axis(width, device)[None, :, :].expand(height, -1, -1)
+        pos = torch.cat((pos_y, pos_x), dim=-1).permute(2, 0, 1)  # (2*hidden, H, W)
+        pos = pos.to(self.proj.weight.dtype).unsqueeze(0)
+        return self.proj(pos).expand(batch, -1, -1, -1)

@@ -1,0 +1,161 @@
+"""SOFT attention: softmax-free Gaussian-kernel attention of linear cost."""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+
+from .bottleneck_pool import cap_bottleneck_grid
+from .gaussian_kernel import gaussian_kernel
+from .kernel_inverse import kernel_inverse
+from .heads import merge_heads, split_heads
+
+
+def full_precision(tensor: torch.Tensor) -> torch.Tensor:
+    """Casts half/bfloat16 tensors to float32; float32/64 pass through."""
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        return tensor.float()
+    return tensor
+
+
+def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
+                              values: torch.Tensor, variant: str, solver: str,
+                              newton_iters: int) -> torch.Tensor:
+    """``K1 . M . (K1^T V)``: the low-rank part of SOFT attention.
+
+    ``K1 = k(Q, L)``, ``A = k(L, L)`` with the Gaussian kernel ``k``;
+    ``M = (A + 0.01 I)^-1`` for ``'soft'`` and ``D^-1/2 pinv(A) D^-1/2`` with
+    ``D = diag(A 1)`` for ``'soft++'``. The product is evaluated right to left,
+    so it costs O(N m d) and never forms an (N, N) matrix.
+
+    Args:
+        queries (Tensor): Scaled queries Q (= keys), shape (B, h, N, d).
+        bottleneck (Tensor): Bottleneck tokens L, shape (B, h, m, d).
+        values (Tensor): Values V, shape (B, h, N, d).
+        variant (str): ``'soft'`` or ``'soft++'``.
+        solver (str): ``'newton'`` or ``'cholesky'``.
+        newton_iters (int): Newton iterations.
+
+    Returns:
+        Tensor: Shape (B, h, N, d).
+    """
+    query_kernel = gaussian_kernel(queries, bottleneck)  # (B, h, N, m)
+    bottleneck_kernel = gaussian_kernel(bottleneck, bottleneck)  # (B, h, m, m)
+    middle = kernel_inverse(bottleneck_kernel, variant, solver, newton_iters)
+    if variant == 'soft++':
+        inv_sqrt_degree = bottleneck_kernel.sum(-1).rsqrt()  # (B, h, m)
+        middle = inv_sqrt_degree.unsqueeze(-1) * middle * inv_sqrt_degree.unsqueeze(-2)
+    summary = query_kernel.transpose(-1, -2) @ values  # (B, h, m, d)
+    return query_kernel @ (middle @ summary)  # (B, h, N, d)
+
+
+class SoftAttention(BaseModule):
+    """Softmax-free self-attention with a shared query/key projection.
+
+    ``out = ff(K1 . M . (K1^T V) + DWConv(V))`` where the queries double as
+    keys, the bottleneck tokens L come from a stride-``sr_ratio`` convolution
+    of the query grid (shared across heads) followed by LayerNorm and GELU,
+    and ``M`` is the (regularised or symmetric-normalised pseudo-) inverse of
+    the bottleneck kernel matrix (see :func:`low_rank_kernel_attention`).
+
+    Args:
+        embed_dims (int): Token width C.
+        num_heads (int): Number of heads; ``embed_dims`` must be a multiple.
+        sr_ratio (int): Stride of the bottleneck convolution.
+        local_kernel_size (int): Kernel of the depth-wise convolution on V,
+            one kernel per head shared over its channels.
+        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
+        solver (str): ``'newton'`` or ``'cholesky'``. Default: ``'newton'``.
+        newton_iters (int): Newton iterations. Default: 20.
+        max_bottleneck_tokens (int, optional): Cap on the bottleneck token
+            count m; a larger bottleneck grid is average-pooled down to it.
+            None keeps every token. Default: None.
+        init_cfg (dict, optional): Initialization config. Default: None.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sr_ratio: int,
+                 local_kernel_size: int,
+                 variant: str = 'soft',
+                 solver: str = 'newton',
+                 newton_iters: int = 20,
+                 max_bottleneck_tokens: Optional[int] = None,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'embed_dims={embed_dims} is not divisible by '
+                             f'num_heads={num_heads}.')
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.variant = variant
+        self.solver = solver
+        self.newton_iters = newton_iters
+        self.max_bottleneck_tokens = max_bottleneck_tokens
+
+        self.q_proj = nn.Linear(embed_dims, embed_dims)
+        self.v_proj = nn.Linear(embed_dims, embed_dims)
+        self.bottleneck_conv = nn.Conv2d(
+            self.head_dims, self.head_dims, sr_ratio, stride=sr_ratio, bias=False)
+        self.bottleneck_norm = nn.LayerNorm(self.head_dims)
+        self.local_conv = nn.Conv2d(
+            num_heads, num_heads, local_kernel_size,
+            padding=local_kernel_size // 2, groups=num_heads, bias=False)
+        self.out_proj = nn.Linear(embed_dims, embed_dims)
+
+    def bottleneck_tokens(self, queries: torch.Tensor, hw_shape) -> torch.Tensor:
+        """Bottleneck tokens L from the query grid.
+
+        Args:
+            queries (Tensor): Scaled queries, shape (B, h, N, d).
+            hw_shape (tuple[int, int]): The grid (H, W) with H * W = N.
+
+        Returns:
+            Tensor: Shape (B, h, m, d).
+        """
+        batch, heads, _, dims = queries.shape
+        grid = queries.reshape(batch * heads, *hw_shape, dims).permute(0, 3, 1, 2)
+        grid = self.bottleneck_conv(grid)  # (B*h, d, H/r, W/r)
+        grid = cap_bottleneck_grid(grid, self.max_bottleneck_tokens)
+        tokens = grid.flatten(2).transpose(1, 2).reshape(batch, heads, -1, dims)
+        return F.gelu(self.bottleneck_norm(tokens))
+
+    def local_term(self, values: torch.Tensor, hw_shape) -> torch.Tensor:
+        """Depth-wise convolution of V, one kernel per head.
+
+        Args:
+            values (Tensor): Shape (B, h, N, d).
+            hw_shape (tuple[int, int]): The grid (H, W).
+
+        Returns:
+            Tensor: Shape (B, h, N, d).
+        """
+        batch, heads, tokens, dims = values.shape
+        grid = values.reshape(batch, heads, *hw_shape, dims).permute(0, 4, 1, 2, 3)
+        grid = self.local_conv(grid.reshape(batch * dims, heads, *hw_shape))
+        grid = grid.reshape(batch, dims, heads, tokens)
+        return grid.permute(0, 2, 3, 1)
+
+    def forward(self, x: torch.Tensor, hw_shape) -> torch.Tensor:
+        """Forward.
+
+        Args:
+            x (Tensor): Tokens, shape (B, N, C).
+            hw_shape (tuple[int, int]): The token grid (H, W), H * W = N.
+
+        Returns:
+            Tensor: Shape (B, N, C).
+        """
+        queries = split_heads(self.q_proj(x), self.num_heads)  # (B, h, N, d)
+        values = split_heads(self.v_proj(x), self.num_heads)  # (B, h, N, d)
+        queries = queries * self.head_dims**-0.25
+        bottleneck = self.bottleneck_tokens(queries, hw_shape)  # (B, h, m, d)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            out = low_rank_kernel_attention(
+                full_precision(queries), full_precision(bottleneck),
+                full_precision(values), self.variant, self.solver,
+                self.newton_iters)
+        out = out.to(values.dtype) + self.local_term(values, hw_shape)
+        return self.out_proj(merge_heads(out))

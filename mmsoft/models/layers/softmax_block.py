@@ -1,0 +1,66 @@
+"""A pre-norm softmax-attention block (SOFT's last stage, as in PVT)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn.bricks import DropPath
+
+from .heads import merge_heads, split_heads
+from .mlp import MLP
+
+
+class GlobalSoftmaxAttention(nn.Module):
+    """Multi-head softmax attention over all tokens.
+
+    Args:
+        embed_dims (int): Token width C.
+        num_heads (int): Number of heads.
+        qkv_bias (bool): Bias of the query and key/value projections.
+            Default: True.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, qkv_bias: bool = True):
+        super().__init__()
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'embed_dims={embed_dims} is not divisible by '
+                             f'num_heads={num_heads}.')
+        self.num_heads = num_heads
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C)."""
+        queries = split_heads(self.q(x), self.num_heads)  # (B, h, N, d)
+        keys, values = self.kv(x).chunk(2, dim=-1)
+        keys = split_heads(keys, self.num_heads)
+        values = split_heads(values, self.num_heads)
+        out = F.scaled_dot_product_attention(queries, keys, values)  # (B, h, N, d)
+        return self.proj(merge_heads(out))
+
+
+class SoftmaxBlock(nn.Module):
+    """``x = x + attn(LN(x)); x = x + MLP(LN(x))`` with softmax attention.
+
+    Args:
+        embed_dims (int): Token width C.
+        num_heads (int): Number of heads.
+        mlp_ratio (float): MLP hidden width / C. Default: 4.
+        drop_path (float): Stochastic depth rate. Default: 0.
+        qkv_bias (bool): Bias of the attention input projections. Default: True.
+        norm_eps (float): LayerNorm epsilon. Default: 1e-6.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, mlp_ratio: float = 4.,
+                 drop_path: float = 0., qkv_bias: bool = True,
+                 norm_eps: float = 1e-6):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.attn = GlobalSoftmaxAttention(embed_dims, num_heads, qkv_bias)
+        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.mlp = MLP(embed_dims, int(embed_dims * mlp_ratio))
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, hw_shape=None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C); ``hw_shape`` is unused."""
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))

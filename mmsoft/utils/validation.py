@@ -1,0 +1,121 @@
+"""Argument and input checks shared by the backbones.
+
+Every check raises :class:`ValueError` with a message that names the argument,
+the value received and what would be accepted.
+"""
+from typing import Iterable, Sequence, Tuple
+
+import torch
+
+
+def check_choice(name: str, value, choices: Iterable) -> None:
+    """Raises unless ``value`` is one of ``choices``."""
+    choices = list(choices)
+    if value not in choices:
+        raise ValueError(f'{name}={value!r} is not supported; expected one of '
+                         f'{choices}.')
+
+
+def check_positive_int(name: str, value, allow_none: bool = False) -> None:
+    """Raises unless ``value`` is an int >= 1 (or None when allowed)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        extra = ' or None' if allow_none else ''
+        raise ValueError(f'{name}={value!r} is invalid; expected an integer >= 1'
+                         f'{extra}.')
+
+
+def check_divisible(name: str, dims: Sequence[int], heads_name: str,
+                    heads: Sequence[int]) -> None:
+    """Raises unless every ``dims[i]`` is divisible by ``heads[i]``."""
+    for i, (dim, head) in enumerate(zip(dims, heads)):
+        if head < 1 or dim % head != 0:
+            raise ValueError(
+                f'{name}[{i}]={dim} is not divisible by {heads_name}[{i}]={head}; '
+                f'the width must be a multiple of the number of heads.')
+
+
+def check_lengths(arch: dict, keys: Sequence[str], length: int) -> None:
+    """Raises unless each listed per-stage setting has ``length`` entries."""
+    for key in keys:
+        value = arch[key]
+        if not isinstance(value, (list, tuple)) or len(value) != length:
+            raise ValueError(f'arch[{key!r}]={value!r} must be a list of {length} '
+                             f'values, one per stage.')
+
+
+def check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int]:
+    """Validates ``out_indices`` and returns them as a sorted tuple."""
+    if isinstance(out_indices, int):
+        out_indices = (out_indices, )
+    out_indices = tuple(out_indices)
+    if not out_indices or any(
+            not isinstance(i, int) or not 0 <= i < num_outputs
+            for i in out_indices):
+        raise ValueError(f'out_indices={out_indices!r} is invalid; expected '
+                         f'distinct integers in [0, {num_outputs - 1}].')
+    if len(set(out_indices)) != len(out_indices):
+        raise ValueError(f'out_indices={out_indices!r} has repeated entries.')
+    return tuple(sorted(out_indices))
+
+
+def check_frozen_stages(frozen_stages: int, num_stages: int) -> None:
+    """Raises unless ``-1 <= frozen_stages <= num_stages``."""
+    if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= num_stages:
+        raise ValueError(f'frozen_stages={frozen_stages!r} is out of range; '
+                         f'expected an integer in [-1, {num_stages}] '
+                         f'(-1 freezes nothing).')
+
+
+def check_rate(name: str, value: float) -> None:
+    """Raises unless ``0 <= value < 1``."""
+    if not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f'{name}={value!r} is invalid; expected a float in [0, 1).')
+
+
+def check_image_batch(x: torch.Tensor, in_channels: int, min_size: int) -> None:
+    """Raises unless ``x`` is (B, in_channels, H, W) with H, W >= min_size."""
+    if x.dim() != 4:
+        raise ValueError(f'input must be a 4-D tensor (B, C, H, W); got shape '
+                         f'{tuple(x.shape)}.')
+    if x.shape[1] != in_channels:
+        raise ValueError(f'input has {x.shape[1]} channels but the backbone was '
+                         f'built with in_channels={in_channels}; got shape '
+                         f'{tuple(x.shape)}.')
+    height, width = x.shape[-2:]
+    if height < min_size or width < min_size:
+        raise ValueError(f'input of size {height}x{width} is too small; both '
+                         f'sides must be at least {min_size} pixels.')
+
+
+def resolve_arch(arch, arch_table: dict, required_keys: Sequence[str],
+                 defaults: dict = None) -> dict:
+    """Returns the settings of a named ``arch`` or validates a custom dict.
+
+    Args:
+        arch (str | dict): A key of ``arch_table`` or a dict of settings.
+        arch_table (dict): Named architectures.
+        required_keys (Sequence[str]): Keys a custom dict must define.
+        defaults (dict, optional): Values for keys a custom dict may omit.
+
+    Returns:
+        dict: A fresh copy of the settings.
+    """
+    if isinstance(arch, str):
+        check_choice('arch', arch, arch_table)
+        return dict(arch_table[arch])
+    if not isinstance(arch, dict):
+        raise ValueError(f'arch={arch!r} must be one of {list(arch_table)} or a '
+                         f'dict with keys {list(required_keys)}.')
+    missing = [k for k in required_keys if k not in arch]
+    if missing:
+        raise ValueError(f'arch dict {arch!r} lacks the keys {missing}; '
+                         f'required: {list(required_keys)}.')
+    settings = dict(defaults or {})
+    settings.update(arch)
+    unknown = set(settings) - set(required_keys) - set(defaults or {})
+    if unknown:
+        raise ValueError(f'arch dict has unknown keys {sorted(unknown)}; accepted: '
+                         f'{sorted(set(required_keys) | set(defaults or {}))}.')
+    return settings

@@ -1,0 +1,2 @@
+"""Package version."""
+__version__ = '0.1.0'
