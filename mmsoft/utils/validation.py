@@ -100,11 +100,13 @@ def resolve_arch(arch, arch_table: dict, required_keys: Sequence[str],
         defaults (dict, optional): Values for keys a custom dict may omit.
 
     Returns:
-        dict: A fresh copy of the settings.
+        dict: A fresh copy of the settings, ``defaults`` filled in.
     """
+    settings = dict(defaults or {})
     if isinstance(arch, str):
         check_choice('arch', arch, arch_table)
-        return dict(arch_table[arch])
+        settings.update(arch_table[arch])
+        return settings
     if not isinstance(arch, dict):
         raise ValueError(f'arch={arch!r} must be one of {list(arch_table)} or a '
                          f'dict with keys {list(required_keys)}.')
@@ -112,7 +114,6 @@ def resolve_arch(arch, arch_table: dict, required_keys: Sequence[str],
     if missing:
         raise ValueError(f'arch dict {arch!r} lacks the keys {missing}; '
                          f'required: {list(required_keys)}.')
-    settings = dict(defaults or {})
     settings.update(arch)
     unknown = set(settings) - set(required_keys) - set(defaults or {})
     if unknown:

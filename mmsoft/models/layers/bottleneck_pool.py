@@ -25,8 +25,10 @@ def capped_grid_size(height: int, width: int,
     rows = min(height, max(1, math.floor(height * scale)))
     cols = min(width, max(1, math.floor(width * scale)))
     # Only a side clamped up to 1 can push the product over the cap.
-    rows = min(rows, max_tokens // cols)
-    cols = min(cols, max_tokens // rows)
+    if rows == 1:
+        cols = min(cols, max_tokens)
+    if cols == 1:
+        rows = min(rows, max_tokens)
     return rows, cols
 
 

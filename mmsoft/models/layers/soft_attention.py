@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from .bottleneck_pool import cap_bottleneck_grid
+from .chunked_kernel_product import chunked_kernel_product
 from .gaussian_kernel import gaussian_kernel
 from .kernel_inverse import kernel_inverse
 from .heads import merge_heads, split_heads
@@ -21,13 +22,16 @@ def full_precision(tensor: torch.Tensor) -> torch.Tensor:
 
 def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
                               values: torch.Tensor, variant: str, solver: str,
-                              newton_iters: int) -> torch.Tensor:
+                              newton_iters: int,
+                              chunk_tokens: Optional[int] = None) -> torch.Tensor:
     """``K1 . M . (K1^T V)``: the low-rank part of SOFT attention.
 
     ``K1 = k(Q, L)``, ``A = k(L, L)`` with the Gaussian kernel ``k``;
     ``M = (A + 0.01 I)^-1`` for ``'soft'`` and ``D^-1/2 pinv(A) D^-1/2`` with
     ``D = diag(A 1)`` for ``'soft++'``. The product is evaluated right to left,
-    so it costs O(N m d) and never forms an (N, N) matrix.
+    so it costs O(N m d) and never forms an (N, N) matrix. With more than
+    ``chunk_tokens`` queries, ``K1`` is not materialised either but computed
+    chunk by chunk (see :mod:`.chunked_kernel_product`).
 
     Args:
         queries (Tensor): Scaled queries Q (= keys), shape (B, h, N, d).
@@ -36,16 +40,21 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
         variant (str): ``'soft'`` or ``'soft++'``.
         solver (str): ``'newton'`` or ``'cholesky'``.
         newton_iters (int): Newton iterations.
+        chunk_tokens (int, optional): Chunk size above which ``K1`` is
+            recomputed per chunk instead of stored. Default: None (never).
 
     Returns:
         Tensor: Shape (B, h, N, d).
     """
-    query_kernel = gaussian_kernel(queries, bottleneck)  # (B, h, N, m)
     bottleneck_kernel = gaussian_kernel(bottleneck, bottleneck)  # (B, h, m, m)
     middle = kernel_inverse(bottleneck_kernel, variant, solver, newton_iters)
     if variant == 'soft++':
         inv_sqrt_degree = bottleneck_kernel.sum(-1).rsqrt()  # (B, h, m)
         middle = inv_sqrt_degree.unsqueeze(-1) * middle * inv_sqrt_degree.unsqueeze(-2)
+    if chunk_tokens is not None and queries.shape[-2] > chunk_tokens:
+        return chunked_kernel_product(queries, bottleneck, middle, values,
+                                      chunk_tokens)
+    query_kernel = gaussian_kernel(queries, bottleneck)  # (B, h, N, m)
     summary = query_kernel.transpose(-1, -2) @ values  # (B, h, m, d)
     return query_kernel @ (middle @ summary)  # (B, h, N, d)
 
@@ -71,6 +80,10 @@ class SoftAttention(BaseModule):
         max_bottleneck_tokens (int, optional): Cap on the bottleneck token
             count m; a larger bottleneck grid is average-pooled down to it.
             None keeps every token. Default: None.
+        kernel_chunk_tokens (int, optional): Above this many tokens the
+            query-bottleneck kernel is recomputed chunk by chunk rather than
+            held whole (forward and backward), bounding memory. None always
+            holds it. Default: None.
         init_cfg (dict, optional): Initialization config. Default: None.
     """
 
@@ -83,6 +96,7 @@ class SoftAttention(BaseModule):
                  solver: str = 'newton',
                  newton_iters: int = 20,
                  max_bottleneck_tokens: Optional[int] = None,
+                 kernel_chunk_tokens: Optional[int] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if embed_dims % num_heads != 0:
@@ -94,6 +108,7 @@ class SoftAttention(BaseModule):
         self.solver = solver
         self.newton_iters = newton_iters
         self.max_bottleneck_tokens = max_bottleneck_tokens
+        self.kernel_chunk_tokens = kernel_chunk_tokens
 
         self.q_proj = nn.Linear(embed_dims, embed_dims)
         self.v_proj = nn.Linear(embed_dims, embed_dims)
@@ -156,6 +171,6 @@ class SoftAttention(BaseModule):
             out = low_rank_kernel_attention(
                 full_precision(queries), full_precision(bottleneck),
                 full_precision(values), self.variant, self.solver,
-                self.newton_iters)
+                self.newton_iters, self.kernel_chunk_tokens)
         out = out.to(values.dtype) + self.local_term(values, hw_shape)
         return self.out_proj(merge_heads(out))

@@ -1,0 +1,152 @@
+"""Latency and peak memory of one backbone at one input size.
+
+Run once per (backbone, size) in a fresh process (see
+``tools/analysis/benchmark.py``) so that memory of earlier runs does not mask
+the peak. On CPU the peak is the growth of the process's resident set
+high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``) during one
+forward (or forward + backward); on CUDA it is
+``torch.cuda.max_memory_allocated`` above the memory held before the call.
+"""
+import argparse
+import json
+import statistics
+import time
+from typing import Dict, Tuple
+
+import torch
+
+
+def _status_kib(field: str) -> int:
+    with open('/proc/self/status') as status:
+        for line in status:
+            if line.startswith(field + ':'):
+                return int(line.split()[1])
+    raise RuntimeError(f'{field} not found in /proc/self/status')
+
+
+def reset_peak_rss() -> None:
+    """Resets the resident-set high-water mark of this process (Linux)."""
+    with open('/proc/self/clear_refs', 'w') as clear_refs:
+        clear_refs.write('5')
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def run_once(model, images: torch.Tensor, backward: bool) -> None:
+    """One forward (no grad) or forward + backward of ``model``."""
+    if backward:
+        outputs = model(images)
+        sum(out.float().mean() for out in outputs).backward()
+        model.zero_grad(set_to_none=True)
+        return
+    with torch.no_grad():
+        model(images)
+
+
+def peak_memory_bytes(model, images: torch.Tensor, backward: bool) -> int:
+    """Memory held at the peak of one call, above what was held before it."""
+    device = images.device
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        run_once(model, images, backward)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    reset_peak_rss()
+    before = _status_kib('VmRSS')
+    run_once(model, images, backward)
+    return (_status_kib('VmHWM') - before) * 1024
+
+
+def latency_seconds(model, images: torch.Tensor, backward: bool, warmup: int,
+                    repeats: int) -> Tuple[float, list]:
+    """Median and all wall times of ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        run_once(model, images, backward)
+    times = []
+    for _ in range(repeats):
+        _synchronize(images.device)
+        start = time.perf_counter()
+        run_once(model, images, backward)
+        _synchronize(images.device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def matmul_throughput(size: int = 2048, repeats: int = 5, device='cpu') -> float:
+    """Dense float32 matmul throughput of this machine, multiply-adds/second."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    a @ b
+    best = float('inf')
+    for _ in range(repeats):
+        _synchronize(torch.device(device))
+        start = time.perf_counter()
+        a @ b
+        _synchronize(torch.device(device))
+        best = min(best, time.perf_counter() - start)
+    return size**3 / best
+
+
+def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
+            backward: bool = False, warmup: int = 1, repeats: int = 3,
+            flops: bool = False) -> Dict:
+    """Builds the backbone ``spec`` and measures it at ``shape``.
+
+    Args:
+        spec (str): Backbone spec (see :mod:`mmsoft.analysis.peers`).
+        shape (tuple[int, int]): Input (H, W), batch 1.
+        device (str): ``'cpu'`` or ``'cuda'``. Default: ``'cpu'``.
+        backward (bool): Time forward + backward instead of forward.
+        warmup (int): Untimed calls first. Default: 1.
+        repeats (int): Timed calls. Default: 3.
+        flops (bool): Also count FLOPs (mmsoft's handles). Default: False.
+
+    Returns:
+        dict: ``seconds`` (median), ``all_seconds``, ``peak_bytes``,
+        ``params`` and, with ``flops``, ``gflops``.
+    """
+    from .peers import build_backbone
+    torch.manual_seed(0)
+    model = build_backbone(spec).to(device)
+    if backward:
+        model.train()
+    images = torch.randn(1, 3, *shape, device=device)
+    result = dict(model=spec, height=shape[0], width=shape[1], device=device,
+                  mode='forward+backward' if backward else 'forward',
+                  threads=torch.get_num_threads(),
+                  params=sum(p.numel() for p in model.parameters()))
+    result['peak_bytes'] = peak_memory_bytes(model, images, backward)
+    result['seconds'], result['all_seconds'] = latency_seconds(
+        model, images, backward, warmup, repeats)
+    if flops:
+        from .flop_handles import count_flops
+        with torch.no_grad():
+            total, _ = count_flops(model.eval(), (images, ))
+        result['gflops'] = total / 1e9
+    return result
+
+
+def main():
+    """Worker entry point: measures one (spec, size) and prints JSON."""
+    parser = argparse.ArgumentParser(description='Measure one backbone once.')
+    parser.add_argument('spec')
+    parser.add_argument('height', type=int)
+    parser.add_argument('width', type=int)
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--backward', action='store_true')
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--flops', action='store_true')
+    args = parser.parse_args()
+    result = measure(args.spec, (args.height, args.width), args.device,
+                     args.backward, args.warmup, args.repeats, args.flops)
+    print('RESULT ' + json.dumps(result))
+
+
+if __name__ == '__main__':
+    main()

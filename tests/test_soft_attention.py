@@ -1,0 +1,126 @@
+"""SOFT attention against a direct dense computation of its formula."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmsoft.models.layers import SoftAttention, capped_grid_size
+
+
+def dense_soft_attention(module, x, hw_shape):
+    """Direct per-head evaluation of the SOFT formula, with explicit loops.
+
+    ``out = ff(K1 M K1^T V + DWConv(V))``: K1 from pairwise distances of the
+    scaled queries and the bottleneck tokens, M the inverse of the bottleneck
+    kernel (regularised, or symmetric-normalised pseudo-inverse for SOFT++).
+    """
+    batch, tokens, channels = x.shape
+    heads = module.num_heads
+    dims = channels // heads
+    height, width = hw_shape
+    queries = F.linear(x, module.q_proj.weight, module.q_proj.bias)
+    values = F.linear(x, module.v_proj.weight, module.v_proj.bias)
+    out = torch.zeros_like(values)
+    for b in range(batch):
+        for h in range(heads):
+            q = queries[b, :, h * dims:(h + 1) * dims] / dims**0.25  # (N, d)
+            v = values[b, :, h * dims:(h + 1) * dims]  # (N, d)
+            grid = q.T.reshape(1, dims, height, width)
+            grid = F.conv2d(grid, module.bottleneck_conv.weight,
+                            stride=module.bottleneck_conv.stride)
+            rows, cols = capped_grid_size(*grid.shape[-2:],
+                                          module.max_bottleneck_tokens)
+            grid = F.adaptive_avg_pool2d(grid, (rows, cols))
+            marks = grid.reshape(dims, -1).T  # (m, d)
+            marks = F.gelu(F.layer_norm(marks, (dims, ),
+                                        module.bottleneck_norm.weight,
+                                        module.bottleneck_norm.bias))
+            k1 = torch.exp(-0.5 * torch.cdist(q, marks)**2)  # (N, m)
+            a = torch.exp(-0.5 * torch.cdist(marks, marks)**2)  # (m, m)
+            eye = torch.eye(a.shape[0], dtype=a.dtype)
+            if module.variant == 'soft':
+                middle = torch.linalg.inv(a + 0.01 * eye)
+            else:
+                d_inv_sqrt = torch.diag(a.sum(1).rsqrt())
+                middle = d_inv_sqrt @ torch.linalg.pinv(a) @ d_inv_sqrt
+            local = F.conv2d(v.T.reshape(dims, 1, height, width),
+                             module.local_conv.weight[h:h + 1],
+                             padding=module.local_conv.padding)
+            out[b, :, h * dims:(h + 1) * dims] = (k1 @ middle @ k1.T @ v +
+                                                  local.reshape(dims, -1).T)
+    return F.linear(out, module.out_proj.weight, module.out_proj.bias)
+
+
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+@pytest.mark.parametrize('max_tokens', [None, 6])
+def test_matches_dense_reference(variant, max_tokens):
+    torch.manual_seed(0)
+    hw_shape = (9, 13)
+    module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=5,
+                           variant=variant, solver='cholesky',
+                           max_bottleneck_tokens=max_tokens).double()
+    x = torch.randn(2, 9 * 13, 64, dtype=torch.float64)
+    expected = dense_soft_attention(module, x, hw_shape)
+    torch.testing.assert_close(module(x, hw_shape), expected, atol=1e-8, rtol=1e-6)
+
+
+def test_newton_matches_reference_within_tolerance():
+    torch.manual_seed(1)
+    module = SoftAttention(64, 2, sr_ratio=4, local_kernel_size=3,
+                           variant='soft', solver='newton').double()
+    x = torch.randn(1, 16 * 12, 64, dtype=torch.float64)
+    expected = dense_soft_attention(module, x, (16, 12))
+    torch.testing.assert_close(module(x, (16, 12)), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_bottleneck_cap_bounds_tokens_and_keeps_small_grids():
+    assert capped_grid_size(7, 7, 256) == (7, 7)  # 224x224: untouched
+    rows, cols = capped_grid_size(25, 42, 256)  # 800x1333
+    assert rows * cols <= 256 and rows * cols >= 200
+    assert capped_grid_size(1, 1000, 64) == (1, 64)
+    assert capped_grid_size(50, 50, None) == (50, 50)
+
+
+def test_autocast_runs_kernel_in_float32(monkeypatch):
+    from mmsoft.models.layers import soft_attention
+    seen = []
+    original = soft_attention.low_rank_kernel_attention
+
+    def spy(queries, bottleneck, values, *args):
+        out = original(queries, bottleneck, values, *args)
+        seen.append((queries.dtype, bottleneck.dtype, values.dtype, out.dtype))
+        return out
+
+    monkeypatch.setattr(soft_attention, 'low_rank_kernel_attention', spy)
+    torch.manual_seed(0)
+    module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3)
+    x = torch.randn(1, 64, 64)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = module(x, (8, 8))
+    assert seen == [(torch.float32, ) * 4]
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+def test_heads_must_divide_width():
+    with pytest.raises(ValueError, match='embed_dims=64 is not divisible by '
+                       'num_heads=3'):
+        SoftAttention(64, 3, 2, 3)
+
+
+def test_chunked_kernel_gives_same_output_and_gradients():
+    torch.manual_seed(0)
+    plain = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3)
+    chunked = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3,
+                            kernel_chunk_tokens=10)
+    chunked.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 12 * 10, 64)
+    outs = []
+    for module in (plain, chunked):
+        out = module(x, (12, 10))
+        out.square().sum().backward()
+        outs.append(out)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(plain.q_proj.weight.grad, chunked.q_proj.weight.grad,
+                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(plain.bottleneck_conv.weight.grad,
+                               chunked.bottleneck_conv.weight.grad,
+                               atol=1e-4, rtol=1e-4)

@@ -1,0 +1,37 @@
+"""SOFT-tiny trains inside mmdet's Mask R-CNN and mmseg's UperNet."""
+import torch
+
+from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn, build_upernet,
+                            demo_seg_inputs, detector_train_step,
+                            segmentor_train_step)
+
+SOFT_TINY = dict(type='SOFT', arch='tiny', attention='soft++', solver='cholesky')
+TINY_DIMS = [64, 128, 320, 512]
+
+
+def test_mask_rcnn_trains_and_predicts():
+    torch.manual_seed(0)
+    model = build_mask_rcnn(SOFT_TINY, TINY_DIMS)
+    losses = detector_train_step(model, size=(64, 96))
+    assert {'loss_rpn_cls', 'loss_cls', 'loss_bbox', 'loss_mask'} <= set(losses)
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
+    assert backbone_grad_norm(model) > 0
+    from mmdet.testing import demo_mm_inputs
+    model.eval()
+    batch = demo_mm_inputs(batch_size=1, image_shapes=[(3, 64, 96)])
+    with torch.no_grad():
+        results = model.test_step(batch)
+    assert 'bboxes' in results[0].pred_instances
+
+
+def test_upernet_trains_and_predicts():
+    torch.manual_seed(0)
+    model = build_upernet(SOFT_TINY, TINY_DIMS, num_classes=5)
+    losses = segmentor_train_step(model, size=(64, 64), num_classes=5)
+    assert 'decode.loss_ce' in losses and 'aux.loss_ce' in losses
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
+    assert backbone_grad_norm(model) > 0
+    model.eval()
+    with torch.no_grad():
+        results = model.test_step(demo_seg_inputs(1, (64, 64), 5))
+    assert results[0].pred_sem_seg.data.shape == (1, 64, 64)
