@@ -23,6 +23,10 @@ ELEMENTWISE_OPS = (
     'aten::mul_', 'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_',
     'aten::div', 'aten::div_', 'aten::pow', 'aten::neg', 'aten::clamp_min',
     'aten::reciprocal')
+# No arithmetic (allocation), or activations, which mmengine and fvcore leave
+# out for every model alike.
+NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
+                   'aten::gelu', 'aten::silu', 'aten::relu', 'aten::relu_')
 REDUCTION_OPS = ('aten::sum', 'aten::linalg_vector_norm', 'aten::norm',
                  'aten::frobenius_norm', 'aten::mean')
 
@@ -80,11 +84,13 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
             which must then all share one variant, solver and iteration count.
 
     Returns:
-        dict[str, Handle]: Operator name to handle.
+        dict[str, Handle | None]: Operator name to handle (None: known, not
+        counted).
     """
     from ..models.layers import SoftAttention
     handles = {op: elementwise_flops for op in ELEMENTWISE_OPS}
     handles.update({op: reduction_flops for op in REDUCTION_OPS})
+    handles.update({op: None for op in NOT_COUNTED_OPS})
     handles['aten::scaled_dot_product_attention'] = sdpa_flops
     settings = {(m.variant, m.solver, m.newton_iters)
                 for m in model.modules() if isinstance(m, SoftAttention)}

@@ -120,38 +120,38 @@ class SoftAttention(BaseModule):
             padding=local_kernel_size // 2, groups=num_heads, bias=False)
         self.out_proj = nn.Linear(embed_dims, embed_dims)
 
-    def bottleneck_tokens(self, queries: torch.Tensor, hw_shape) -> torch.Tensor:
-        """Bottleneck tokens L from the query grid.
+    def bottleneck_tokens(self, query_map: torch.Tensor) -> torch.Tensor:
+        """Bottleneck tokens L from the (unscaled) query map.
+
+        The per-head convolution (one ``d -> d`` kernel shared by all heads)
+        runs as a grouped convolution over all ``h * d`` channels.
 
         Args:
-            queries (Tensor): Scaled queries, shape (B, h, N, d).
-            hw_shape (tuple[int, int]): The grid (H, W) with H * W = N.
+            query_map (Tensor): Queries as a map, shape (B, h * d, H, W).
 
         Returns:
-            Tensor: Shape (B, h, m, d).
+            Tensor: Shape (B, h, m, d), before the query scaling.
         """
-        batch, heads, _, dims = queries.shape
-        grid = queries.reshape(batch * heads, *hw_shape, dims).permute(0, 3, 1, 2)
-        grid = self.bottleneck_conv(grid)  # (B*h, d, H/r, W/r)
+        batch = query_map.shape[0]
+        weight = self.bottleneck_conv.weight.repeat(self.num_heads, 1, 1, 1)
+        grid = F.conv2d(query_map, weight, stride=self.bottleneck_conv.stride,
+                        groups=self.num_heads)  # (B, h*d, H/r, W/r)
         grid = cap_bottleneck_grid(grid, self.max_bottleneck_tokens)
-        tokens = grid.flatten(2).transpose(1, 2).reshape(batch, heads, -1, dims)
-        return F.gelu(self.bottleneck_norm(tokens))
+        tokens = grid.reshape(batch, self.num_heads, self.head_dims, -1)
+        return tokens.transpose(-1, -2)  # (B, h, m, d)
 
-    def local_term(self, values: torch.Tensor, hw_shape) -> torch.Tensor:
+    def local_term(self, value_map: torch.Tensor) -> torch.Tensor:
         """Depth-wise convolution of V, one kernel per head.
 
         Args:
-            values (Tensor): Shape (B, h, N, d).
-            hw_shape (tuple[int, int]): The grid (H, W).
+            value_map (Tensor): Values as a map, shape (B, h * d, H, W).
 
         Returns:
-            Tensor: Shape (B, h, N, d).
+            Tensor: Shape (B, h * d, H, W).
         """
-        batch, heads, tokens, dims = values.shape
-        grid = values.reshape(batch, heads, *hw_shape, dims).permute(0, 4, 1, 2, 3)
-        grid = self.local_conv(grid.reshape(batch * dims, heads, *hw_shape))
-        grid = grid.reshape(batch, dims, heads, tokens)
-        return grid.permute(0, 2, 3, 1)
+        weight = self.local_conv.weight.repeat_interleave(self.head_dims, dim=0)
+        return F.conv2d(value_map, weight, padding=self.local_conv.padding,
+                        groups=weight.shape[0])
 
     def forward(self, x: torch.Tensor, hw_shape) -> torch.Tensor:
         """Forward.
@@ -163,14 +163,25 @@ class SoftAttention(BaseModule):
         Returns:
             Tensor: Shape (B, N, C).
         """
-        queries = split_heads(self.q_proj(x), self.num_heads)  # (B, h, N, d)
-        values = split_heads(self.v_proj(x), self.num_heads)  # (B, h, N, d)
-        queries = queries * self.head_dims**-0.25
-        bottleneck = self.bottleneck_tokens(queries, hw_shape)  # (B, h, m, d)
+        batch, tokens, channels = x.shape
+        query_tokens = self.q_proj(x)  # (B, N, C)
+        value_tokens = self.v_proj(x)  # (B, N, C)
+        # Token-major (B, N, C) is the channels-last layout of a (B, C, H, W)
+        # map: the convolutions read it without a copy.
+        query_map = query_tokens.transpose(1, 2).view(batch, channels, *hw_shape)
+        value_map = value_tokens.transpose(1, 2).view(batch, channels, *hw_shape)
+        scale = self.head_dims**-0.25
+        # The bottleneck convolution is linear: scaling its input or output
+        # is the same.
+        landmarks = self.bottleneck_tokens(query_map) * scale  # (B, h, m, d)
+        bottleneck = F.gelu(self.bottleneck_norm(landmarks))
+        queries = split_heads(query_tokens, self.num_heads) * scale  # (B,h,N,d)
+        values = split_heads(value_tokens, self.num_heads)  # (B, h, N, d)
         with torch.autocast(device_type=x.device.type, enabled=False):
             out = low_rank_kernel_attention(
                 full_precision(queries), full_precision(bottleneck),
                 full_precision(values), self.variant, self.solver,
                 self.newton_iters, self.kernel_chunk_tokens)
-        out = out.to(values.dtype) + self.local_term(values, hw_shape)
-        return self.out_proj(merge_heads(out))
+        local = self.local_term(value_map).flatten(2).transpose(1, 2)  # (B, N, C)
+        out = local + merge_heads(out.to(local.dtype))
+        return self.out_proj(out)
