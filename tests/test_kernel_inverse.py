@@ -94,3 +94,13 @@ def test_unknown_variant_or_solver_raises():
         kernel_inverse(mats, 'softmax')
     with pytest.raises(ValueError, match="solver='lu'"):
         kernel_inverse(mats, 'soft', 'lu')
+
+
+def test_soft_plus_plus_scale_is_shared_by_the_heads_of_an_image():
+    # (images, heads, m, m): head 1 of image 0 has larger row sums; its scale
+    # sets the starting point of image 0's other head too, not of image 1.
+    mats = random_kernel_matrices(batch=4, spread=0.3).reshape(2, 2, 24, 24)
+    alone = newton_pseudo_inverse(mats[1:], 3)
+    torch.testing.assert_close(newton_pseudo_inverse(mats, 3)[1:], alone)
+    head_alone = newton_pseudo_inverse(mats[:1, :1], 3)
+    assert not torch.allclose(newton_pseudo_inverse(mats, 3)[:1, :1], head_alone)

@@ -26,6 +26,7 @@ ELEMENTWISE_OPS = (
 # No arithmetic (allocation), or activations, which mmengine and fvcore leave
 # out for every model alike.
 NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
+                   'aten::repeat', 'aten::repeat_interleave',
                    'aten::gelu', 'aten::silu', 'aten::relu', 'aten::relu_')
 REDUCTION_OPS = ('aten::sum', 'aten::linalg_vector_norm', 'aten::norm',
                  'aten::frobenius_norm', 'aten::mean')

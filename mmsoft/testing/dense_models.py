@@ -7,7 +7,7 @@ and mmseg wheels, with only the backbone and the channel counts replaced.
 from typing import Dict, List, Sequence, Tuple
 
 import torch
-from mmengine.config import Config
+from mmengine.hub import get_config
 from mmengine.registry import DefaultScope
 
 MASK_RCNN_BASE = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
@@ -33,7 +33,7 @@ def build_mask_rcnn(backbone: dict, in_channels: Sequence[int]) -> torch.nn.Modu
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
     register_all_modules(init_default_scope=False)
-    cfg = Config.fromfile(MASK_RCNN_BASE)
+    cfg = get_config(MASK_RCNN_BASE)
     cfg.model.backbone = backbone
     cfg.model.neck.in_channels = list(in_channels)
     with _scope('mmdet'):
@@ -58,9 +58,11 @@ def build_upernet(backbone: dict, in_channels: Sequence[int],
     from mmseg.registry import MODELS
     from mmseg.utils import register_all_modules
     register_all_modules(init_default_scope=False)
-    cfg = Config.fromfile(UPERNET_BASE)
+    cfg = get_config(UPERNET_BASE)
     norm_cfg = dict(type='BN', requires_grad=True)
     cfg.model.backbone = backbone
+    cfg.model.pretrained = None  # the base's ResNet weights
+    cfg.model.data_preprocessor.size_divisor = 32  # the base sets no padding
     cfg.model.decode_head.update(in_channels=list(in_channels), norm_cfg=norm_cfg,
                                  num_classes=num_classes)
     cfg.model.auxiliary_head.update(in_channels=in_channels[2], norm_cfg=norm_cfg,

@@ -70,6 +70,11 @@ class SOFT(MultiStageBackbone):
             which keeps cost linear in the pixel count. Inputs up to 512x512
             are unaffected at the default. None disables the cap.
             Default: 256.
+        kernel_chunk_tokens (int, optional): Stages with more tokens than
+            this compute the query-bottleneck kernel chunk by chunk (forward
+            and backward) instead of holding it whole, which bounds the
+            attention's memory at large inputs. None always holds it.
+            Default: 16384.
         in_channels (int): Image channels. Default: 3.
         pretrain_img_size (int): Image size the position embeddings are
             learned for. Default: 224.
@@ -83,7 +88,15 @@ class SOFT(MultiStageBackbone):
             k >= 1 stages 1..k. Default: -1.
         norm_eval (bool): Keep BatchNorm in eval mode. Default: False.
         with_cp (bool): Gradient checkpointing of blocks. Default: False.
-        init_cfg (dict, optional): Initialization config. Default: None.
+        convert_weights (bool): ``init_cfg=dict(type='Pretrained',
+            checkpoint=...)`` names a reference (official) SOFT / SOFT++
+            ImageNet checkpoint, converted while loading (see
+            :mod:`~mmsoft.models.backbones.soft_convert`). Default: False.
+        init_cfg (dict, optional): Initialization config. With
+            ``type='Pretrained'`` the checkpoint (optionally only the entries
+            under ``prefix``) is loaded strictly: position embeddings learned
+            at another image size are resized, any other missing, unexpected
+            or mis-shaped entry raises ``ValueError``. Default: None.
     """
 
     def __init__(self,
@@ -92,6 +105,7 @@ class SOFT(MultiStageBackbone):
                  solver: str = 'newton',
                  newton_iters: int = 20,
                  max_bottleneck_tokens: Optional[int] = 256,
+                 kernel_chunk_tokens: Optional[int] = 16384,
                  in_channels: int = 3,
                  pretrain_img_size: int = 224,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
@@ -100,6 +114,7 @@ class SOFT(MultiStageBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 convert_weights: bool = False,
                  init_cfg: Optional[dict] = None):
         super().__init__(in_channels, NUM_STAGES, frozen_stages, norm_eval,
                          with_cp, min_input_size=32, init_cfg=init_cfg)
@@ -115,6 +130,8 @@ class SOFT(MultiStageBackbone):
         check_positive_int('newton_iters', newton_iters)
         check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens,
                            allow_none=True)
+        check_positive_int('kernel_chunk_tokens', kernel_chunk_tokens,
+                           allow_none=True)
         check_positive_int('in_channels', in_channels)
         check_positive_int('pretrain_img_size', pretrain_img_size)
         check_rate('drop_rate', drop_rate)
@@ -122,6 +139,7 @@ class SOFT(MultiStageBackbone):
         self.out_indices = check_out_indices(out_indices, NUM_STAGES)
         self.arch_settings = settings
         self.attention = attention
+        self.convert_weights = convert_weights
         self.embed_dims = list(settings['embed_dims'])
 
         self.patch_embeds = nn.ModuleList(self._patch_embed(i) for i in range(4))
@@ -136,7 +154,8 @@ class SOFT(MultiStageBackbone):
         drop_path_rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         attn_kwargs = dict(variant=attention, solver=solver,
                            newton_iters=newton_iters,
-                           max_bottleneck_tokens=max_bottleneck_tokens)
+                           max_bottleneck_tokens=max_bottleneck_tokens,
+                           kernel_chunk_tokens=kernel_chunk_tokens)
         self.stages = nn.ModuleList()
         for i in range(NUM_STAGES):
             rates = drop_path_rates[sum(depths[:i]):sum(depths[:i + 1])]
@@ -178,6 +197,22 @@ class SOFT(MultiStageBackbone):
             trunc_normal_(pos_embed, std=.02)
         trunc_normal_(self.cls_token, std=.02)
         self.apply(init_transformer_weights)
+
+    # --- checkpoint loading (see soft_convert.py) ---
+    def init_weights(self) -> None:
+        """Loads a ``Pretrained`` ``init_cfg`` strictly (converting reference
+        checkpoints when ``convert_weights``); otherwise as the base class."""
+        cfg = self.init_cfg
+        if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
+            super().init_weights()
+            return
+        # Imported here: soft_convert reads this module's arch table.
+        from .soft_convert import load_soft_checkpoint
+        load_soft_checkpoint(self, cfg['checkpoint'],
+                             convert_weights=self.convert_weights,
+                             prefix=cfg.get('prefix'),
+                             map_location=cfg.get('map_location', 'cpu'))
+        self.freeze_stages()
 
     def stage_pos_embed(self, stage: int, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """Position embeddings of stage ``stage`` resized to ``hw_shape``.

@@ -8,9 +8,10 @@ Two variants exist (see ``docs`` of :class:`~mmsoft.models.layers.SoftAttention`
 and two solvers:
 
 * ``'newton'``: the Newton-Raphson iteration ``V <- 2V - V P V`` of the reference
-  implementation, with its initial scaling computed **per matrix** (the
-  reference's SOFT++ code uses one scaling for the whole batch, which makes an
-  image's features depend on its batch-mates).
+  implementation. Its initial scaling is computed per matrix for SOFT (as the
+  reference does) and per image for SOFT++ (the reference uses one scaling
+  for the whole batch, which makes an image's features depend on its
+  batch-mates; per image it equals the reference at batch size 1).
 * ``'cholesky'``: an exact solve. ``A + 0.01 I`` is symmetric positive definite,
   so a Cholesky factorisation gives the limit of the regularised Newton
   iteration at a fraction of the cost. For ``'soft++'`` an eigendecomposition
@@ -59,28 +60,44 @@ def newton_regularised_inverse(mat: torch.Tensor, num_iters: int = 20) -> torch.
     return _newton_iterations(regularised, alpha * regularised, num_iters)
 
 
+def _per_image_max(values: torch.Tensor) -> torch.Tensor:
+    """Max over all but the first dimension, broadcastable to (B, ..., 1, 1).
+
+    values: (B, ...) -> (B, 1, ..., 1) with the rank of ``values`` plus one.
+    """
+    if values.dim() <= 1:
+        return values.amax().reshape(*([1] * (values.dim() + 1)))
+    peak = values.flatten(1).amax(1)  # (B, )
+    return peak.reshape(-1, *([1] * values.dim()))
+
+
 def newton_pseudo_inverse(mat: torch.Tensor, num_iters: int = 20,
                           max_halvings: int = 10) -> torch.Tensor:
     """Newton-Raphson approximation of ``pinv(A)`` (SOFT++).
 
     Initial guess ``V0 = alpha * A`` with ``alpha = 2 / (max row sum)^2``,
     halved while the column-sum norm of ``I - A V0`` exceeds 1.01 (at most
-    ``max_halvings`` times). Unlike the reference code, ``alpha`` and the
-    halving test are per matrix.
+    ``max_halvings`` times). As in the reference, one ``alpha`` serves all the
+    heads of an image (maximum over heads and rows), which matters: after 20
+    iterations the small-eigenvalue directions have not converged, so
+    ``alpha`` shapes the result. Unlike the reference, whose ``alpha`` spans
+    the whole batch, it is taken per image (the first dimension), so an
+    image's features do not depend on its batch-mates.
 
     Args:
-        mat (Tensor): Symmetric kernel matrices A, shape (..., m, m).
+        mat (Tensor): Symmetric kernel matrices A, shape (B, ..., m, m); the
+            leading dimension indexes images.
         num_iters (int): Number of iterations. Default: 20.
         max_halvings (int): Most halvings of the initial scale. Default: 10.
 
     Returns:
-        Tensor: Shape (..., m, m).
+        Tensor: Shape (B, ..., m, m).
     """
     eye = _eye_like(mat)
-    alpha = (2 / mat.sum(-1).amax(-1).pow(2))[..., None, None]  # (..., 1, 1)
+    alpha = 2 / _per_image_max(mat.sum(-1)).pow(2)  # (B, 1, ..., 1)
     for _ in range(max_halvings):
-        residual = (eye - mat @ (alpha * mat)).abs().sum(-2).amax(-1)  # (...)
-        too_large = (residual > 1.01)[..., None, None]
+        residual = (eye - mat @ (alpha * mat)).abs().sum(-2)  # (B, ..., m)
+        too_large = _per_image_max(residual) > 1.01  # (B, 1, ..., 1)
         if not bool(too_large.any()):
             break
         alpha = torch.where(too_large, alpha * 0.5, alpha)
