@@ -11,13 +11,7 @@ from .chunked_kernel_product import chunked_kernel_product
 from .gaussian_kernel import gaussian_kernel
 from .kernel_inverse import kernel_inverse
 from .heads import merge_heads, split_heads
-
-
-def full_precision(tensor: torch.Tensor) -> torch.Tensor:
-    """Casts half/bfloat16 tensors to float32; float32/64 pass through."""
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        return tensor.float()
-    return tensor
+from .precision import full_precision
 
 
 def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,

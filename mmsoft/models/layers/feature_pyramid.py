@@ -1,0 +1,64 @@
+"""Single-scale to four-scale adapter for isotropic (plain ViT) backbones."""
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from ...utils import check_out_indices, check_positive_int
+
+NUM_SCALES = 4
+
+
+class FeaturePyramidAdapter(nn.Module):
+    """Brings maps of one stride s to strides s/4, s/2, s and 2s.
+
+    Scale 0: ``ConvTranspose2d(2, 2) -> BatchNorm -> GELU ->
+    ConvTranspose2d(2, 2)`` (x4 upsampling); scale 1: one
+    ``ConvTranspose2d(2, 2)`` (x2); scale 2: identity; scale 3:
+    ``MaxPool2d(2, ceil_mode=True)`` (a side L becomes ceil(L / 2)). All keep
+    the channel count. Only the branches of ``out_indices`` are built; they
+    live in ``self.branches`` under the keys ``'0'``..``'3'``.
+
+    Args:
+        embed_dims (int): Channels of the input and output maps.
+        out_indices (Sequence[int]): Scales (0-3) produced.
+            Default: (0, 1, 2, 3).
+    """
+
+    def __init__(self, embed_dims: int, out_indices: Sequence[int] = (0, 1, 2, 3)):
+        super().__init__()
+        check_positive_int('embed_dims', embed_dims)
+        self.out_indices = check_out_indices(out_indices, NUM_SCALES)
+        self.branches = nn.ModuleDict(
+            {str(i): self._branch(i, embed_dims) for i in self.out_indices})
+
+    @staticmethod
+    def _branch(scale: int, dims: int) -> nn.Module:
+        if scale == 0:
+            return nn.Sequential(
+                nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2),
+                nn.BatchNorm2d(dims), nn.GELU(),
+                nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2))
+        if scale == 1:
+            return nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2)
+        if scale == 2:
+            return nn.Identity()
+        return nn.MaxPool2d(kernel_size=2, stride=2, ceil_mode=True)
+
+    def forward(self, feats: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+        """Resamples one map per entry of ``out_indices``.
+
+        Args:
+            feats (Sequence[Tensor]): ``len(out_indices)`` maps, each of shape
+                (B, C, H, W), in the order of ``out_indices``.
+
+        Returns:
+            tuple[Tensor]: Map ``k`` has shape (B, C, 4H, 4W), (B, C, 2H, 2W),
+            (B, C, H, W) or (B, C, ceil(H/2), ceil(W/2)) for scale
+            ``out_indices[k]`` = 0, 1, 2 or 3.
+        """
+        if len(feats) != len(self.out_indices):
+            raise ValueError(f'got {len(feats)} maps; expected one per out_indices='
+                             f'{self.out_indices}.')
+        return tuple(self.branches[str(i)](feat)
+                     for i, feat in zip(self.out_indices, feats))

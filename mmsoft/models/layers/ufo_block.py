@@ -1,0 +1,66 @@
+"""The pre-norm UFO-ViT block: UFO attention, local patch interaction, FFN."""
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+from mmcv.cnn.bricks import DropPath
+
+from .local_patch_interaction import LocalPatchInteraction
+from .mlp import MLP
+from .ufo_attention import UFOAttention
+
+
+class UFOBlock(nn.Module):
+    """Three pre-norm residual branches with per-channel scales.
+
+    ``x = x + g1 * UFO(LN(x))``; ``x = x + g2 * LPI(LN(x))``;
+    ``x = x + g3 * FFN(LN(x))``, each branch also under stochastic depth.
+    ``g1``, ``g2``, ``g3`` (``gamma1..3``) are learnable, one value per
+    channel, all initialised to ``layer_scale_init_value``. The small default
+    (1e-5, the value CaiT and XCiT use for deep models) makes each freshly
+    initialised block nearly the identity, which keeps deep stacks stable at
+    the start of training; the scales grow as the branches become useful.
+
+    Args:
+        embed_dims (int): Token width C.
+        num_heads (int): Number of attention heads. Default: 8.
+        mlp_ratio (float): FFN hidden width / C. Default: 4.
+        qkv_bias (bool): Whether the QKV projection has a bias. Default: True.
+        drop (float): Dropout in the FFN and after the attention projection.
+            Default: 0.
+        drop_path (float): Stochastic depth rate of all three branches.
+            Default: 0.
+        layer_scale_init_value (float): Initial value of ``gamma1..3``.
+            Default: 1e-5.
+        lpi_kernel_size (int): Kernel of the local patch interaction.
+            Default: 3.
+        norm_eps (float): Epsilon of the LayerNorms. Default: 1e-6.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int = 8,
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 drop: float = 0.,
+                 drop_path: float = 0.,
+                 layer_scale_init_value: float = 1e-5,
+                 lpi_kernel_size: int = 3,
+                 norm_eps: float = 1e-6):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.attn = UFOAttention(embed_dims, num_heads, qkv_bias, proj_drop=drop)
+        self.gamma1 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
+        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.lpi = LocalPatchInteraction(embed_dims, lpi_kernel_size)
+        self.gamma2 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
+        self.norm3 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.ffn = MLP(embed_dims, int(embed_dims * mlp_ratio), nn.GELU, drop)
+        self.gamma3 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """(B, N, C) on an (H, W) grid -> (B, N, C)."""
+        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x)))
+        x = x + self.drop_path(self.gamma2 * self.lpi(self.norm2(x), hw_shape))
+        return x + self.drop_path(self.gamma3 * self.ffn(self.norm3(x)))
