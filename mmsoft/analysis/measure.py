@@ -125,8 +125,9 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
         model, images, backward, warmup, repeats)
     if flops:
         from .flop_handles import count_flops
+        model.eval()
         with torch.no_grad():
-            total, _ = count_flops(model.eval(), (images, ))
+            total, _ = count_flops(model, (images, ))
         result['gflops'] = total / 1e9
     return result
 

@@ -80,4 +80,5 @@ def build_backbone(spec: str) -> nn.Module:
     name, kwargs = parse_spec(spec)
     model = BACKBONES[name](**kwargs)
     model.init_weights()
-    return model.eval()
+    model.eval()  # some backbones' train() does not return the module
+    return model
