@@ -1,0 +1,13 @@
+# Mask R-CNN + FPN with a SOFT++ backbone: mmdet's 1x COCO config (12 epochs,
+# LR steps at 8 and 11) with AdamW. The per-size configs set the backbone's
+# arch, drop_path_rate and checkpoint.
+_base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', './soft++.py']
+
+model = dict(
+    backbone=dict(_delete_=True, **_base_.soft_backbone),
+    neck=dict(in_channels=[64, 128, 320, 512]))
+
+optim_wrapper = dict(_delete_=True, **_base_.soft_det_optim_wrapper)
+# 8 GPUs x 2 images.
+train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(enable=False, base_batch_size=16)

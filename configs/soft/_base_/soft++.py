@@ -1,0 +1,41 @@
+# Pieces shared by every SOFT++ config. They carry no key of the mmdet/mmseg
+# bases, so a task config lists this file next to a library base and picks
+# them up as `_base_.soft_backbone`, `_base_.soft_det_optim_wrapper`, ...
+custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+
+# SOFT++ (symmetric-normalised kernel attention, the variant of the published
+# COCO/ADE20K models). The per-size configs add `arch`, `drop_path_rate` and
+# `init_cfg` (the converted ImageNet checkpoint).
+soft_backbone = dict(
+    type='SOFT',
+    attention='soft++',
+    # The exact (pseudo-)inverse of the bottleneck kernel, for SOFT++ by an
+    # eigendecomposition, instead of the reference's 20 Newton-Raphson steps
+    # (set for ImageNet's 49 bottleneck tokens).
+    solver='cholesky',
+    # Bottleneck tokens per attention. A 512x512 crop has exactly 256 (a
+    # 16x16 grid in every stage), so training crops are not pooled; at 1333x800
+    # the 25x42 = 1050 grid is average-pooled to 12x20 = 240, which keeps the
+    # (N x m) kernel matrices and the m^3 solve at segmentation-crop cost.
+    max_bottleneck_tokens=256,
+    out_indices=(0, 1, 2, 3))
+
+# No weight decay on norm layers (norm_decay_mult), the learned position
+# embeddings or the class token.
+soft_paramwise_cfg = dict(
+    norm_decay_mult=0.,
+    custom_keys={
+        'pos_embeds': dict(decay_mult=0.),
+        'cls_token': dict(decay_mult=0.),
+    })
+
+# AdamW of the libraries' transformer detection configs (Swin, PVT).
+soft_det_optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg=soft_paramwise_cfg)
+# AdamW of the libraries' transformer UperNet/SegFormer configs.
+soft_seg_optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
+    paramwise_cfg=soft_paramwise_cfg)

@@ -1,0 +1,14 @@
+_base_ = './_base_/upernet_soft++_8xb2-160k_ade20k-512x512.py'
+
+# SOFT++-small with the reference code's depths (1, 3, 20, 4), so that the
+# official checkpoint loads; its README's 24M describes a smaller model.
+model = dict(
+    backbone=dict(
+        arch='small',
+        drop_path_rate=0.2,
+        # The official SOFT++-small ImageNet-1k weights converted by
+        # tools/model_converters/soft2mmsoft.py; configs/soft/README.md
+        # ("Pretrained backbones") says how to get or make this file.
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='pretrained/soft++_small_mmsoft.pth')))

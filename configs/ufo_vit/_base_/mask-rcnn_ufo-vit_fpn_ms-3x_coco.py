@@ -1,0 +1,15 @@
+# Mask R-CNN + FPN with a UFO-ViT backbone: mmdet's multi-scale 3x COCO config
+# (shorter side 640-800, 36 epochs: 12 epochs over RepeatDataset(times=3),
+# LR steps at 27 and 33) with AdamW. The per-size configs set the backbone's
+# arch, drop_path_rate and checkpoint and the FPN's in_channels.
+_base_ = [
+    'mmdet::common/ms_3x_coco-instance.py',
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py', './ufo-vit.py'
+]
+
+model = dict(backbone=dict(_delete_=True, **_base_.ufo_backbone))
+
+optim_wrapper = dict(_delete_=True, **_base_.ufo_det_optim_wrapper)
+# 8 GPUs x 2 images.
+train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(enable=False, base_batch_size=16)

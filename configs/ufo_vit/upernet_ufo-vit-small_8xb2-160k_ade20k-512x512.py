@@ -1,0 +1,16 @@
+_base_ = './_base_/upernet_ufo-vit_8xb2-160k_ade20k-512x512.py'
+
+model = dict(
+    backbone=dict(
+        arch='small',
+        drop_path_rate=0.1,
+        # UFO-ViT-small ImageNet-1k weights. None are public: make them
+        # with configs/ufo_vit/pretrain/ and
+        # tools/model_converters/ufo_vit_cls2backbone.py (README,
+        # "Pretrained backbones"), or train from scratch with
+        # --cfg-options model.backbone.init_cfg=None.
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='pretrained/ufo-vit-small_in1k.pth')),
+    decode_head=dict(in_channels=[304] * 4),
+    auxiliary_head=dict(in_channels=304))
