@@ -1,2 +1,3 @@
-"""Models: backbones and their layers."""
+"""Models: backbones, their layers and classification heads."""
 from .backbones import *  # noqa: F401,F403
+from .heads import *  # noqa: F401,F403

@@ -1,4 +1,6 @@
-"""Shared utilities: argument validation."""
+"""Shared utilities: argument validation, safe checkpoint loading."""
+from .checkpoint_safety import (load_checkpoint_safely, load_state_dict_safely,
+                                register_checkpoint_safe_globals)
 from .validation import (check_choice, check_divisible, check_frozen_stages,
                          check_image_batch, check_lengths, check_out_indices,
                          check_positive_int, check_rate, resolve_arch)
@@ -6,5 +8,6 @@ from .validation import (check_choice, check_divisible, check_frozen_stages,
 __all__ = [
     'check_choice', 'check_divisible', 'check_frozen_stages', 'check_image_batch',
     'check_lengths', 'check_out_indices', 'check_positive_int', 'check_rate',
-    'resolve_arch'
+    'resolve_arch', 'load_checkpoint_safely',
+    'load_state_dict_safely', 'register_checkpoint_safe_globals'
 ]

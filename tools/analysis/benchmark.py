@@ -74,7 +74,10 @@ def run_worker(spec, size, args):
     for line in done.stdout.splitlines():
         if line.startswith('RESULT '):
             return json.loads(line[len('RESULT '):])
-    tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+    if done.returncode < 0:
+        return dict(base, seconds=None, error=f'killed by signal {-done.returncode}')
+    errors = [line for line in done.stderr.splitlines() if 'Error' in line]
+    tail = errors[-1:] or done.stderr.strip().splitlines()[-1:]
     return dict(base, seconds=None, error=tail[0] if tail else f'exit {done.returncode}')
 
 

@@ -1,0 +1,106 @@
+# Mask R-CNN with a SOFT-tiny backbone on the generated shapes dataset
+# (python tools/generate_demo_data.py coco -> data/demo_coco/), trained from
+# scratch on a CPU. mmdet's Mask R-CNN (R-50-FPN, 1x) is inherited; only the
+# data, the image size, the widths of the neck and heads (128 channels instead
+# of 256: the heads run at 160x160 pixels on CPU), the anchor scale (objects of
+# 16-96 pixels) and the schedule change. The backbone is the full SOFT-tiny
+# (depths 1-2-3-2) with the exact Cholesky solver.
+_base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py']
+custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+
+data_root = 'data/demo_coco/'
+classes = ('circle', 'triangle', 'square', 'star')
+metainfo = dict(classes=classes,
+                palette=[(220, 20, 60), (0, 130, 200), (60, 180, 75),
+                         (255, 160, 0)])
+img_scale = (160, 160)
+neck_channels = 128
+batch_size = 8
+max_epochs = 12
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='SOFT',
+        arch='tiny',
+        attention='soft++',
+        solver='cholesky',
+        drop_path_rate=0.1,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=None),
+    neck=dict(in_channels=[64, 128, 320, 512], out_channels=neck_channels),
+    rpn_head=dict(
+        in_channels=neck_channels,
+        feat_channels=neck_channels,
+        anchor_generator=dict(scales=[4])),
+    roi_head=dict(
+        bbox_roi_extractor=dict(out_channels=neck_channels),
+        bbox_head=dict(in_channels=neck_channels, fc_out_channels=512,
+                       num_classes=len(classes)),
+        mask_roi_extractor=dict(out_channels=neck_channels),
+        mask_head=dict(in_channels=neck_channels, conv_out_channels=neck_channels,
+                       num_classes=len(classes))),
+    train_cfg=dict(
+        rpn_proposal=dict(nms_pre=1000, max_per_img=300),
+        rcnn=dict(sampler=dict(num=128))),
+    test_cfg=dict(
+        rpn=dict(nms_pre=500, max_per_img=100),
+        rcnn=dict(max_per_img=20)))
+
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(type='Resize', scale=img_scale, keep_ratio=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=img_scale, keep_ratio=True),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(type='PackDetInputs',
+         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                    'scale_factor')),
+]
+train_dataloader = dict(
+    batch_size=batch_size,
+    num_workers=1,
+    persistent_workers=True,
+    dataset=dict(
+        data_root=data_root,
+        metainfo=metainfo,
+        ann_file='annotations/instances_train.json',
+        data_prefix=dict(img='train/'),
+        pipeline=train_pipeline))
+val_dataloader = dict(
+    batch_size=batch_size,
+    num_workers=1,
+    persistent_workers=True,
+    dataset=dict(
+        data_root=data_root,
+        metainfo=metainfo,
+        ann_file='annotations/instances_val.json',
+        data_prefix=dict(img='val/'),
+        pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+test_evaluator = val_evaluator
+
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=2e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    clip_grad=dict(max_norm=10.0, norm_type=2))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
+    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs,
+         T_max=max_epochs, eta_min_ratio=0.05, convert_to_iter_based=True),
+]
+auto_scale_lr = dict(enable=False, base_batch_size=batch_size)
+
+default_hooks = dict(
+    logger=dict(interval=10),
+    checkpoint=dict(interval=1, max_keep_ckpts=2))
+# gloo: distributed runs on CPU (tools/dist_train.sh CONFIG 2).
+env_cfg = dict(dist_cfg=dict(backend='gloo'))

@@ -1,0 +1,148 @@
+"""A generated image-classification dataset in the ImageNet folder layout.
+
+Every image shows one shape (a class of
+:data:`~mmsoft.datasets.scenes.SHAPES`) on a textured, noisy background; the
+class is told by the outline only (colour, shading and size are random and
+independent of it). Layout under ``root``::
+
+    train/<class>/000001.png ...     one folder per class
+    val/<class>/000401.png ...
+    meta/train.txt, meta/val.txt     "<class>/<file> <label>" lines
+    meta/classes.txt                 class names, one per line, label order
+
+which is what ``ImageFolderDataset`` (``mmsoft.classification``) and
+mmpretrain's ``ImageNet``/``CustomDataset`` read, either from the class
+folders or from the list files. Classes are balanced (image ``i`` of a split
+has label ``i mod K``); class names are sorted so that the folder order and
+the labels agree.
+"""
+import os
+import os.path as osp
+import shutil
+from typing import Dict, Sequence, Tuple
+
+import cv2
+import numpy as np
+
+from .scenes import DEFAULT_CLASSES, SHAPES, check_classes, render_scene
+
+#: Folders and files written under ``root``.
+CLS_SPLITS = ('train', 'val')
+CLS_LIST_FILES = dict(train='meta/train.txt', val='meta/val.txt')
+CLS_CLASSES_FILE = 'meta/classes.txt'
+
+
+def render_shape_image(rng: np.random.Generator, height: int, width: int,
+                       shape: str, size_range: Tuple[float, float] = (0.45, 0.85)
+                       ) -> np.ndarray:
+    """One image of one shape on a noisy background.
+
+    Args:
+        rng (np.random.Generator): Source of randomness.
+        height (int): Image height.
+        width (int): Image width.
+        shape (str): A key of :data:`~mmsoft.datasets.scenes.SHAPES`.
+        size_range (tuple[float, float]): Range of the shape's diameter as a
+            fraction of the shorter side. Default: (0.45, 0.85).
+
+    Returns:
+        np.ndarray: uint8 (H, W, 3), BGR.
+    """
+    scene = render_scene(rng, height, width, 1, [SHAPES[shape]], num_objects=(1, 1),
+                         size_range=size_range)
+    return scene.image
+
+
+def generate_classification_split(root: str, split: str, num_images: int,
+                                  seed: int, classes: Sequence[str],
+                                  img_size: Tuple[int, int], first_index: int = 1,
+                                  **shape_kwargs) -> Dict[str, int]:
+    """Writes one split: ``root/<split>/<class>/*.png`` and its list file.
+
+    Args:
+        root (str): Dataset root.
+        split (str): ``'train'`` or ``'val'``.
+        num_images (int): Number of images.
+        seed (int): Seed of this split's generator.
+        classes (Sequence[str]): Sorted shape names; label = index.
+        img_size (tuple[int, int]): (height, width).
+        first_index (int): Number in the first file name (file names are
+            unique across splits when the caller offsets them).
+        **shape_kwargs: Passed to :func:`render_shape_image`.
+
+    Returns:
+        dict: ``images`` and the number of images per class, ``per_class``.
+    """
+    height, width = img_size
+    rng = np.random.default_rng(seed)
+    split_dir = osp.join(root, split)
+    if osp.isdir(split_dir):  # images of an earlier run
+        shutil.rmtree(split_dir)
+    for name in classes:
+        os.makedirs(osp.join(split_dir, name))
+    os.makedirs(osp.join(root, 'meta'), exist_ok=True)
+    lines, counts = [], [0] * len(classes)
+    for index in range(num_images):
+        label = index % len(classes)
+        image = render_shape_image(rng, height, width, classes[label], **shape_kwargs)
+        relative = f'{classes[label]}/{first_index + index:06d}.png'
+        cv2.imwrite(osp.join(split_dir, relative), image,
+                    [cv2.IMWRITE_PNG_COMPRESSION, 1])
+        lines.append(f'{relative} {label}\n')
+        counts[label] += 1
+    with open(osp.join(root, CLS_LIST_FILES[split]), 'w') as file:
+        file.writelines(lines)
+    return dict(images=num_images, per_class=counts)
+
+
+def generate_classification_demo(root: str,
+                                 num_train: int = 400,
+                                 num_val: int = 100,
+                                 seed: int = 0,
+                                 classes: Sequence[str] = DEFAULT_CLASSES,
+                                 img_size: Tuple[int, int] = (64, 64),
+                                 **shape_kwargs) -> Dict[str, Dict[str, int]]:
+    """Writes the train and val splits of the generated classification dataset.
+
+    The splits use different streams of the same seed, so they share no image;
+    the same arguments always produce the same files.
+
+    Args:
+        root (str): Dataset root, created if missing.
+        num_train (int): Training images. Default: 400.
+        num_val (int): Validation images. Default: 100.
+        seed (int): Random seed. Default: 0.
+        classes (Sequence[str]): At least 3 distinct shape names; they are
+            sorted (label order = folder order). Default:
+            :data:`~mmsoft.datasets.scenes.DEFAULT_CLASSES`.
+        img_size (tuple[int, int]): (height, width), each >= 32.
+            Default: (64, 64).
+        **shape_kwargs: Passed to :func:`render_shape_image`
+            (``size_range``).
+
+    Returns:
+        dict: Per split, ``images`` and ``per_class`` counts; ``classes``.
+
+    Raises:
+        ValueError: Unknown or too few classes, a non-positive image count or
+            an image side below 32.
+    """
+    classes = tuple(sorted(check_classes(classes)))
+    if num_train < 1 or num_val < 1:
+        raise ValueError(f'num_train={num_train} and num_val={num_val} must be '
+                         f'positive.')
+    if len(img_size) != 2 or min(img_size) < 32:
+        raise ValueError(f'img_size={img_size!r} must be (height, width), each at '
+                         f'least 32.')
+    os.makedirs(root, exist_ok=True)
+    seeds = np.random.SeedSequence(seed).spawn(2)
+    stats = {}
+    for (split, count, first), seq in zip(
+            (('train', num_train, 1), ('val', num_val, num_train + 1)), seeds):
+        stats[split] = generate_classification_split(
+            root, split, count, int(seq.generate_state(1)[0]), classes,
+            tuple(img_size), first, **shape_kwargs)
+    with open(osp.join(root, CLS_CLASSES_FILE), 'w') as file:
+        file.writelines(f'{name}\n' for name in classes)
+    stats['classes'] = list(classes)
+    return stats

@@ -1,0 +1,270 @@
+"""Backbone weights for :class:`UFOViT` from an image-classifier checkpoint.
+
+No public UFO-ViT weights exist; they are made by pre-training a classifier
+(``configs/ufo_vit/pretrain``: ``BackboneClassifier`` = ``UFOViT`` +
+``ClassAttentionHead``) and keeping its backbone. The classifier checkpoint
+(mmengine format) holds ``state_dict`` with the backbone under ``backbone.``
+and the head under ``head.``. :func:`ufo_vit_cls_to_backbone` keeps the
+backbone tensors (prefix stripped), drops everything else, reads the
+architecture off the tensor shapes and checks every key and shape against a
+``UFOViT`` of that architecture with all four outputs.
+
+The classifier's backbone is built with only its last output, so the
+resampling branches of outputs 0 and 1 (``pyramid.branches.0.*``: two
+transposed convolutions and a BatchNorm; ``pyramid.branches.1.*``: one
+transposed convolution) are not in it. They are the only keys allowed to be
+missing: the dense-prediction models train them from their initial values,
+and ``init_cfg=dict(type='Pretrained', checkpoint=...)`` loads the rest (and
+names the missing ones in its log). Any other missing or unexpected key, or a
+shape that does not fit, raises ``ValueError`` listing them.
+
+``tools/model_converters/ufo_vit_cls2backbone.py`` is the command line of
+this module.
+"""
+import re
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from .soft_convert import unwrap_state_dict
+from .ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES, UFOViT
+
+StateDict = Dict[str, torch.Tensor]
+
+#: Prefix of the backbone's tensors in a classifier (or detector) checkpoint.
+BACKBONE_PREFIX = 'backbone.'
+#: Backbone keys that a classifier checkpoint may lack (output resampling).
+OPTIONAL_KEY = re.compile(r'pyramid\.branches\.\d+\..+')
+#: Keys read to recognise the architecture.
+ARCH_KEYS = ('patch_embed.proj.0.weight', 'pos_embed.proj.weight',
+             'blocks.0.norm1.weight', 'blocks.0.attn.gamma_q',
+             'blocks.0.ffn.fc1.weight', 'blocks.0.lpi.conv1.weight')
+_BLOCK = re.compile(r'blocks\.(\d+)\.')
+
+
+def _key_list(keys, limit: Optional[int] = 40) -> str:
+    keys = sorted(keys)
+    text = ', '.join(keys[:limit])
+    if limit is not None and len(keys) > limit:
+        text += f', ... ({len(keys) - limit} more)'
+    return text or '-'
+
+
+def _key_pattern(key: str) -> str:
+    """The key with its block index replaced by ``N`` (``blocks.N.attn...``)."""
+    return _BLOCK.sub('blocks.N.', key, count=1)
+
+
+def _reference_patterns() -> set:
+    """Key patterns of a ``UFOViT`` with all outputs (any architecture)."""
+    model = UFOViT(arch=dict(embed_dims=16, depth=4, num_heads=2))
+    return {_key_pattern(key) for key in model.state_dict()}
+
+
+def select_backbone_tensors(state_dict: Mapping, prefix: str = BACKBONE_PREFIX
+                            ) -> Tuple[StateDict, List[str], List[str]]:
+    """Splits a classifier state dict into backbone tensors and the rest.
+
+    Leading ``module.`` (DataParallel/DDP) is ignored.
+
+    Args:
+        state_dict (Mapping): The classifier's tensors.
+        prefix (str): Backbone prefix. Default: ``'backbone.'``.
+
+    Returns:
+        tuple: Backbone tensors (prefix removed), the dropped keys, and the
+        non-tensor entries skipped.
+
+    Raises:
+        ValueError: No key starts with ``prefix``.
+    """
+    backbone, dropped, skipped = {}, [], []
+    for key, value in state_dict.items():
+        key = str(key)
+        bare = key[len('module.'):] if key.startswith('module.') else key
+        if not bare.startswith(prefix):
+            dropped.append(key)
+        elif not isinstance(value, torch.Tensor):
+            skipped.append(key)
+        else:
+            backbone[bare[len(prefix):]] = value
+    if not backbone:
+        raise ValueError(
+            f'the checkpoint has no tensors under {prefix!r}; expected an image '
+            f'classifier checkpoint with the backbone under {prefix!r} and the '
+            f'head under "head." (its keys: {_key_list(map(str, state_dict), 20)}).')
+    return backbone, dropped, skipped
+
+
+def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
+    """Reads a ``UFOViT`` architecture off the tensor shapes.
+
+    ``embed_dims`` from the LayerNorms, ``depth`` from the block indices,
+    ``num_heads`` from the per-head XNorm scales (``attn.gamma_q``),
+    ``mlp_ratio`` from the FFN, ``lpi_kernel_size`` from the local patch
+    interaction, ``pos_hidden_dims`` from the position-encoding projection,
+    ``in_channels`` from the first convolution and ``qkv_bias`` from the
+    presence of the QKV bias.
+
+    Args:
+        state_dict (Mapping): Backbone tensors (no prefix).
+
+    Returns:
+        dict: ``arch`` (the settings ``UFOViT(arch=...)`` takes),
+        ``in_channels`` and ``qkv_bias``.
+
+    Raises:
+        ValueError: A tensor needed for this is missing (all are listed, with
+            the checkpoint keys that a ``UFOViT`` does not have), or the block
+            indices are not consecutive.
+    """
+    missing = [key for key in ARCH_KEYS if key not in state_dict]
+    if missing:
+        patterns = _reference_patterns()
+        unexpected = [k for k in state_dict if _key_pattern(k) not in patterns]
+        raise ValueError(
+            f'not a UFO-ViT backbone: missing keys: {_key_list(missing)}; '
+            f'unexpected keys: {_key_list(unexpected)}.')
+    dims = int(state_dict['blocks.0.norm1.weight'].shape[0])
+    indices = sorted({int(m.group(1)) for m in map(_BLOCK.match, state_dict) if m})
+    if indices != list(range(len(indices))):
+        raise ValueError(f'block indices {indices} are not consecutive from 0.')
+    mlp_ratio = state_dict['blocks.0.ffn.fc1.weight'].shape[0] / dims
+    arch = dict(
+        embed_dims=dims,
+        depth=len(indices),
+        num_heads=int(state_dict['blocks.0.attn.gamma_q'].shape[0]),
+        mlp_ratio=int(mlp_ratio) if float(mlp_ratio).is_integer() else mlp_ratio,
+        lpi_kernel_size=int(state_dict['blocks.0.lpi.conv1.weight'].shape[-1]),
+        pos_hidden_dims=int(state_dict['pos_embed.proj.weight'].shape[1]) // 2)
+    return dict(arch=arch,
+                in_channels=int(state_dict['patch_embed.proj.0.weight'].shape[1]),
+                qkv_bias='blocks.0.attn.qkv.bias' in state_dict)
+
+
+def match_ufo_vit_arch(arch: Mapping) -> Optional[str]:
+    """The name in ``ARCH_SETTINGS`` of ``arch`` (defaults included), or None."""
+    for name, settings in ARCH_SETTINGS.items():
+        full = dict(ARCH_DEFAULTS, **settings)
+        if all(arch.get(key) == value for key, value in full.items()):
+            return name
+    return None
+
+
+def expected_ufo_vit_shapes(settings: Mapping) -> Dict[str, torch.Size]:
+    """Every state-dict entry of a four-output ``UFOViT`` and its shape.
+
+    Args:
+        settings (Mapping): As returned by :func:`detect_ufo_vit_settings`.
+
+    Returns:
+        dict[str, torch.Size]: Keys and shapes.
+    """
+    model = UFOViT(arch=dict(settings['arch']), in_channels=settings['in_channels'],
+                   qkv_bias=settings['qkv_bias'],
+                   out_indices=tuple(range(NUM_STAGES)))
+    return {key: value.shape for key, value in model.state_dict().items()}
+
+
+def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping
+                             ) -> List[str]:
+    """Checks backbone tensors against a ``UFOViT`` of ``settings``.
+
+    Args:
+        state_dict (Mapping): Backbone tensors (no prefix).
+        settings (Mapping): See :func:`detect_ufo_vit_settings`.
+
+    Returns:
+        list[str]: The optional keys (output resampling branches) that are
+        missing, sorted.
+
+    Raises:
+        ValueError: Missing (other than the optional ones) or unexpected
+            keys, all listed; or shape mismatches, each with both shapes.
+    """
+    expected = expected_ufo_vit_shapes(settings)
+    unexpected = [key for key in state_dict if key not in expected]
+    missing = [key for key in expected if key not in state_dict]
+    required = [key for key in missing if not OPTIONAL_KEY.fullmatch(key)]
+    if unexpected or required:
+        raise ValueError(
+            f'the backbone tensors do not match UFOViT(arch={dict(settings["arch"])}'
+            f', in_channels={settings["in_channels"]}, qkv_bias='
+            f'{settings["qkv_bias"]}): missing keys: {_key_list(required)}; '
+            f'unexpected keys: {_key_list(unexpected)}.')
+    mismatched = [f'{key}: {tuple(value.shape)} (expected {tuple(expected[key])})'
+                  for key, value in state_dict.items()
+                  if tuple(value.shape) != tuple(expected[key])]
+    if mismatched:
+        raise ValueError(f'shapes inconsistent with UFOViT(arch='
+                         f'{dict(settings["arch"])}): {"; ".join(mismatched)}.')
+    return sorted(missing)
+
+
+def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
+                            ) -> Tuple[StateDict, dict]:
+    """Backbone weights of a UFO-ViT image-classifier checkpoint.
+
+    Args:
+        checkpoint (Mapping): A loaded checkpoint: ``{'state_dict': ...}``
+            (mmengine), ``{'model': ...}`` or a bare state dict.
+        prefix (str): Prefix of the backbone keys. Default: ``'backbone.'``.
+
+    Returns:
+        tuple[dict, dict]: The backbone state dict (``UFOViT`` key layout)
+        and what was found: ``arch`` (name or None), ``arch_settings``,
+        ``in_channels``, ``qkv_bias``, ``num_tensors``, ``dropped`` (keys
+        not under ``prefix``, e.g. the head), ``not_pretrained`` (the
+        optional backbone keys absent from the checkpoint), ``wrapper`` and,
+        when the checkpoint's ``meta`` has them, ``epoch`` and ``iter``.
+
+    Raises:
+        ValueError: The checkpoint holds no backbone tensors, or they do not
+            form a ``UFOViT`` (missing/unexpected keys listed).
+    """
+    state_dict, wrapper = unwrap_state_dict(checkpoint)
+    backbone, dropped, skipped = select_backbone_tensors(state_dict, prefix)
+    settings = detect_ufo_vit_settings(backbone)
+    not_pretrained = check_ufo_vit_state_dict(backbone, settings)
+    info = dict(arch=match_ufo_vit_arch(settings['arch']),
+                arch_settings=dict(settings['arch']),
+                in_channels=settings['in_channels'],
+                qkv_bias=settings['qkv_bias'],
+                num_tensors=len(backbone),
+                dropped=sorted(dropped + skipped),
+                not_pretrained=not_pretrained,
+                wrapper=wrapper)
+    meta = checkpoint.get('meta') if wrapper else None
+    if isinstance(meta, Mapping):
+        for key in ('epoch', 'iter'):
+            if isinstance(meta.get(key), int):
+                info[key] = meta[key]
+    return backbone, info
+
+
+def backbone_checkpoint(state_dict: StateDict, info: Mapping, **meta) -> dict:
+    """``{'state_dict': ..., 'meta': ...}`` as the converter writes it.
+
+    Tensors are detached, contiguous copies; ``meta`` holds the recognised
+    architecture, the keys left to their initial values and ``meta``'s extra
+    entries (plain Python values, so the file loads with
+    ``torch.load(weights_only=True)``).
+    """
+    meta_out = dict(arch=info['arch'], arch_settings=dict(info['arch_settings']),
+                    in_channels=info['in_channels'], qkv_bias=info['qkv_bias'],
+                    not_pretrained=list(info['not_pretrained']),
+                    num_dropped=len(info['dropped']))
+    for key in ('epoch', 'iter'):
+        if key in info:
+            meta_out[f'source_{key}'] = info[key]
+    meta_out.update(meta)
+    tensors = {key: value.detach().clone().contiguous()
+               for key, value in state_dict.items()}
+    return dict(state_dict=tensors, meta=meta_out)
+
+
+__all__ = [
+    'ufo_vit_cls_to_backbone', 'detect_ufo_vit_settings', 'match_ufo_vit_arch',
+    'expected_ufo_vit_shapes', 'check_ufo_vit_state_dict', 'select_backbone_tensors',
+    'backbone_checkpoint'
+]

@@ -1,0 +1,317 @@
+"""The command-line tools: train/test, kill-and-resume, torchrun, mmdet's own
+train.py, and the errors for bad input.
+
+Every run uses the demo detector config on a small generated dataset
+(``small_coco``: 96x96 images) with command-line overrides: batch 2, one or
+a few epochs of a few iterations.
+"""
+import glob
+import importlib.util
+import json
+import os
+import os.path as osp
+import pickle
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')
+TRAIN = osp.join(REPO, 'tools/train.py')
+TEST = osp.join(REPO, 'tools/test.py')
+SIZE = 96
+
+
+def tiny_options(root: str, train_images: int = 16) -> list:
+    """``--cfg-options`` of a quick run on the generated data in ``root``."""
+    options = [f'{split}_dataloader.dataset.data_root={root}'
+               for split in ('train', 'val', 'test')]
+    options += [
+        f'val_evaluator.ann_file={root}/annotations/instances_val.json',
+        f'test_evaluator.ann_file={root}/annotations/instances_val.json',
+        f'train_dataloader.dataset.pipeline.2.scale=({SIZE},{SIZE})',
+        f'val_dataloader.dataset.pipeline.1.scale=({SIZE},{SIZE})',
+        f'test_dataloader.dataset.pipeline.1.scale=({SIZE},{SIZE})',
+        f'train_dataloader.dataset.indices={train_images}',
+        'train_dataloader.batch_size=2',
+        'val_dataloader.batch_size=2',
+        'test_dataloader.batch_size=2',
+        'default_hooks.logger.interval=1',
+    ]
+    for split in ('train', 'val', 'test'):
+        options += [f'{split}_dataloader.num_workers=0',
+                    f'{split}_dataloader.persistent_workers=False']
+    return options
+
+
+def env() -> dict:
+    """Subprocess environment: mmsoft importable, quiet thread pools."""
+    out = dict(os.environ)
+    out['PYTHONPATH'] = REPO + os.pathsep + out.get('PYTHONPATH', '')
+    out.setdefault('OMP_NUM_THREADS', '1')
+    return out
+
+
+def run(args: list, timeout: int = 240, **kwargs) -> subprocess.CompletedProcess:
+    """Runs a command and returns its result (stdout and stderr as text)."""
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                          env=env(), cwd=kwargs.pop('cwd', REPO), **kwargs)
+
+
+def check(result: subprocess.CompletedProcess) -> str:
+    """Asserts success; returns stdout + stderr."""
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    return output
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope='module')
+def trained(small_coco, tmp_path_factory):
+    """One epoch (8 iterations) of the demo detector and its validation."""
+    work_dir = str(tmp_path_factory.mktemp('train'))
+    start = time.time()
+    output = check(run([sys.executable, TRAIN, DET_CONFIG, '--work-dir', work_dir,
+                        '--cfg-options', *tiny_options(small_coco),
+                        'train_cfg.max_epochs=1', 'train_cfg.val_interval=1']))
+    return dict(work_dir=work_dir, output=output, seconds=time.time() - start,
+                checkpoint=osp.join(work_dir, 'epoch_1.pth'))
+
+
+def test_train_logs_and_validates(trained):
+    output = trained['output']
+    assert re.search(r'Epoch\(train\) +\[1\]\[8/8\]', output)
+    assert re.search(r'Epoch\(val\) \[1\]\[2/2\].*coco/bbox_mAP: [0-9.]+ '
+                     r'.*coco/segm_mAP: [0-9.]+', output)
+    assert osp.isfile(trained['checkpoint'])
+    with open(osp.join(trained['work_dir'], 'last_checkpoint')) as f:
+        assert f.read().strip().endswith('epoch_1.pth')
+
+
+def test_checkpoint_loads_with_weights_only(trained):
+    """``import mmsoft`` allow-lists exactly what the checkpoint needs."""
+    path = trained['checkpoint']
+    # The globals torch does not allow by default, listed without mmsoft.
+    listed = check(run([sys.executable, '-c',
+                        'import sys, torch; print(sorted(torch.serialization.'
+                        'get_unsafe_globals_in_checkpoint(sys.argv[1])))', path]))
+    needed = set(eval(listed.strip().splitlines()[-1]))
+    assert {'mmengine.logging.history_buffer.HistoryBuffer', 'numpy.ndarray',
+            'builtins.getattr'} <= needed
+    import mmsoft  # noqa: F401
+    from mmsoft.utils.checkpoint_safety import checkpoint_safe_globals
+    names = {entry[1] if isinstance(entry, tuple) else
+             f'{entry.__module__}.{entry.__qualname__}'
+             for entry in checkpoint_safe_globals()}
+    assert needed <= names
+    checkpoint = torch.load(path, map_location='cpu')  # weights_only=True
+    assert checkpoint['meta']['epoch'] == 1 and checkpoint['meta']['iter'] == 8
+    losses = checkpoint['message_hub']['log_scalars']['train/loss']
+    assert len(losses.data[0]) == 8 and losses.mean() > 0  # one per iteration
+
+
+def test_test_tool_reports_coco_metrics(trained, small_coco, tmp_path):
+    out = str(tmp_path / 'preds.pkl')
+    show_dir = str(tmp_path / 'painted')
+    output = check(run([sys.executable, TEST, DET_CONFIG, trained['checkpoint'],
+                        '--work-dir', str(tmp_path), '--out', out,
+                        '--show-dir', show_dir,
+                        '--cfg-options', *tiny_options(small_coco)]))
+    table = dict(re.findall(r'^(coco/\w+) +([0-9.]+)$', output, re.M))
+    for key in ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP',
+                'coco/segm_mAP_50'):
+        assert 0.0 <= float(table[key]) <= 1.0
+    with open(out, 'rb') as f:
+        predictions = pickle.load(f)
+    assert len(predictions) == 4
+    assert {'bboxes', 'scores', 'labels', 'masks'} <= set(
+        predictions[0]['pred_instances'])
+    assert len(glob.glob(osp.join(show_dir, '*.png'))) == 4
+    assert f'painted predictions: {show_dir}' in output
+
+
+def _latest(work_dir: str) -> str:
+    path = osp.join(work_dir, 'last_checkpoint')
+    if not osp.isfile(path):
+        return ''
+    with open(path) as f:
+        return f.read().strip()
+
+
+def test_kill_and_resume_continues(small_coco, tmp_path):
+    """SIGKILL in epoch 2, ``--resume``: epochs 2 and 3 run once, state goes on."""
+    work_dir = str(tmp_path)
+    options = [*tiny_options(small_coco), 'train_cfg.max_epochs=3',
+               'train_cfg.val_interval=10']
+    proc = subprocess.Popen(
+        [sys.executable, TRAIN, DET_CONFIG, '--work-dir', work_dir,
+         '--cfg-options', *options],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(),
+        cwd=REPO, start_new_session=True)
+    deadline = time.time() + 180
+    try:
+        while not _latest(work_dir).endswith('epoch_1.pth'):
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.time() < deadline, 'no epoch_1 checkpoint in time'
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        first_log = proc.communicate()[0]
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = _latest(work_dir)
+    assert killed_at.endswith('epoch_1.pth')
+    assert not osp.exists(osp.join(work_dir, 'epoch_3.pth'))
+    before = torch.load(killed_at, map_location='cpu', weights_only=False)
+    assert before['meta']['iter'] == 8
+
+    output = check(run([sys.executable, TRAIN, DET_CONFIG, '--work-dir', work_dir,
+                        '--resume', '--cfg-options', *options]))
+    assert 'resumed epoch: 1, iter: 8' in output
+    trained_epochs = [int(e) for e, _ in
+                      re.findall(r'Epoch\(train\) +\[(\d+)\]\[ ?(\d+)/8\]', output)]
+    assert trained_epochs[0] == 2 and sorted(set(trained_epochs)) == [2, 3]
+    assert trained_epochs.count(2) == trained_epochs.count(3) == 8
+    assert re.search(r'Epoch\(train\) +\[1\]\[8/8\]', first_log)
+
+    final = torch.load(osp.join(work_dir, 'epoch_3.pth'), map_location='cpu')
+    assert final['meta']['epoch'] == 3 and final['meta']['iter'] == 24
+    steps = {float(s['step']) for s in final['optimizer']['state'].values()}
+    assert steps == {24.0}  # 8 before the kill + 16 after: state was restored
+    assert [s['last_step'] for s in final['param_schedulers']] == [24, 24]
+    assert final['message_hub']['runtime_info']['iter'] == 23
+
+
+def test_torchrun_two_processes(small_coco, tmp_path):
+    env_port = dict(PORT=str(free_port()))
+    result = subprocess.run(
+        ['bash', osp.join(REPO, 'tools/dist_train.sh'), DET_CONFIG, '2',
+         '--work-dir', str(tmp_path), '--cfg-options', *tiny_options(small_coco),
+         'train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**env(), **env_port, 'PYTHON': sys.executable})
+    output = check(result)
+    assert 'Distributed launcher: pytorch' in output
+    assert 'Distributed training: True' in output
+    assert 'GPU number: 2' in output  # mmengine's name for the world size
+    # 16 images, 2 per process and step, 2 processes: 4 iterations.
+    assert re.search(r'Epoch\(train\) +\[1\]\[4/4\]', output)
+    assert re.search(r'Epoch\(val\) \[1\]\[1/1\].*coco/bbox_mAP: [0-9.]+', output)
+    checkpoint = torch.load(str(tmp_path / 'epoch_1.pth'), map_location='cpu')
+    assert checkpoint['meta']['iter'] == 4
+
+
+def test_mmdet_own_train_tool(small_coco, tmp_path):
+    import mmdet
+    tool = osp.join(osp.dirname(mmdet.__file__), '.mim/tools/train.py')
+    assert osp.isfile(tool)
+    output = check(run([sys.executable, tool, DET_CONFIG, '--work-dir',
+                        str(tmp_path), '--cfg-options',
+                        *tiny_options(small_coco, train_images=4),
+                        'train_cfg.max_epochs=1', 'train_cfg.val_interval=10'],
+                       cwd=str(tmp_path)))
+    assert re.search(r'Epoch\(train\) +\[1\]\[2/2\]', output)
+    assert torch.load(str(tmp_path / 'epoch_1.pth'),
+                      map_location='cpu')['meta']['iter'] == 2
+
+
+# ---------------------------------------------------------------- errors ---
+def test_missing_data_root(tmp_path):
+    missing = str(tmp_path / 'nowhere')
+    result = run([sys.executable, TRAIN, DET_CONFIG, '--work-dir', str(tmp_path),
+                  '--cfg-options', f'train_dataloader.dataset.data_root={missing}'])
+    assert result.returncode != 0
+    assert f'data root not found: {missing}' in result.stderr
+    assert 'tools/generate_demo_data.py' in result.stderr
+    assert 'Runner' not in result.stderr  # caught before the runner is built
+
+
+def test_missing_annotation_file(small_coco, tmp_path):
+    options = tiny_options(small_coco)
+    ann = str(tmp_path / 'no_such.json')
+    result = run([sys.executable, TEST, DET_CONFIG, str(tmp_path / 'x.pth'),
+                  '--work-dir', str(tmp_path), '--cfg-options', *options,
+                  f'test_dataloader.dataset.ann_file={ann}'])
+    assert result.returncode != 0
+    assert f'annotation file not found: {ann}' in result.stderr
+
+
+def test_config_without_mmsoft_import(small_coco, tmp_path):
+    config = tmp_path / 'no_import.py'
+    config.write_text(f"_base_ = ['{DET_CONFIG}']\ncustom_imports = None\n")
+    result = run([sys.executable, TRAIN, str(config), '--work-dir', str(tmp_path),
+                  '--cfg-options', *tiny_options(small_coco)])
+    assert result.returncode != 0
+    assert 'SOFT is not in the mmdet::model registry' in result.stderr
+    assert "add custom_imports = dict(imports=['mmsoft']" in result.stderr
+
+
+def test_truncated_checkpoint(trained, small_coco, tmp_path):
+    truncated = tmp_path / 'truncated.pth'
+    with open(trained['checkpoint'], 'rb') as f:
+        data = f.read()
+    truncated.write_bytes(data[:len(data) // 2])
+    result = run([sys.executable, TEST, DET_CONFIG, str(truncated), '--work-dir',
+                  str(tmp_path), '--cfg-options', *tiny_options(small_coco)])
+    assert result.returncode != 0
+    assert f'checkpoint file {truncated} could not be read; it is truncated' in \
+        result.stderr
+
+
+def _tool_module():
+    spec = importlib.util.spec_from_file_location('mmsoft_train_tool', TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def detector(small_coco):
+    """The demo detector, built in this process."""
+    import mmsoft  # noqa: F401
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+    register_all_modules()
+    return MODELS.build(Config.fromfile(DET_CONFIG).model)
+
+
+def test_foreign_checkpoints(detector, tmp_path):
+    tool = _tool_module()
+    other = tmp_path / 'resnet.pth'
+    torch.save({'state_dict': {'conv1.weight': torch.zeros(64, 3, 7, 7),
+                               'fc.weight': torch.zeros(10, 2048)}}, other)
+    with pytest.raises(ValueError, match=re.escape(
+            f'checkpoint file {other} does not fit the model of demo.py: only 0 of')):
+        tool.check_checkpoint(str(other), detector, 'demo.py')
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ('echo unsafe',))
+
+    unsafe = tmp_path / 'unsafe.pth'
+    torch.save({'state_dict': Payload()}, unsafe)
+    with pytest.raises(ValueError, match=re.escape(
+            f'checkpoint file {unsafe} contains objects outside the allow-list')):
+        tool.check_checkpoint(str(unsafe), detector, 'demo.py')
+
+    text = tmp_path / 'notes.pth'
+    text.write_text(json.dumps({'not': 'a checkpoint'}))
+    with pytest.raises(ValueError, match=re.escape(f'checkpoint file {text}')):
+        tool.check_checkpoint(str(text), detector, 'demo.py')
+    with pytest.raises(FileNotFoundError, match='checkpoint file not found'):
+        tool.check_checkpoint(str(tmp_path / 'absent.pth'), detector, 'demo.py')
+
+    own = tmp_path / 'own.pth'
+    torch.save({'state_dict': detector.state_dict()}, own)
+    tool.check_checkpoint(str(own), detector, 'demo.py')  # fits: no error

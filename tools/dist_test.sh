@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Distributed testing with torchrun (mmengine's `pytorch` launcher).
+#
+# Usage: bash tools/dist_test.sh CONFIG CHECKPOINT NPROC [tools/test.py options]
+# Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
+#              PORT (29500), PYTHON (python).
+set -euo pipefail
+if [ $# -lt 3 ]; then
+    echo "usage: $0 CONFIG CHECKPOINT NPROC [test.py options]" >&2
+    exit 2
+fi
+CONFIG=$1
+CHECKPOINT=$2
+NPROC=$3
+shift 3
+TOOLS_DIR="$(cd "$(dirname "$0")" && pwd)"
+export PYTHONPATH="$(dirname "$TOOLS_DIR")${PYTHONPATH:+:$PYTHONPATH}"
+exec "${PYTHON:-python}" -m torch.distributed.run \
+    --nnodes="${NNODES:-1}" \
+    --node_rank="${NODE_RANK:-0}" \
+    --master_addr="${MASTER_ADDR:-127.0.0.1}" \
+    --master_port="${PORT:-29500}" \
+    --nproc_per_node="$NPROC" \
+    "$TOOLS_DIR/test.py" "$CONFIG" "$CHECKPOINT" --launcher pytorch "$@"

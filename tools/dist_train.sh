@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Distributed training with torchrun (mmengine's `pytorch` launcher).
+#
+# Usage: bash tools/dist_train.sh CONFIG NPROC [tools/train.py options]
+# Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
+#              PORT (29500), PYTHON (python).
+# On CPU the config selects the gloo backend:
+#   env_cfg = dict(dist_cfg=dict(backend='gloo'))
+set -euo pipefail
+if [ $# -lt 2 ]; then
+    echo "usage: $0 CONFIG NPROC [train.py options]" >&2
+    exit 2
+fi
+CONFIG=$1
+NPROC=$2
+shift 2
+TOOLS_DIR="$(cd "$(dirname "$0")" && pwd)"
+export PYTHONPATH="$(dirname "$TOOLS_DIR")${PYTHONPATH:+:$PYTHONPATH}"
+exec "${PYTHON:-python}" -m torch.distributed.run \
+    --nnodes="${NNODES:-1}" \
+    --node_rank="${NODE_RANK:-0}" \
+    --master_addr="${MASTER_ADDR:-127.0.0.1}" \
+    --master_port="${PORT:-29500}" \
+    --nproc_per_node="$NPROC" \
+    "$TOOLS_DIR/train.py" "$CONFIG" --launcher pytorch "$@"

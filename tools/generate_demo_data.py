@@ -1,0 +1,76 @@
+"""Writes the generated demo datasets (COCO instance segmentation, ADE20K-layout
+semantic segmentation) used by ``configs/demo``.
+
+Examples::
+
+    python tools/generate_demo_data.py                  # both, default paths
+    python tools/generate_demo_data.py coco --num-train 200 --seed 3
+    python tools/generate_demo_data.py ade --ade-root /tmp/ade --img-size 128
+"""
+import argparse
+import os.path as osp
+import sys
+import time
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft.datasets import (DEFAULT_CLASSES, SHAPES,  # noqa: E402
+                             generate_ade_demo, generate_coco_demo)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(
+        description='Generate the demo datasets of random shape scenes.')
+    parser.add_argument('kind', nargs='?', default='all',
+                        choices=['coco', 'ade', 'all'],
+                        help='which dataset to write (default: all)')
+    parser.add_argument('--coco-root', default='data/demo_coco/',
+                        help='COCO-format dataset root')
+    parser.add_argument('--ade-root', default='data/demo_ade/',
+                        help='ADE20K-layout dataset root')
+    parser.add_argument('--num-train', type=int, default=600,
+                        help='training images per dataset')
+    parser.add_argument('--num-val', type=int, default=100,
+                        help='validation images per dataset')
+    parser.add_argument('--seed', type=int, default=0, help='random seed')
+    parser.add_argument('--img-size', type=int, nargs='+', default=[160],
+                        help='image side, or height and width')
+    parser.add_argument('--classes', nargs='+', default=list(DEFAULT_CLASSES),
+                        choices=sorted(SHAPES),
+                        help='shape classes (at least 3)')
+    args = parser.parse_args(argv)
+    if len(args.img_size) not in (1, 2) or min(args.img_size) < 32:
+        parser.error('--img-size takes one or two values, each >= 32')
+    if args.num_train < 1 or args.num_val < 1:
+        parser.error('--num-train and --num-val must be >= 1')
+    return args
+
+
+def main(argv=None) -> None:
+    """Generates the requested datasets and prints a summary."""
+    args = parse_args(argv)
+    size = tuple(args.img_size) * (3 - len(args.img_size))
+    common = dict(num_train=args.num_train, num_val=args.num_val, seed=args.seed,
+                  classes=args.classes, img_size=size)
+    if args.kind in ('coco', 'all'):
+        start = time.time()
+        stats = generate_coco_demo(args.coco_root, **common)
+        print(f'COCO dataset in {args.coco_root}: '
+              f"train {stats['train']['images']} images / "
+              f"{stats['train']['annotations']} objects, "
+              f"val {stats['val']['images']} images / "
+              f"{stats['val']['annotations']} objects, classes {args.classes} "
+              f'({time.time() - start:.1f} s)')
+    if args.kind in ('ade', 'all'):
+        start = time.time()
+        stats = generate_ade_demo(args.ade_root, **common)
+        print(f'ADE20K-layout dataset in {args.ade_root}: '
+              f"training {stats['train']['images']} images, "
+              f"validation {stats['val']['images']} images, labels "
+              f"{['background'] + list(args.classes)} "
+              f'({time.time() - start:.1f} s)')
+
+
+if __name__ == '__main__':
+    main()
