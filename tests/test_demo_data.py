@@ -198,7 +198,7 @@ def test_cli_writes_both(tmp_path, repo_root):
          '--coco-root', str(tmp_path / 'coco'), '--ade-root', str(tmp_path / 'ade'),
          '--num-train', '4', '--num-val', '2', '--img-size', '64', '80',
          '--classes', 'circle', 'square', 'cross'],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert 'train 4 images' in result.stdout
     coco = _load(str(tmp_path / 'coco'), 'val')
