@@ -1,4 +1,5 @@
 """SOFT-tiny trains inside mmdet's Mask R-CNN and mmseg's UperNet."""
+import pytest
 import torch
 
 from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn, build_upernet,
@@ -35,3 +36,26 @@ def test_upernet_trains_and_predicts():
     with torch.no_grad():
         results = model.test_step(demo_seg_inputs(1, (64, 64), 5))
     assert results[0].pred_sem_seg.data.shape == (1, 64, 64)
+
+
+@pytest.mark.parametrize('backbone', [
+    dict(type='SOFT', arch='tiny', solver='cholesky', out_indices=(0, 1, 2, 3)),
+    dict(type='UFOViT', arch='tiny', out_indices=(0, 1, 2, 3)),
+])
+def test_features_are_nchw_for_roi_align(backbone):
+    """mmcv's CPU RoIAlign reads NCHW memory whatever the strides; a
+    channels-last feature map would make it pool the wrong pixels."""
+    from mmcv.ops import roi_align
+    from mmengine.registry import MODELS
+    torch.manual_seed(0)
+    model = MODELS.build(backbone).eval()
+    with torch.no_grad():
+        feats = model(torch.randn(2, 3, 64, 96))
+    rois = torch.tensor([[0., 4., 8., 40., 30.], [1., 20., 2., 90., 60.]])
+    for stride, feat in zip((4, 8, 16, 32), feats):
+        assert feat.is_contiguous()
+        pooled = roi_align(feat, rois, (7, 7), 1 / stride, 2, 'avg', True)
+        # Reference: the same map rebuilt element by element from its values.
+        fresh = feat.detach().clone(memory_format=torch.contiguous_format)
+        expected = roi_align(fresh, rois, (7, 7), 1 / stride, 2, 'avg', True)
+        torch.testing.assert_close(pooled, expected, rtol=0, atol=0)

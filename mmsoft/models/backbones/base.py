@@ -22,6 +22,25 @@ def init_transformer_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
+    """Tokens on an (H, W) grid as a contiguous feature map.
+
+    A bare ``transpose`` would give a channels-last view. Downstream mmcv ops
+    need NCHW memory: the CPU kernel of ``RoIAlign`` reads the buffer as NCHW
+    whatever the strides, so on a channels-last map it pools wrong values
+    (and a detector trained on them does not learn).
+
+    Args:
+        tokens (Tensor): Shape (B, H * W, C).
+        hw_shape (tuple[int, int]): The grid (H, W).
+
+    Returns:
+        Tensor: Shape (B, C, H, W), contiguous.
+    """
+    batch, _, channels = tokens.shape
+    return tokens.transpose(1, 2).reshape(batch, channels, *hw_shape).contiguous()
+
+
 class MultiStageBackbone(BaseModule):
     """Base of the backbones: the OpenMMLab conventions in one place.
 

@@ -11,7 +11,7 @@ from ...utils import (check_choice, check_divisible, check_lengths,
                       check_out_indices, check_positive_int, check_rate,
                       resolve_arch)
 from ..layers import ConvPatchEmbed, SoftBlock, SoftmaxBlock, resize_pos_embed
-from .base import MultiStageBackbone, init_transformer_weights
+from .base import MultiStageBackbone, init_transformer_weights, tokens_to_map
 
 ARCH_SETTINGS = {
     'tiny': dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16],
@@ -249,7 +249,7 @@ class SOFT(MultiStageBackbone):
                 x = self.run_block(block, x, hw_shape)
             if i == NUM_STAGES - 1:
                 x = self.norm(x)[:, 1:]
-            x = x.transpose(1, 2).reshape(batch, -1, *hw_shape)  # (B, C, H, W)
+            x = tokens_to_map(x, hw_shape)  # (B, C, H, W)
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)

@@ -9,7 +9,7 @@ from ...utils import (check_divisible, check_out_indices, check_positive_int,
                       check_rate, resolve_arch)
 from ..layers import (ConvPatchEmbed, FeaturePyramidAdapter,
                       FourierPositionEncoding, UFOBlock)
-from .base import MultiStageBackbone, init_transformer_weights
+from .base import MultiStageBackbone, init_transformer_weights, tokens_to_map
 
 # Sizes chosen so that Mask R-CNN + FPN (mmdet's mask-rcnn_r50_fpn_1x_coco
 # with this backbone and neck in_channels=[embed_dims] * 4) totals close to
@@ -186,5 +186,5 @@ class UFOViT(MultiStageBackbone):
         for i, block in enumerate(self.blocks[:read_after[-1] + 1]):
             x = self.run_block(block, x, hw_shape)  # (B, N, C)
             if i in read_after:
-                feats.append(x.transpose(1, 2).reshape(batch, -1, *hw_shape))
+                feats.append(tokens_to_map(x, hw_shape))
         return self.pyramid(feats)
