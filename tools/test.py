@@ -26,7 +26,8 @@ sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 
 from train import (activate_checkpoint_allow_list, build_runner,  # noqa: E402
                    check_checkpoint, check_dataset_paths, library_of,
-                   load_config, set_work_dir, setup_cpu_distributed)
+                   load_config, parse_with_launcher, set_work_dir,
+                   setup_cpu_distributed)
 from mmengine.config import Config, DictAction  # noqa: E402
 
 
@@ -45,13 +46,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction,
         help='override config settings, e.g. test_dataloader.batch_size=2')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    return parse_with_launcher(parser, argv)
 
 
 def enable_visualization(cfg: Config, library: str, show_dir: str) -> None:

@@ -46,6 +46,22 @@ IMPORT_HINT = ("add custom_imports = dict(imports=['mmsoft'], "
 _REGISTRY_MISS = re.compile(r"(\w+) is not in the ([\w:.]+) registry")
 
 
+def parse_with_launcher(parser: argparse.ArgumentParser,
+                        argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Adds ``--launcher``/``--local-rank``, parses, and exports ``LOCAL_RANK``.
+
+    Shared by ``train.py`` and ``test.py``; torchrun sets ``LOCAL_RANK``
+    itself, the older ``torch.distributed.launch`` passes ``--local-rank``.
+    """
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments (mmdet's and mmseg's ``train.py`` options)."""
     parser = argparse.ArgumentParser(
@@ -64,13 +80,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         '--cfg-options', nargs='+', action=DictAction,
         help='override config settings, e.g. train_cfg.max_epochs=2 '
         "'optim_wrapper.optimizer.lr=1e-4'; lists as key=\"[a,b]\"")
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    return parse_with_launcher(parser, argv)
 
 
 # --------------------------------------------------------------- config ---

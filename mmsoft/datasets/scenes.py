@@ -107,6 +107,16 @@ class Scene:
         return out
 
 
+def split_seeds(seed: int) -> Tuple[int, int]:
+    """Independent integer seeds of the train and val splits from one seed.
+
+    The two come from different streams of ``SeedSequence(seed)``, so the
+    splits share no image and the same seed always gives the same files.
+    """
+    train, val = np.random.SeedSequence(seed).spawn(2)
+    return int(train.generate_state(1)[0]), int(val.generate_state(1)[0])
+
+
 def check_classes(classes: Sequence[str]) -> Tuple[str, ...]:
     """Validates a class list against :data:`SHAPES`.
 

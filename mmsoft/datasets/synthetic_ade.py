@@ -20,7 +20,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
-from .scenes import DEFAULT_CLASSES, SHAPES, check_classes, render_scene
+from .scenes import (DEFAULT_CLASSES, SHAPES, check_classes, render_scene,
+                     split_seeds)
 
 ADE_SPLITS = dict(train='training', val='validation')
 ADE_PREFIX = dict(train='ADE_train_', val='ADE_val_')
@@ -97,13 +98,11 @@ def generate_ade_demo(root: str,
     Returns:
         dict: Per split, the ``images`` count and ``pixels`` per label value.
     """
-    seeds = np.random.SeedSequence(seed).spawn(2)
+    train_seed, val_seed = split_seeds(seed)
     return dict(
-        train=generate_ade_split(root, 'train', num_train,
-                                 int(seeds[0].generate_state(1)[0]), classes,
+        train=generate_ade_split(root, 'train', num_train, train_seed, classes,
                                  img_size, **scene_kwargs),
-        val=generate_ade_split(root, 'val', num_val,
-                               int(seeds[1].generate_state(1)[0]), classes,
+        val=generate_ade_split(root, 'val', num_val, val_seed, classes,
                                img_size, **scene_kwargs))
 
 

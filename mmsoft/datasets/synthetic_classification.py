@@ -24,7 +24,8 @@ from typing import Dict, Sequence, Tuple
 import cv2
 import numpy as np
 
-from .scenes import DEFAULT_CLASSES, SHAPES, check_classes, render_scene
+from .scenes import (DEFAULT_CLASSES, SHAPES, check_classes, render_scene,
+                     split_seeds)
 
 #: Folders and files written under ``root``.
 CLS_SPLITS = ('train', 'val')
@@ -135,13 +136,13 @@ def generate_classification_demo(root: str,
         raise ValueError(f'img_size={img_size!r} must be (height, width), each at '
                          f'least 32.')
     os.makedirs(root, exist_ok=True)
-    seeds = np.random.SeedSequence(seed).spawn(2)
     stats = {}
-    for (split, count, first), seq in zip(
-            (('train', num_train, 1), ('val', num_val, num_train + 1)), seeds):
+    for (split, count, first), split_seed in zip(
+            (('train', num_train, 1), ('val', num_val, num_train + 1)),
+            split_seeds(seed)):
         stats[split] = generate_classification_split(
-            root, split, count, int(seq.generate_state(1)[0]), classes,
-            tuple(img_size), first, **shape_kwargs)
+            root, split, count, split_seed, classes, tuple(img_size), first,
+            **shape_kwargs)
     with open(osp.join(root, CLS_CLASSES_FILE), 'w') as file:
         file.writelines(f'{name}\n' for name in classes)
     stats['classes'] = list(classes)

@@ -23,7 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
-from .scenes import DEFAULT_CLASSES, SHAPES, Scene, check_classes, render_scene
+from .scenes import (DEFAULT_CLASSES, SHAPES, Scene, check_classes,
+                     render_scene, split_seeds)
 
 #: File names written under ``root``.
 COCO_ANN_FILES = dict(train='annotations/instances_train.json',
@@ -162,16 +163,12 @@ def generate_coco_demo(root: str,
     Returns:
         dict: Per split, the ``images`` and ``annotations`` counts.
     """
-    seeds = np.random.SeedSequence(seed).spawn(2)
+    train_seed, val_seed = split_seeds(seed)
     return dict(
-        train=generate_coco_split(root, 'train', num_train, _int_seed(seeds[0]),
+        train=generate_coco_split(root, 'train', num_train, train_seed,
                                   classes, img_size, 1, **scene_kwargs),
-        val=generate_coco_split(root, 'val', num_val, _int_seed(seeds[1]), classes,
+        val=generate_coco_split(root, 'val', num_val, val_seed, classes,
                                 img_size, num_train + 1, **scene_kwargs))
-
-
-def _int_seed(seq: np.random.SeedSequence) -> int:
-    return int(seq.generate_state(1)[0])
 
 
 def coco_metainfo(classes: Optional[Sequence[str]] = None) -> dict:
