@@ -1,13 +1,22 @@
 # UperNet with a SOFT-tiny backbone on the generated ADE20K-layout shapes
 # dataset (python tools/generate_demo_data.py ade -> data/demo_ade/), trained
-# from scratch on a 2-core CPU. mmseg's UperNet (R-50, ADE20K, 80k) is
-# inherited; only the data (5 classes: background and 4 shapes, ADE20K's
-# reduce_zero_label encoding), the image size, BN instead of SyncBN, the
-# widths and the schedule change. The backbone is the Mask R-CNN demo's:
-# SOFT-tiny's layout (depths 1-2-3-2, SOFT++, Cholesky solver) at half its
-# widths, without stochastic depth (trained from scratch).
-# Known limit: 600 iterations are not yet enough to leave the all-background
-# solution on this data (mIoU 16.8, README 'What make demo does').
+# from scratch on a 2-core CPU in about 10 minutes. mmseg's UperNet (R-50,
+# ADE20K, 80k) is inherited; only the data (5 classes: background and 4
+# shapes, ADE20K's reduce_zero_label encoding), the image size, BN instead of
+# SyncBN, the widths, the loss weights and the schedule change. The backbone
+# is the Mask R-CNN demo's: SOFT-tiny's layout (depths 1-2-3-2, SOFT++,
+# Cholesky solver) at half its widths, without stochastic depth.
+#
+# Two choices make it learn within the budget (README, 'What make demo does'):
+# - The decode head has no normalisation layers (norm_cfg=None). With BN in
+#   UperNet's 32-channel head, training stayed at (or near) the
+#   all-background solution for 1100-1200 iterations; on frozen features of
+#   the trained demo detector's backbone a BN or GN head did too, where the
+#   same head without normalisation learned.
+# - Background (84% of the pixels) is down-weighted in the cross-entropy.
+#   mmseg 1.2's class-weighted loss cannot take the ignore label 255, so the
+#   training crops never need padding: images are only enlarged
+#   (ratio_range >= 1, keep_ratio=False) before the 160x160 crop.
 _base_ = ['mmseg::upernet/upernet_r50_4xb4-80k_ade20k-512x512.py']
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
@@ -20,7 +29,15 @@ num_classes = 5
 crop_size = (160, 160)
 norm_cfg = dict(type='BN', requires_grad=True)
 batch_size = 8
-max_iters = 600
+max_iters = 1100
+val_interval = max_iters // 4
+# Background, circle, triangle, square, star.
+class_weight = [0.2, 1.0, 1.0, 1.0, 1.0]
+weighted_ce = dict(
+    type='CrossEntropyLoss',
+    use_sigmoid=False,
+    class_weight=class_weight,
+    avg_non_ignore=True)
 backbone_dims = [32, 64, 160, 256]
 
 model = dict(
@@ -38,20 +55,22 @@ model = dict(
         init_cfg=None),
     decode_head=dict(
         in_channels=backbone_dims,
-        channels=64,
+        channels=32,
         num_classes=num_classes,
-        norm_cfg=norm_cfg),
+        norm_cfg=None,
+        loss_decode=dict(**weighted_ce, loss_weight=1.0)),
     auxiliary_head=dict(
         in_channels=backbone_dims[2],
         channels=32,
         num_classes=num_classes,
-        norm_cfg=norm_cfg))
+        norm_cfg=norm_cfg,
+        loss_decode=dict(**weighted_ce, loss_weight=0.4)))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', reduce_zero_label=True),
-    dict(type='RandomResize', scale=crop_size, ratio_range=(0.75, 1.5),
-         keep_ratio=True),
+    dict(type='RandomResize', scale=crop_size, ratio_range=(1.0, 1.5),
+         keep_ratio=False),
     dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.9),
     dict(type='RandomFlip', prob=0.5),
     dict(type='PackSegInputs'),
@@ -90,11 +109,11 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters,
-                 val_interval=max_iters)
+                 val_interval=val_interval)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=4e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.05),
     clip_grad=dict(max_norm=10.0, norm_type=2))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
@@ -103,7 +122,7 @@ param_scheduler = [
 ]
 default_hooks = dict(
     logger=dict(interval=20),
-    checkpoint=dict(by_epoch=False, interval=max_iters // 2, max_keep_ckpts=2))
+    checkpoint=dict(by_epoch=False, interval=val_interval, max_keep_ckpts=2))
 # The figures in the README come from this seed.
 randomness = dict(seed=0)
 # gloo: distributed runs on CPU (tools/dist_train.sh CONFIG 2).
