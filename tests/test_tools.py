@@ -30,26 +30,28 @@ TEST = osp.join(REPO, 'tools/test.py')
 SIZE = 96
 
 
+def loader_options(root: str) -> list:
+    """``--cfg-options`` of all three dataloaders: data in ``root``, batch 2,
+    no worker processes; and a log line per iteration."""
+    options = ['default_hooks.logger.interval=1']
+    for split in ('train', 'val', 'test'):
+        options += [f'{split}_dataloader.dataset.data_root={root}',
+                    f'{split}_dataloader.batch_size=2',
+                    f'{split}_dataloader.num_workers=0',
+                    f'{split}_dataloader.persistent_workers=False']
+    return options
+
+
 def tiny_options(root: str, train_images: int = 16) -> list:
-    """``--cfg-options`` of a quick run on the generated data in ``root``."""
-    options = [f'{split}_dataloader.dataset.data_root={root}'
-               for split in ('train', 'val', 'test')]
-    options += [
+    """``--cfg-options`` of a quick detector run on the COCO data in ``root``."""
+    return loader_options(root) + [
         f'val_evaluator.ann_file={root}/annotations/instances_val.json',
         f'test_evaluator.ann_file={root}/annotations/instances_val.json',
         f'train_dataloader.dataset.pipeline.2.scale=({SIZE},{SIZE})',
         f'val_dataloader.dataset.pipeline.1.scale=({SIZE},{SIZE})',
         f'test_dataloader.dataset.pipeline.1.scale=({SIZE},{SIZE})',
         f'train_dataloader.dataset.indices={train_images}',
-        'train_dataloader.batch_size=2',
-        'val_dataloader.batch_size=2',
-        'test_dataloader.batch_size=2',
-        'default_hooks.logger.interval=1',
     ]
-    for split in ('train', 'val', 'test'):
-        options += [f'{split}_dataloader.num_workers=0',
-                    f'{split}_dataloader.persistent_workers=False']
-    return options
 
 
 def env() -> dict:
@@ -146,24 +148,20 @@ def test_test_tool_reports_coco_metrics(trained, small_coco, tmp_path):
 def test_segmentation_train_and_test(small_ade, tmp_path):
     """The UperNet demo through both tools; non-square images need no padding
     in training (mmseg's class-weighted loss cannot take the ignore label)."""
-    options = [f'{split}_dataloader.dataset.data_root={small_ade}'
-               for split in ('train', 'val', 'test')]
-    for split in ('train', 'val', 'test'):
-        options += [f'{split}_dataloader.batch_size=2',
-                    f'{split}_dataloader.num_workers=0',
-                    f'{split}_dataloader.persistent_workers=False']
-    options += ['train_cfg.max_iters=4', 'train_cfg.val_interval=4',
-                'default_hooks.checkpoint.interval=4',
-                'default_hooks.logger.interval=1']
+    options = loader_options(small_ade) + [
+        'train_cfg.max_iters=4', 'train_cfg.val_interval=4',
+        'default_hooks.checkpoint.interval=4']
     output = check(run([sys.executable, TRAIN, SEG_CONFIG, '--work-dir',
                         str(tmp_path), '--cfg-options', *options]))
     assert re.search(r'Iter\(train\) +\[4/4\].*decode\.loss_ce: [0-9.]+', output)
     val = re.search(r'Iter\(val\) \[2/2\] +aAcc: [0-9.]+ +mIoU: ([0-9.]+)', output)
+    assert val, output[-3000:]
     checkpoint = osp.join(str(tmp_path), 'iter_4.pth')
     output = check(run([sys.executable, TEST, SEG_CONFIG, checkpoint,
                         '--work-dir', str(tmp_path / 'test'),
                         '--cfg-options', *options]))
     test = re.search(r'Iter\(test\) \[2/2\] +aAcc: [0-9.]+ +mIoU: ([0-9.]+)', output)
+    assert test, output[-3000:]
     # The checkpoint of the last iteration is the model validated in training.
     assert float(test.group(1)) == float(val.group(1))
 
