@@ -156,7 +156,10 @@ def test_recipe(path):
     assert backbone.arch == size_of(path)
     assert 0 < backbone.drop_path_rate < 0.5
     if backbone.type == 'SOFT':
-        assert backbone.attention == 'soft++' and backbone.solver == 'cholesky'
+        # The function the published checkpoints were trained with.
+        assert backbone.attention == 'soft++'
+        assert backbone.solver == 'newton_closed_form'
+        assert backbone.newton_iters == 20
         assert backbone.max_bottleneck_tokens == 256
     # The checkpoint of the same size.
     assert backbone.init_cfg.type == 'Pretrained'
@@ -289,3 +292,68 @@ def test_readme_has_a_row_per_config(family):
     for path in EXPERIMENTS:
         if path.split('/')[1] == family:
             assert osp.basename(path) in readme
+
+
+# --------------------------------------------------------------------------
+# Bottleneck pooling: the same in training and testing
+# --------------------------------------------------------------------------
+SOFT_EXPERIMENTS = [path for path in EXPERIMENTS if path.startswith('configs/soft/')]
+
+
+def bottleneck_grids(image_hw, sr_ratios=(8, 4, 2)):
+    """The bottleneck grid of each SOFT attention stage for an H x W input:
+    stage i's token grid is ceil(side / 2^(i+2)), its bottleneck grid that
+    divided by the stage's stride r (a stride-r convolution)."""
+    return [tuple(-(-side // 2**(i + 2)) // ratio for side in image_hw)
+            for i, ratio in enumerate(sr_ratios)]
+
+
+def is_pooled(image_hw, cap):
+    """Whether the cap pools the bottleneck grid of every stage (True), of
+    none (False); raises if it pools some stages but not others."""
+    from mmsoft.models.layers import capped_grid_size
+    pooled = {capped_grid_size(*grid, cap) != grid for grid in bottleneck_grids(image_hw)}
+    assert len(pooled) == 1, (image_hw, cap)
+    return pooled.pop()
+
+
+def resized_shapes(scale, aspect_ratios=(4 / 3, 3 / 4, 1.0, 2.0)):
+    """Image shapes (H, W) after mmdet's keep-ratio Resize to ``scale``
+    (long, short) of images of the given width/height ratios."""
+    long_side, short_side = max(scale), min(scale)
+    shapes = []
+    for ratio in aspect_ratios:
+        width, height = 1000 * ratio, 1000
+        factor = min(long_side / max(width, height), short_side / min(width, height))
+        shapes.append((round(height * factor), round(width * factor)))
+    return shapes
+
+
+@pytest.mark.parametrize('path', SOFT_EXPERIMENTS)
+def test_training_and_testing_pool_the_bottleneck_alike(path):
+    cfg = load(path)
+    cap = cfg.model.backbone.max_bottleneck_tokens
+    if cfg.default_scope == 'mmseg':
+        # Training crops and test windows are the same size and never pooled.
+        crop = cfg.model.data_preprocessor.size
+        assert cfg.model.test_cfg.mode == 'slide'
+        assert tuple(cfg.model.test_cfg.crop_size) == tuple(crop)
+        assert not is_pooled(crop, cap)
+        # A smaller window (an image side below 512) is not pooled either.
+        assert not is_pooled((crop[0], crop[1] // 2), cap)
+        return
+    train = cfg.train_dataloader.dataset
+    train = train.get('dataset', train)
+    scales = []
+    for transform in train.pipeline:
+        if transform.type == 'Resize':
+            scales.append(transform.scale)
+        elif transform.type == 'RandomResize':
+            scales.extend(transform.scale)
+    test_scales = [t.scale for t in cfg.test_dataloader.dataset.pipeline
+                   if t.type == 'Resize']
+    assert scales and test_scales
+    # Every training scale and the test scale pool every stage's grid.
+    for scale in scales + test_scales:
+        for shape in resized_shapes(scale):
+            assert is_pooled(shape, cap), (scale, shape)

@@ -31,7 +31,7 @@ def test_output_shapes_every_arch(arch):
     # Shallow copies of each arch (one block per stage) keep this fast; the
     # widths, heads and stems are those of the arch.
     settings = dict(ARCH_SETTINGS[arch], depths=[1, 1, 1, 1])
-    model = SOFT(arch=settings, solver='cholesky').eval()
+    model = SOFT(arch=settings, solver='exact').eval()
     for height, width in SIZES:
         with torch.no_grad():
             outs = model(torch.randn(1, 3, height, width))
@@ -42,29 +42,55 @@ def test_output_shapes_every_arch(arch):
 
 
 def test_detection_resolution_and_out_indices():
-    model = SOFT(arch=tiny_arch(), out_indices=(1, 3), solver='cholesky').eval()
+    model = SOFT(arch=tiny_arch(), out_indices=(1, 3), solver='exact').eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 800, 1333))
     assert [tuple(o.shape) for o in outs] == [(1, 64, 100, 167), (1, 128, 25, 42)]
 
 
+def outputs_under_two_solvers(solvers, size, **kwargs):
+    """Stage outputs of one initialisation of a small SOFT under each of two
+    solvers, on one random batch of two images of ``size``."""
+    torch.manual_seed(0)
+    models = [SOFT(arch=tiny_arch(), solver=solver, **kwargs) for solver in solvers]
+    models[0].init_weights()
+    models[1].load_state_dict(models[0].state_dict())
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        return [model.eval()(x) for model in models]
+
+
 @pytest.mark.parametrize('attention', ['soft', 'soft++'])
 def test_solvers_agree_on_backbone(attention):
-    torch.manual_seed(0)
-    kwargs = dict(arch=tiny_arch(), attention=attention, max_bottleneck_tokens=None)
-    newton = SOFT(solver='newton', **kwargs)
-    newton.init_weights()
-    exact = SOFT(solver='cholesky', **kwargs)
-    exact.load_state_dict(newton.state_dict())
-    x = torch.randn(2, 3, 96, 96)
-    with torch.no_grad():
-        for a, b in zip(newton.eval()(x), exact.eval()(x)):
-            torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
+    newton, exact = outputs_under_two_solvers(
+        ('newton', 'exact'), (96, 96), attention=attention, max_bottleneck_tokens=None)
+    for a, b in zip(newton, exact):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
 
 
-def test_batch_mates_do_not_change_features():
+@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('cap', [None, 16])
+def test_closed_form_solver_equals_newton_on_backbone(attention, cap):
+    """At 128x192 the bottleneck grids are 4x6 (24 tokens), pooled to 3x4
+    with the cap of 16."""
+    newton, closed = outputs_under_two_solvers(
+        ('newton', 'newton_closed_form'), (128, 192), attention=attention,
+        max_bottleneck_tokens=cap)
+    for a, b in zip(newton, closed):
+        assert float((a - b).norm() / a.norm()) < 1e-5
+
+
+def test_former_solver_name_builds_the_exact_solver():
+    with pytest.warns(DeprecationWarning, match="spelled solver='exact'"):
+        model = SOFT(arch=tiny_arch(), solver='cholesky')
+    assert model.solver == 'exact'
+    assert {m.solver for m in model.modules() if hasattr(m, 'variant')} == {'exact'}
+
+
+@pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])
+def test_batch_mates_do_not_change_features(solver):
     torch.manual_seed(0)
-    model = SOFT(arch=tiny_arch(), solver='newton').eval()
+    model = SOFT(arch=tiny_arch(), solver=solver).eval()
     model.init_weights()
     image = torch.randn(1, 3, 64, 64)
     with torch.no_grad():

@@ -6,7 +6,7 @@ from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn, build_upernet,
                             demo_seg_inputs, detector_train_step,
                             segmentor_train_step)
 
-SOFT_TINY = dict(type='SOFT', arch='tiny', attention='soft++', solver='cholesky')
+SOFT_TINY = dict(type='SOFT', arch='tiny', attention='soft++', solver='exact')
 TINY_DIMS = [64, 128, 320, 512]
 
 
@@ -39,7 +39,7 @@ def test_upernet_trains_and_predicts():
 
 
 @pytest.mark.parametrize('backbone', [
-    dict(type='SOFT', arch='tiny', solver='cholesky', out_indices=(0, 1, 2, 3)),
+    dict(type='SOFT', arch='tiny', solver='exact', out_indices=(0, 1, 2, 3)),
     dict(type='UFOViT', arch='tiny', out_indices=(0, 1, 2, 3)),
 ])
 def test_features_are_nchw_for_roi_align(backbone):

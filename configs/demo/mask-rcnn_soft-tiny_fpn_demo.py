@@ -5,7 +5,7 @@
 # scale (objects of 16-96 pixels) and the schedule change.
 #
 # What fits the CPU budget: the backbone is SOFT-tiny's layout (depths
-# 1-2-3-2, SOFT++ attention, exact Cholesky solver) at half its widths
+# 1-2-3-2, SOFT++ attention, exact pseudo-inverse) at half its widths
 # (32-64-160-256 channels, head width 32 as in every SOFT model), and the
 # neck and heads are 64 channels wide instead of 256. Trained from scratch
 # without pretraining, so there is no stochastic depth and the learning rate
@@ -33,7 +33,7 @@ model = dict(
         arch=dict(embed_dims=backbone_dims, num_heads=[1, 2, 5, 8],
                   depths=[1, 2, 3, 2], stem_channels=16),
         attention='soft++',
-        solver='cholesky',
+        solver='exact',
         drop_path_rate=0.0,
         out_indices=(0, 1, 2, 3),
         init_cfg=None),

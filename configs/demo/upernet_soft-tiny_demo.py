@@ -5,7 +5,7 @@
 # shapes, ADE20K's reduce_zero_label encoding), the image size, BN instead of
 # SyncBN, the widths, the loss weights and the schedule change. The backbone
 # is the Mask R-CNN demo's: SOFT-tiny's layout (depths 1-2-3-2, SOFT++,
-# Cholesky solver) at half its widths, without stochastic depth.
+# exact pseudo-inverse) at half its widths, without stochastic depth.
 #
 # Two choices make it learn within the budget (README, 'What make demo does'):
 # - The decode head has no normalisation layers (norm_cfg=None). With BN in
@@ -49,7 +49,7 @@ model = dict(
         arch=dict(embed_dims=backbone_dims, num_heads=[1, 2, 5, 8],
                   depths=[1, 2, 3, 2], stem_channels=16),
         attention='soft++',
-        solver='cholesky',
+        solver='exact',
         drop_path_rate=0.0,
         out_indices=(0, 1, 2, 3),
         init_cfg=None),

@@ -54,15 +54,19 @@ def sdpa_flops(inputs: List[Any], outputs: List[Any]) -> int:
 def inverse_flops(variant: str, solver: str, newton_iters: int) -> int:
     """FLOPs of one m x m bottleneck inverse, as a multiple of m^3.
 
-    Newton: two m x m products per iteration (and, for SOFT++, one residual
-    product to choose the initial scale). Cholesky: m^3/3 for the factor and
-    2m^3/3 to invert it. Eigendecomposition pseudo-inverse (SOFT++ exact):
-    about 4m^3/3 to reduce to tridiagonal form, m^3 to accumulate the
-    eigenvectors and m^3 to multiply them back: an estimate of 10m^3/3.
+    Newton: two m x m products per iteration (and, for SOFT++, one product
+    to choose the initial scale). Cholesky (SOFT exact): m^3/3 for the
+    factor and 2m^3/3 to invert it. An eigendecomposition (SOFT++ exact, and
+    the Newton closed form of either variant): about 4m^3/3 to reduce to
+    tridiagonal form, m^3 to accumulate the eigenvectors and m^3 to multiply
+    them back: an estimate of 10m^3/3. (The closed form's SOFT++ scale
+    product runs outside the inverse and is counted as a matmul.)
     """
     if solver == 'newton':
         return 2 * newton_iters + (1 if variant == 'soft++' else 0)
-    return 1 if variant == 'soft' else 10 / 3
+    if solver == 'exact' and variant == 'soft':
+        return 1
+    return 10 / 3
 
 
 def kernel_inverse_handle(variant: str, solver: str, newton_iters: int) -> Handle:
@@ -99,8 +103,9 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
         raise ValueError(f'SOFT attentions of one model use several inverse '
                          f'settings {sorted(settings)}; the FLOP handle needs one.')
     if settings:
-        handles['prim::PythonOp._KernelInverse'] = kernel_inverse_handle(
-            *settings.pop())
+        handle = kernel_inverse_handle(*settings.pop())
+        handles['prim::PythonOp._KernelInverse'] = handle
+        handles['prim::PythonOp._NewtonClosedForm'] = handle
     return handles
 
 

@@ -151,3 +151,16 @@ def main():
 
 if __name__ == '__main__':
     main()
+
+
+def parse_size(text: str) -> Tuple[int, int]:
+    """``'800x1333'`` -> ``(800, 1333)``, for argparse's ``type=``.
+
+    Raises:
+        argparse.ArgumentTypeError: When ``text`` is not ``HxW``.
+    """
+    try:
+        height, width = (int(v) for v in text.lower().split('x'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'size {text!r} must look like 800x1333')
+    return height, width

@@ -21,21 +21,13 @@ import time
 
 import torch
 
-from mmsoft.analysis.measure import matmul_throughput
+from mmsoft.analysis.measure import matmul_throughput, parse_size
 from mmsoft.analysis.peers import parse_spec
 from mmsoft.analysis.report import write_results
 
 DEFAULT_MODELS = ['soft-tiny', 'soft-small', 'ufo-vit-tiny', 'ufo-vit-small',
                   'swin-t', 'pvtv2-b2']
 DEFAULT_SIZES = ['512x512', '800x1333', '1024x1024', '1536x1536', '2048x2048']
-
-
-def parse_size(text: str):
-    try:
-        height, width = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'size {text!r} must look like 800x1333')
-    return height, width
 
 
 def parse_args():

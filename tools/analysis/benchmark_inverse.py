@@ -1,9 +1,11 @@
-"""Time the bottleneck inverse of SOFT: Newton iterations against the exact solver.
+"""Time the bottleneck inverse of SOFT under each solver.
 
 For each bottleneck size m, builds Gaussian-kernel matrices of random
 bottleneck tokens (one per head, as in a SOFT attention call), times
-``kernel_inverse`` with each solver (median of repeats) and reports the
-speed-up and the largest relative difference of the two results.
+``kernel_inverse`` with each solver (median of repeats, forward and, with
+``--backward``, forward plus backward) and reports each solver's time
+relative to the exact solver and its largest relative difference from the
+Newton iteration (the function the published checkpoints were trained with).
 
 Example::
 
@@ -17,6 +19,7 @@ import time
 import torch
 
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
+from mmsoft.models.layers.kernel_inverse import SOLVERS
 
 
 def parse_args():
@@ -28,6 +31,8 @@ def parse_args():
                         help='standard deviation of the random tokens')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--newton-iters', type=int, default=20)
+    parser.add_argument('--backward', action='store_true',
+                        help='time forward plus backward')
     parser.add_argument('--json', help='write the results to this file')
     return parser.parse_args()
 
@@ -42,6 +47,19 @@ def timed(fn, repeats):
     return statistics.median(times), out
 
 
+def solver_step(mats, variant, solver, newton_iters, backward):
+    """One inverse (and its backward) of ``mats``; returns the inverse."""
+    mats = mats.detach().requires_grad_(backward)
+    inverse = kernel_inverse(mats, variant, solver, newton_iters)
+    if backward:
+        inverse.sum().backward()
+    return inverse.detach()
+
+
+def relative_difference(actual, expected):
+    return float((actual - expected).norm() / expected.norm())
+
+
 def main():
     args = parse_args()
     torch.manual_seed(0)
@@ -50,19 +68,23 @@ def main():
         tokens = args.spread * torch.randn(1, args.heads, size, args.head_dims)
         mats = gaussian_kernel(tokens, tokens)  # (1, heads, m, m)
         for variant in ('soft', 'soft++'):
-            newton_s, newton = timed(
-                lambda: kernel_inverse(mats, variant, 'newton', args.newton_iters),
-                args.repeats)
-            exact_s, exact = timed(lambda: kernel_inverse(mats, variant, 'cholesky'),
-                                   args.repeats)
-            rel = float((newton - exact).norm() / exact.norm())
-            row = dict(m=size, heads=args.heads, variant=variant,
-                       newton_seconds=newton_s, exact_seconds=exact_s,
-                       speedup=newton_s / exact_s, relative_difference=rel)
-            rows.append(row)
-            print(f'm={size:5d} {variant:6s} newton {newton_s * 1e3:9.2f} ms  '
-                  f'exact {exact_s * 1e3:9.2f} ms  speed-up {row["speedup"]:6.1f}x  '
-                  f'rel. difference {rel:.1e}', flush=True)
+            results = {
+                solver: timed(lambda: solver_step(mats, variant, solver,
+                                                  args.newton_iters, args.backward),
+                              args.repeats)
+                for solver in SOLVERS
+            }
+            exact_seconds = results['exact'][0]
+            newton = results['newton'][1]
+            for solver, (seconds, inverse) in results.items():
+                row = dict(m=size, heads=args.heads, variant=variant, solver=solver,
+                           backward=args.backward, seconds=seconds,
+                           relative_to_exact=seconds / exact_seconds,
+                           difference_from_newton=relative_difference(inverse, newton))
+                rows.append(row)
+                print(f'm={size:5d} {variant:6s} {solver:18s} {seconds * 1e3:9.2f} ms '
+                      f'({row["relative_to_exact"]:5.2f}x exact)  rel. difference '
+                      f'from newton {row["difference_from_newton"]:.1e}', flush=True)
     if args.json:
         with open(args.json, 'w') as file:
             json.dump(dict(threads=torch.get_num_threads(), results=rows), file,

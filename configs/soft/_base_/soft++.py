@@ -9,14 +9,19 @@ custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 soft_backbone = dict(
     type='SOFT',
     attention='soft++',
-    # The exact (pseudo-)inverse of the bottleneck kernel, for SOFT++ by an
-    # eigendecomposition, instead of the reference's 20 Newton-Raphson steps
-    # (set for ImageNet's 49 bottleneck tokens).
-    solver='cholesky',
-    # Bottleneck tokens per attention. A 512x512 crop has exactly 256 (a
-    # 16x16 grid in every stage), so training crops are not pooled; at 1333x800
-    # the 25x42 = 1050 grid is average-pooled to 12x20 = 240, which keeps the
-    # (N x m) kernel matrices and the m^3 solve at segmentation-crop cost.
+    # The function every published SOFT++ checkpoint was trained with: 20
+    # Newton-Raphson steps towards the pseudo-inverse of the bottleneck
+    # kernel, computed in closed form from one eigendecomposition (at about
+    # the exact solver's cost). The exact pseudo-inverse (solver='exact') is
+    # a different function wherever the kernel is ill-conditioned, as it is
+    # at detection resolution.
+    solver='newton_closed_form',
+    newton_iters=20,
+    # Bottleneck tokens per attention. Every COCO image, in training (shorter
+    # side 640-800) and in testing (1333x800), has more (e.g. a 25x42 = 1050
+    # grid at 1333x800) and is average-pooled to at most 256 (12x20 = 240);
+    # an ADE20K crop or sliding window of 512x512 has exactly 256 (16x16) and
+    # is never pooled. So training and testing pool alike.
     max_bottleneck_tokens=256,
     out_indices=(0, 1, 2, 3))
 

@@ -15,7 +15,12 @@ model = dict(
     pretrained=None,
     backbone=dict(_delete_=True, **_base_.soft_backbone),
     decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
-    auxiliary_head=dict(in_channels=320, num_classes=150))
+    auxiliary_head=dict(in_channels=320, num_classes=150),
+    # Sliding 512x512 windows: every window the model sees in testing has the
+    # training crops' bottleneck grid (16x16 = 256 tokens, never pooled).
+    # Whole-image testing (shorter side 512, e.g. 512x683: a 16x21 grid)
+    # would pool the grid to 13x18 and run attention the crops never saw.
+    test_cfg=dict(mode='slide', crop_size=crop_size, stride=(341, 341)))
 
 optim_wrapper = dict(_delete_=True, **_base_.soft_seg_optim_wrapper)
 param_scheduler = [

@@ -11,6 +11,7 @@ from ...utils import (check_choice, check_divisible, check_lengths,
                       check_out_indices, check_positive_int, check_rate,
                       resolve_arch)
 from ..layers import ConvPatchEmbed, SoftBlock, SoftmaxBlock, resize_pos_embed
+from ..layers.kernel_inverse import SOLVERS, canonical_solver
 from .base import MultiStageBackbone, init_transformer_weights, tokens_to_map
 
 ARCH_SETTINGS = {
@@ -34,7 +35,6 @@ ARCH_DEFAULTS = dict(
     stem_channels=32,
 )
 ATTENTIONS = ('soft', 'soft++')
-SOLVERS = ('newton', 'cholesky')
 NUM_STAGES = 4
 
 
@@ -62,9 +62,18 @@ class SOFT(MultiStageBackbone):
         attention (str): ``'soft'`` (regularised inverse) or ``'soft++'``
             (symmetric normalisation of the pseudo-inverse, the variant of
             the published COCO/ADE20K models). Default: ``'soft++'``.
-        solver (str): ``'newton'`` (the reference 20-step Newton-Raphson
-            iteration) or ``'cholesky'`` (exact solve). Default: ``'newton'``.
-        newton_iters (int): Newton iterations. Default: 20.
+        solver (str): How the bottleneck kernel is inverted:
+            ``'newton'`` (``newton_iters`` steps of the reference
+            Newton-Raphson iteration, the function every published
+            checkpoint was trained with), ``'newton_closed_form'`` (the same
+            function from one eigendecomposition, at about the cost of
+            ``'exact'``) or ``'exact'`` (the iteration's limit: Cholesky for
+            SOFT, pseudo-inverse for SOFT++; a different function wherever
+            the kernel is ill-conditioned). ``'cholesky'`` is the former
+            name of ``'exact'`` (deprecated). See
+            :mod:`~mmsoft.models.layers.kernel_inverse`. Default: ``'newton'``.
+        newton_iters (int): Newton iterations of ``'newton'`` and
+            ``'newton_closed_form'``. Default: 20.
         max_bottleneck_tokens (int, optional): Cap on bottleneck tokens per
             attention; larger bottleneck grids are average-pooled down to it,
             which keeps cost linear in the pixel count. Inputs up to 512x512
@@ -126,6 +135,7 @@ class SOFT(MultiStageBackbone):
         check_divisible('embed_dims', settings['embed_dims'], 'num_heads',
                         settings['num_heads'])
         check_choice('attention', attention, ATTENTIONS)
+        solver = canonical_solver(solver)
         check_choice('solver', solver, SOLVERS)
         check_positive_int('newton_iters', newton_iters)
         check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens,
@@ -139,6 +149,7 @@ class SOFT(MultiStageBackbone):
         self.out_indices = check_out_indices(out_indices, NUM_STAGES)
         self.arch_settings = settings
         self.attention = attention
+        self.solver = solver
         self.convert_weights = convert_weights
         self.embed_dims = list(settings['embed_dims'])
 

@@ -1,63 +1,78 @@
 """Inverses of the bottleneck kernel matrix used by SOFT attention.
 
-Two variants exist (see ``docs`` of :class:`~mmsoft.models.layers.SoftAttention`):
+Two variants (see :func:`~mmsoft.models.layers.low_rank_kernel_attention`):
 
-* ``'soft'``: the regularised inverse ``(A + 0.01 I)^-1``.
-* ``'soft++'``: the Moore-Penrose pseudo-inverse ``pinv(A)`` (no regulariser).
+* ``'soft'``: the regularised inverse of ``P = A + 0.01 I``.
+* ``'soft++'``: the Moore-Penrose pseudo-inverse of ``P = A`` (no regulariser).
 
-and two solvers:
+and three solvers, named after what they compute:
 
-* ``'newton'``: the Newton-Raphson iteration ``V <- 2V - V P V`` of the reference
-  implementation. Its initial scaling is computed per matrix for SOFT (as the
-  reference does) and per image for SOFT++ (the reference uses one scaling
-  for the whole batch, which makes an image's features depend on its
-  batch-mates; per image it equals the reference at batch size 1).
-* ``'cholesky'``: an exact solve. ``A + 0.01 I`` is symmetric positive definite,
-  so a Cholesky factorisation gives the limit of the regularised Newton
-  iteration at a fraction of the cost. For ``'soft++'`` an eigendecomposition
-  gives a stable exact pseudo-inverse.
+* ``'newton'``: ``k`` steps of the Newton-Raphson iteration ``V <- 2V - V P V``
+  from ``V0 = alpha * P``, as the reference implementation runs it (and as
+  every published checkpoint was trained). ``O(k m^3)``.
+* ``'newton_closed_form'``: the same function from one eigendecomposition
+  ``P = Q diag(lambda) Q^T``. Every iterate is a polynomial in ``P``, so
+  ``V_k = Q diag(g_k(lambda)) Q^T`` where ``g_k`` is the scalar Newton
+  iteration ``v <- v (2 - lambda v)`` from ``v0 = alpha * lambda``, i.e.
+  ``g_k(lambda) = (1 - (1 - alpha lambda^2)^(2^k)) / lambda``. Its backward is
+  the exact derivative of that spectral function (divided differences of
+  ``g_k``).
+* ``'exact'``: the limit ``k -> infinity``: ``(A + 0.01 I)^-1`` by a Cholesky
+  factorisation for SOFT, ``pinv(A)`` by an eigendecomposition for SOFT++.
+  Where ``A`` is ill-conditioned (large inputs, many bottleneck tokens) this
+  is a different function from the iteration's: 20 steps do not invert
+  eigenvalues below about ``1 / sqrt(alpha 2^20)``.
 
-All forward computations run without an autograd graph and in float32 (or
-float64 when given); the backward pass is the exact gradient of a matrix
-inverse, ``dL/dA = -V^T G V^T``, computed once.
+``'cholesky'``, the former name of ``'exact'``, is accepted with a
+``DeprecationWarning``.
+
+The Newton scale ``alpha`` is computed per matrix for SOFT (as the reference
+does) and per image for SOFT++ (the reference uses one scale for the whole
+batch, which makes an image's features depend on its batch-mates; per image
+it equals the reference at batch size 1). It is a step size: no gradient
+flows through it.
+
+All forward computations run without an autograd graph. ``'newton'`` and
+``'exact'`` backpropagate the gradient of the matrix inverse,
+``dL/dP = -V^T G V^T``; ``'newton_closed_form'`` that of ``V_k`` itself.
 """
+import warnings
+
 import torch
 
 REGULARISER = 0.01
 VARIANTS = ('soft', 'soft++')
-SOLVERS = ('newton', 'cholesky')
+SOLVERS = ('newton', 'newton_closed_form', 'exact')
+RENAMED_SOLVERS = {'cholesky': 'exact'}
+# The closed form's eigendecomposition runs in float64: float32's eigenvalue
+# errors (about eps * ||A||) are amplified by g_k' near the convergence
+# threshold of the iteration, up to 7e-3 relative at condition number 1e8,
+# while in float64 the result is closer to float64 Newton than float32
+# Newton itself.
+EIGH_DTYPE = torch.float64
+
+
+def canonical_solver(solver: str) -> str:
+    """The current name of ``solver``; a former name gives a warning.
+
+    Args:
+        solver (str): A solver name, current or former.
+
+    Returns:
+        str: One of :data:`SOLVERS` (unknown names are returned unchanged for
+        the caller to reject).
+    """
+    if solver in RENAMED_SOLVERS:
+        new_name = RENAMED_SOLVERS[solver]
+        warnings.warn(
+            f"solver={solver!r} is deprecated: it is the exact inverse, now "
+            f"spelled solver={new_name!r}.", DeprecationWarning, stacklevel=3)
+        return new_name
+    return solver
 
 
 def _eye_like(mat: torch.Tensor) -> torch.Tensor:
     return torch.eye(mat.shape[-1], dtype=mat.dtype, device=mat.device)
-
-
-def _newton_iterations(mat: torch.Tensor, init: torch.Tensor,
-                       num_iters: int) -> torch.Tensor:
-    """Runs ``V <- 2V - V P V``. mat, init: (..., m, m)."""
-    inv = init
-    for _ in range(num_iters):
-        inv = 2 * inv - inv @ mat @ inv
-    return inv
-
-
-def newton_regularised_inverse(mat: torch.Tensor, num_iters: int = 20) -> torch.Tensor:
-    """Newton-Raphson approximation of ``(A + 0.01 I)^-1`` (SOFT).
-
-    The initial guess is ``alpha * P`` with ``alpha = 0.9 * 2 / (max row sum
-    of A)^2`` for each matrix, as in the reference implementation.
-
-    Args:
-        mat (Tensor): Symmetric kernel matrices A, shape (..., m, m).
-        num_iters (int): Number of iterations. Default: 20.
-
-    Returns:
-        Tensor: Shape (..., m, m).
-    """
-    max_row_sum = mat.sum(-1).amax(-1)  # (...)
-    alpha = (0.9 * 2 / max_row_sum.pow(2))[..., None, None]
-    regularised = mat + REGULARISER * _eye_like(mat)
-    return _newton_iterations(regularised, alpha * regularised, num_iters)
 
 
 def _per_image_max(values: torch.Tensor) -> torch.Tensor:
@@ -71,39 +86,217 @@ def _per_image_max(values: torch.Tensor) -> torch.Tensor:
     return peak.reshape(-1, *([1] * values.dim()))
 
 
-def newton_pseudo_inverse(mat: torch.Tensor, num_iters: int = 20,
-                          max_halvings: int = 10) -> torch.Tensor:
-    """Newton-Raphson approximation of ``pinv(A)`` (SOFT++).
-
-    Initial guess ``V0 = alpha * A`` with ``alpha = 2 / (max row sum)^2``,
-    halved while the column-sum norm of ``I - A V0`` exceeds 1.01 (at most
-    ``max_halvings`` times). As in the reference, one ``alpha`` serves all the
-    heads of an image (maximum over heads and rows), which matters: after 20
-    iterations the small-eigenvalue directions have not converged, so
-    ``alpha`` shapes the result. Unlike the reference, whose ``alpha`` spans
-    the whole batch, it is taken per image (the first dimension), so an
-    image's features do not depend on its batch-mates.
+# --------------------------------------------------------------------------
+# The Newton iteration's operand and starting scale
+# --------------------------------------------------------------------------
+def newton_operand(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """The matrix P the iteration inverts: ``A + 0.01 I`` (SOFT) or ``A``.
 
     Args:
-        mat (Tensor): Symmetric kernel matrices A, shape (B, ..., m, m); the
-            leading dimension indexes images.
-        num_iters (int): Number of iterations. Default: 20.
-        max_halvings (int): Most halvings of the initial scale. Default: 10.
+        mat (Tensor): Kernel matrices A, (..., m, m).
+        variant (str): ``'soft'`` or ``'soft++'``.
 
     Returns:
-        Tensor: Shape (B, ..., m, m).
+        Tensor: (..., m, m).
+    """
+    if variant == 'soft':
+        return mat + REGULARISER * _eye_like(mat)
+    return mat
+
+
+def regularised_newton_scale(mat: torch.Tensor) -> torch.Tensor:
+    """SOFT's ``alpha = 0.9 * 2 / (max row sum of A)^2``, per matrix.
+
+    Args:
+        mat (Tensor): Kernel matrices A, (..., m, m).
+
+    Returns:
+        Tensor: (..., 1, 1).
+    """
+    max_row_sum = mat.sum(-1).amax(-1)  # (...)
+    return (0.9 * 2 / max_row_sum.pow(2))[..., None, None]
+
+
+def pseudo_inverse_newton_scale(mat: torch.Tensor,
+                                max_halvings: int = 10) -> torch.Tensor:
+    """SOFT++'s ``alpha``: ``2 / (max row sum)^2``, halved while the
+    column-sum norm of ``I - alpha A^2`` exceeds 1.01 (at most
+    ``max_halvings`` times).
+
+    As in the reference, one ``alpha`` serves all the heads of an image
+    (maximum over heads and rows); unlike the reference, whose ``alpha``
+    spans the whole batch, it is taken per image (the first dimension).
+
+    Args:
+        mat (Tensor): Kernel matrices A, (B, ..., m, m); the leading dimension
+            indexes images.
+        max_halvings (int): Most halvings. Default: 10.
+
+    Returns:
+        Tensor: (B, 1, ..., 1, 1), broadcastable to ``mat``.
     """
     eye = _eye_like(mat)
+    square = mat @ mat  # (B, ..., m, m)
     alpha = 2 / _per_image_max(mat.sum(-1)).pow(2)  # (B, 1, ..., 1)
+    # No early exit: once an image's residual is small enough its alpha stays
+    # put, so all rounds give the reference's result, with no data-dependent
+    # control flow (the function traces and exports as it runs).
     for _ in range(max_halvings):
-        residual = (eye - mat @ (alpha * mat)).abs().sum(-2)  # (B, ..., m)
+        residual = (eye - alpha * square).abs().sum(-2)  # (B, ..., m)
         too_large = _per_image_max(residual) > 1.01  # (B, 1, ..., 1)
-        if not bool(too_large.any()):
-            break
         alpha = torch.where(too_large, alpha * 0.5, alpha)
-    return _newton_iterations(mat, alpha * mat, num_iters)
+    return alpha
 
 
+def newton_scale(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """The starting scale ``alpha`` (``V0 = alpha * P``) of ``variant``.
+
+    Args:
+        mat (Tensor): Kernel matrices A, (B, ..., m, m).
+        variant (str): ``'soft'`` or ``'soft++'``.
+
+    Returns:
+        Tensor: Broadcastable to ``mat``: (..., 1, 1).
+    """
+    if variant == 'soft':
+        return regularised_newton_scale(mat)
+    return pseudo_inverse_newton_scale(mat)
+
+
+# --------------------------------------------------------------------------
+# The iteration, on matrices and on eigenvalues
+# --------------------------------------------------------------------------
+def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
+                      num_iters: int) -> torch.Tensor:
+    """``num_iters`` steps of ``V <- 2V - V P V`` from ``V0 = alpha * P``.
+
+    Args:
+        operand (Tensor): P, (..., m, m).
+        alpha (Tensor): Scales broadcastable to P, (..., 1, 1).
+        num_iters (int): Steps.
+
+    Returns:
+        Tensor: (..., m, m).
+    """
+    inverse = alpha * operand
+    for _ in range(num_iters):
+        inverse = 2 * inverse - inverse @ operand @ inverse
+    return inverse
+
+
+def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
+                          num_iters: int) -> torch.Tensor:
+    """``g_k(lambda)``: the Newton iteration run on each eigenvalue.
+
+    ``v <- v (2 - lambda v)`` from ``v0 = alpha * lambda``; then
+    ``1 - lambda v`` squares at every step, so
+    ``g_k(lambda) = (1 - (1 - alpha lambda^2)^(2^k)) / lambda``, computed here
+    without the cancellation of that formula and defined at ``lambda = 0``.
+
+    Args:
+        eigvals (Tensor): Eigenvalues lambda, (..., m).
+        alpha (Tensor): Scales broadcastable to ``eigvals``, (..., 1).
+        num_iters (int): Steps k.
+
+    Returns:
+        Tensor: (..., m).
+    """
+    value = alpha * eigvals
+    for _ in range(num_iters):
+        value = value * (2 - eigvals * value)
+    return value
+
+
+def newton_divided_differences(eigvals: torch.Tensor, alpha: torch.Tensor,
+                               num_iters: int) -> torch.Tensor:
+    """Divided differences of ``g_k`` between all pairs of eigenvalues.
+
+    ``D[i, j] = (g_k(l_i) - g_k(l_j)) / (l_i - l_j)`` and ``D[i, i] =
+    g_k'(l_i)``, carried through the iteration instead of formed by a
+    division, so equal or close eigenvalues are exact. With ``a >= b`` the
+    two eigenvalues and ``v' = 2v - l v^2`` on both:
+    ``D' = D (2 - b (v_a + v_b)) - v_a^2``, from ``D0 = alpha``.
+
+    Taking b as the smaller eigenvalue keeps the recursion stable: its
+    factor ``2 - b (v_a + v_b)`` stays in [0, 2] (``l v`` never exceeds 1
+    after the first step), where the mirrored form reaches ``1 - a / b`` and
+    amplifies rounding errors once both eigenvalues have converged.
+
+    Args:
+        eigvals (Tensor): Eigenvalues, (..., m).
+        alpha (Tensor): Scales broadcastable to ``eigvals``, (..., 1).
+        num_iters (int): Steps k.
+
+    Returns:
+        Tensor: (..., m, m), symmetric.
+    """
+    row_is_larger = eigvals.unsqueeze(-1) >= eigvals.unsqueeze(-2)  # (..., m, m)
+    smaller = torch.minimum(eigvals.unsqueeze(-1), eigvals.unsqueeze(-2))
+    value = alpha * eigvals  # (..., m)
+    diff = alpha.unsqueeze(-1).expand_as(smaller)  # (..., m, m)
+    for _ in range(num_iters):
+        value_row, value_col = value.unsqueeze(-1), value.unsqueeze(-2)
+        value_of_larger = torch.where(row_is_larger, value_row, value_col)
+        diff = diff * (2 - smaller * (value_row + value_col)) - value_of_larger.pow(2)
+        value = value * (2 - eigvals * value)
+    return diff
+
+
+def spectral_apply(eigvecs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``Q diag(w) Q^T``. eigvecs: (..., m, m); weights: (..., m)."""
+    return (eigvecs * weights.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)
+
+
+class _NewtonClosedForm(torch.autograd.Function):
+    """``V_k(P)`` from one eigendecomposition, with its exact derivative.
+
+    Backward (Daleckii-Krein): for ``F(P) = Q g(diag(l)) Q^T``,
+    ``dL/dP = Q (D o (Q^T G Q)) Q^T`` with D the divided differences of g.
+    """
+
+    @staticmethod
+    def forward(ctx, operand, alpha, num_iters):
+        dtype = operand.dtype
+        eigvals, eigvecs = torch.linalg.eigh(
+            operand.to(EIGH_DTYPE))  # (..., m), (..., m, m)
+        alpha = alpha.squeeze(-1).to(EIGH_DTYPE)  # (..., 1)
+        weights = newton_on_eigenvalues(eigvals, alpha, num_iters)  # (..., m)
+        eigvecs = eigvecs.to(dtype)
+        ctx.save_for_backward(eigvals, eigvecs, alpha)
+        ctx.num_iters = num_iters
+        return spectral_apply(eigvecs, weights.to(dtype))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        eigvals, eigvecs, alpha = ctx.saved_tensors
+        diff = newton_divided_differences(eigvals, alpha, ctx.num_iters)
+        inner = eigvecs.transpose(-1, -2) @ grad_output @ eigvecs  # (..., m, m)
+        grad = eigvecs @ (diff.to(inner.dtype) * inner) @ eigvecs.transpose(-1, -2)
+        return grad, None, None
+
+
+def newton_closed_form(operand: torch.Tensor, alpha: torch.Tensor,
+                       num_iters: int) -> torch.Tensor:
+    """What :func:`newton_iterations` computes, from one ``eigh``.
+
+    Differentiable in ``operand`` (exactly, see :class:`_NewtonClosedForm`);
+    ``alpha`` is a constant.
+
+    Args:
+        operand (Tensor): Symmetric P, (..., m, m).
+        alpha (Tensor): Scales broadcastable to P, (..., 1, 1).
+        num_iters (int): Newton steps k.
+
+    Returns:
+        Tensor: (..., m, m).
+    """
+    alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
+    return _NewtonClosedForm.apply(operand, alpha, num_iters)
+
+
+# --------------------------------------------------------------------------
+# The exact limits
+# --------------------------------------------------------------------------
 def cholesky_regularised_inverse(mat: torch.Tensor) -> torch.Tensor:
     """Exact ``(A + 0.01 I)^-1`` through a Cholesky factorisation.
 
@@ -113,7 +306,7 @@ def cholesky_regularised_inverse(mat: torch.Tensor) -> torch.Tensor:
     Returns:
         Tensor: Shape (..., m, m).
     """
-    factor = torch.linalg.cholesky(mat + REGULARISER * _eye_like(mat))
+    factor = torch.linalg.cholesky(newton_operand(mat, 'soft'))
     return torch.cholesky_inverse(factor)
 
 
@@ -133,16 +326,49 @@ def eigh_pseudo_inverse(mat: torch.Tensor, rtol: float = None) -> torch.Tensor:
     return torch.linalg.pinv(mat, rtol=rtol, hermitian=True)
 
 
+def exact_inverse(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """The limit of the iteration: ``(A + 0.01 I)^-1`` or ``pinv(A)``."""
+    if variant == 'soft':
+        return cholesky_regularised_inverse(mat)
+    return eigh_pseudo_inverse(mat)
+
+
+# --------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------
+def newton_inverse(mat: torch.Tensor, variant: str,
+                   num_iters: int = 20) -> torch.Tensor:
+    """The reference Newton iteration on ``mat``'s operand (no graph built).
+
+    Args:
+        mat (Tensor): Kernel matrices A, (B, ..., m, m).
+        variant (str): ``'soft'`` or ``'soft++'``.
+        num_iters (int): Steps. Default: 20.
+
+    Returns:
+        Tensor: (B, ..., m, m).
+    """
+    return newton_iterations(newton_operand(mat, variant), newton_scale(mat, variant),
+                             num_iters)
+
+
+def newton_regularised_inverse(mat: torch.Tensor, num_iters: int = 20) -> torch.Tensor:
+    """Newton-Raphson approximation of ``(A + 0.01 I)^-1`` (SOFT)."""
+    return newton_inverse(mat, 'soft', num_iters)
+
+
+def newton_pseudo_inverse(mat: torch.Tensor, num_iters: int = 20) -> torch.Tensor:
+    """Newton-Raphson approximation of ``pinv(A)`` (SOFT++)."""
+    return newton_inverse(mat, 'soft++', num_iters)
+
+
 def solve_kernel_inverse(mat: torch.Tensor, variant: str, solver: str,
                          num_iters: int = 20) -> torch.Tensor:
-    """Dispatches to the inverse of ``variant`` computed by ``solver``."""
-    if variant == 'soft':
-        if solver == 'newton':
-            return newton_regularised_inverse(mat, num_iters)
-        return cholesky_regularised_inverse(mat)
+    """Dispatches to the inverse of ``variant`` computed by ``solver``
+    (``'newton'`` or ``'exact'``; no autograd graph is built)."""
     if solver == 'newton':
-        return newton_pseudo_inverse(mat, num_iters)
-    return eigh_pseudo_inverse(mat)
+        return newton_inverse(mat, variant, num_iters)
+    return exact_inverse(mat, variant)
 
 
 class _KernelInverse(torch.autograd.Function):
@@ -163,24 +389,42 @@ class _KernelInverse(torch.autograd.Function):
         return grad_mat, None, None, None
 
 
-def kernel_inverse(mat: torch.Tensor, variant: str = 'soft',
-                   solver: str = 'newton', num_iters: int = 20) -> torch.Tensor:
-    """Inverse of bottleneck kernel matrices with the exact inverse gradient.
+def check_kernel_inverse_options(variant: str, solver: str) -> str:
+    """Validates ``variant`` and ``solver``; returns the solver's current name.
 
-    Args:
-        mat (Tensor): Symmetric kernel matrices A, shape (..., m, m).
-        variant (str): ``'soft'`` for ``(A + 0.01 I)^-1`` or ``'soft++'`` for
-            ``pinv(A)``. Default: ``'soft'``.
-        solver (str): ``'newton'`` or ``'cholesky'``. Default: ``'newton'``.
-        num_iters (int): Newton iterations. Default: 20.
-
-    Returns:
-        Tensor: Shape (..., m, m), same dtype as ``mat``.
+    Raises:
+        ValueError: Naming the argument, its value and the accepted values.
     """
     if variant not in VARIANTS:
         raise ValueError(f'variant={variant!r} is not supported; expected one of '
                          f'{list(VARIANTS)}.')
+    solver = canonical_solver(solver)
     if solver not in SOLVERS:
         raise ValueError(f'solver={solver!r} is not supported; expected one of '
                          f'{list(SOLVERS)}.')
+    return solver
+
+
+def kernel_inverse(mat: torch.Tensor, variant: str = 'soft',
+                   solver: str = 'newton', num_iters: int = 20) -> torch.Tensor:
+    """Inverse of bottleneck kernel matrices, differentiable.
+
+    Args:
+        mat (Tensor): Symmetric kernel matrices A, shape (B, ..., m, m); the
+            leading dimension indexes images.
+        variant (str): ``'soft'`` for ``(A + 0.01 I)^-1`` or ``'soft++'`` for
+            ``pinv(A)``. Default: ``'soft'``.
+        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``
+            (see the module docstring). Default: ``'newton'``.
+        num_iters (int): Newton steps (``'newton'`` and
+            ``'newton_closed_form'``). Default: 20.
+
+    Returns:
+        Tensor: Shape (B, ..., m, m), same dtype as ``mat``.
+    """
+    solver = check_kernel_inverse_options(variant, solver)
+    if solver == 'newton_closed_form':
+        with torch.no_grad():
+            alpha = newton_scale(mat, variant)
+        return newton_closed_form(newton_operand(mat, variant), alpha, num_iters)
     return _KernelInverse.apply(mat, variant, solver, num_iters)

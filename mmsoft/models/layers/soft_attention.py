@@ -9,7 +9,7 @@ from mmengine.model import BaseModule
 from .bottleneck_pool import cap_bottleneck_grid
 from .chunked_kernel_product import chunked_kernel_product
 from .gaussian_kernel import gaussian_kernel
-from .kernel_inverse import kernel_inverse
+from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
 from .heads import merge_heads, split_heads
 from .precision import full_precision
 
@@ -32,7 +32,8 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
         bottleneck (Tensor): Bottleneck tokens L, shape (B, h, m, d).
         values (Tensor): Values V, shape (B, h, N, d).
         variant (str): ``'soft'`` or ``'soft++'``.
-        solver (str): ``'newton'`` or ``'cholesky'``.
+        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``
+            (see :mod:`.kernel_inverse`).
         newton_iters (int): Newton iterations.
         chunk_tokens (int, optional): Chunk size above which ``K1`` is
             recomputed per chunk instead of stored. Default: None (never).
@@ -69,7 +70,10 @@ class SoftAttention(BaseModule):
         local_kernel_size (int): Kernel of the depth-wise convolution on V,
             one kernel per head shared over its channels.
         variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
-        solver (str): ``'newton'`` or ``'cholesky'``. Default: ``'newton'``.
+        solver (str): ``'newton'`` (the reference iteration),
+            ``'newton_closed_form'`` (the same function from one
+            eigendecomposition) or ``'exact'`` (its limit; see
+            :mod:`.kernel_inverse`). Default: ``'newton'``.
         newton_iters (int): Newton iterations. Default: 20.
         max_bottleneck_tokens (int, optional): Cap on the bottleneck token
             count m; a larger bottleneck grid is average-pooled down to it.
@@ -99,7 +103,7 @@ class SoftAttention(BaseModule):
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
         self.variant = variant
-        self.solver = solver
+        self.solver = check_kernel_inverse_options(variant, solver)
         self.newton_iters = newton_iters
         self.max_bottleneck_tokens = max_bottleneck_tokens
         self.kernel_chunk_tokens = kernel_chunk_tokens
