@@ -16,7 +16,7 @@ $(STAMP): requirements/build.txt requirements/mmcv.txt requirements/runtime.txt 
 install: $(STAMP)
 
 demo: $(STAMP)
-	PATH="$(abspath $(VENV))/bin:$$PATH" bash tools/demo.sh
+	PYTHON="$(abspath $(PYTHON))" bash tools/demo.sh
 
 test: $(STAMP)
 	$(PYTHON) -m pytest tests $(PYTEST_ARGS)

@@ -3,17 +3,18 @@
 # backbone on it, evaluate with COCO's metric and paint predictions on the
 # validation images.
 #
-# Usage: bash tools/demo.sh          (run from anywhere; `python` must be the
-#                                     project's interpreter, as `make demo` sets)
+# Usage: bash tools/demo.sh          (run from anywhere)
 # Environment:
 #   CONFIG    demo config (configs/demo/mask-rcnn_soft-tiny_fpn_demo.py)
 #   WORK_DIR  logs and checkpoints (work_dirs/<config name>)
 #   SHOW_DIR  painted predictions (outputs/<config name>/predictions)
 #   SEED      data generator seed (0)
-#   PYTHON    interpreter (python)
+#   PYTHON    interpreter (the checkout's .venv/bin/python when it exists,
+#             else python; see tools/_python.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python}
+# shellcheck source=tools/_python.sh
+. tools/_python.sh
 CONFIG=${CONFIG:-configs/demo/mask-rcnn_soft-tiny_fpn_demo.py}
 NAME=$(basename "$CONFIG" .py)
 WORK_DIR=${WORK_DIR:-work_dirs/$NAME}

@@ -3,7 +3,8 @@
 #
 # Usage: bash tools/dist_test.sh CONFIG CHECKPOINT NPROC [tools/test.py options]
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
-#              PORT (29500), PYTHON (python).
+#              PORT (29500), PYTHON (the checkout's .venv/bin/python when it
+#              exists, else python; see tools/_python.sh).
 set -euo pipefail
 if [ $# -lt 3 ]; then
     echo "usage: $0 CONFIG CHECKPOINT NPROC [test.py options]" >&2
@@ -14,8 +15,10 @@ CHECKPOINT=$2
 NPROC=$3
 shift 3
 TOOLS_DIR="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=tools/_python.sh
+. "$TOOLS_DIR/_python.sh"
 export PYTHONPATH="$(dirname "$TOOLS_DIR")${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python}" -m torch.distributed.run \
+exec "$PYTHON" -m torch.distributed.run \
     --nnodes="${NNODES:-1}" \
     --node_rank="${NODE_RANK:-0}" \
     --master_addr="${MASTER_ADDR:-127.0.0.1}" \

@@ -3,7 +3,8 @@
 #
 # Usage: bash tools/dist_train.sh CONFIG NPROC [tools/train.py options]
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
-#              PORT (29500), PYTHON (python).
+#              PORT (29500), PYTHON (the checkout's .venv/bin/python when it
+#              exists, else python; see tools/_python.sh).
 # On CPU the config selects the gloo backend:
 #   env_cfg = dict(dist_cfg=dict(backend='gloo'))
 set -euo pipefail
@@ -15,8 +16,10 @@ CONFIG=$1
 NPROC=$2
 shift 2
 TOOLS_DIR="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=tools/_python.sh
+. "$TOOLS_DIR/_python.sh"
 export PYTHONPATH="$(dirname "$TOOLS_DIR")${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python}" -m torch.distributed.run \
+exec "$PYTHON" -m torch.distributed.run \
     --nnodes="${NNODES:-1}" \
     --node_rank="${NODE_RANK:-0}" \
     --master_addr="${MASTER_ADDR:-127.0.0.1}" \
