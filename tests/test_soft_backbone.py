@@ -1,5 +1,7 @@
 """The SOFT backbone: shapes, parameters, conventions and bad input."""
 import math
+import os.path as osp
+import runpy
 
 import pytest
 import torch
@@ -7,8 +9,17 @@ import torch
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.backbones.soft import ARCH_SETTINGS
 
-# Backbone parameters (classifier excluded) measured for each arch; the
-# reference counts with the 1000-class head are 0.51M higher.
+HERE = osp.dirname(osp.abspath(__file__))
+README = osp.join(osp.dirname(HERE), 'README.md')
+# Keys and shapes of the reference models' state dicts.
+random_official_state_dict = runpy.run_path(
+    osp.join(HERE, 'official_soft_reference.py'))['random_official_state_dict']
+# Tensors of the reference models that are not backbone parameters.
+OFFICIAL_BUFFER_SUFFIXES = ('.running_mean', '.running_var', '.num_batches_tracked')
+
+# Backbone parameters (classifier excluded) in millions, as the README's
+# table shows them; the reference counts with the 1000-class head are 0.51M
+# higher.
 PARAMS_M = {'tiny': 12.56, 'small': 38.35, 'medium': 45.30,
             'large': 64.19, 'huge': 86.60}
 SIZES = [(33, 47), (97, 131), (64, 64)]
@@ -19,11 +30,39 @@ def tiny_arch(depths=(1, 1, 1, 1)):
                 depths=list(depths))
 
 
+def official_backbone_parameters(arch: str) -> int:
+    """Learnable elements of the reference model of ``arch``, classifier excluded.
+
+    Counts the tensors of the reference key layout for the arch's widths,
+    heads and depths, less the classifier (``head.*``) and the BatchNorm
+    running statistics, which are buffers, not parameters.
+    """
+    settings = ARCH_SETTINGS[arch]
+    state_dict = random_official_state_dict(
+        settings['embed_dims'], settings['num_heads'], settings['depths'],
+        empty=True)
+    return sum(tensor.numel() for key, tensor in state_dict.items()
+               if not key.startswith('head.')
+               and not key.endswith(OFFICIAL_BUFFER_SUFFIXES))
+
+
 @pytest.mark.parametrize('arch', list(ARCH_SETTINGS))
 def test_parameter_count(arch):
+    expected = official_backbone_parameters(arch)
     model = SOFT(arch=arch)
-    count = sum(p.numel() for p in model.parameters()) / 1e6
-    assert count == pytest.approx(PARAMS_M[arch], abs=0.01)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == expected
+    assert count / 1e6 == pytest.approx(PARAMS_M[arch], abs=0.005)
+
+
+def test_readme_table_shows_each_arch():
+    with open(README, encoding='utf-8') as f:
+        readme = f.read()
+    for arch, settings in ARCH_SETTINGS.items():
+        cells = [arch] + [', '.join(map(str, settings[key]))
+                          for key in ('embed_dims', 'num_heads', 'depths')]
+        row = '| ' + ' | '.join(cells) + f' | {PARAMS_M[arch]:.2f}M |'
+        assert row in readme, f'README.md lacks the SOFT table row {row!r}'
 
 
 @pytest.mark.parametrize('arch', list(ARCH_SETTINGS))

@@ -1,5 +1,6 @@
 """Tests of the UFO-ViT backbone and its layers (CPU, small inputs)."""
 import copy
+import os.path as osp
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from mmsoft.models.backbones import UFOViT
 from mmsoft.models.layers import (FeaturePyramidAdapter, LocalPatchInteraction,
                                   UFOAttention, UFOBlock, ufo_attention, xnorm)
 
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # A small custom architecture for the behavioural tests.
 MINI_ARCH = dict(embed_dims=32, depth=4, num_heads=2)
 
@@ -176,7 +178,10 @@ EXPECTED_SIZES = {
     (33, 47): [(12, 12), (6, 6), (3, 3), (2, 2)],
     (97, 131): [(28, 36), (14, 18), (7, 9), (4, 5)],
 }
-ARCH_DIMS = dict(tiny=192, small=304, medium=416, base=512)
+# (embed_dims, depth, num_heads) of each arch, as the README's table lists them.
+ARCH_SIZES = dict(tiny=(192, 12, 4), small=(304, 16, 8), medium=(416, 16, 8),
+                  base=(512, 20, 8))
+ARCH_DIMS = {arch: sizes[0] for arch, sizes in ARCH_SIZES.items()}
 
 
 @pytest.mark.parametrize('arch', ['tiny', 'small', 'medium', 'base'])
@@ -208,15 +213,112 @@ def test_out_indices_subset_and_block_readout():
     assert torch.allclose(outs[1], F.max_pool2d(last, 2, ceil_mode=True))
 
 
-# Measured with this code: sum(p.numel() for p in UFOViT(arch).parameters()).
-PARAM_COUNTS = dict(tiny=6_075_936, small=19_617_528, medium=36_624_896,
-                    base=68_058_944)
+def conv_params(in_channels: int, out_channels: int, kernel_size: int,
+                groups: int = 1) -> int:
+    """Weights and biases of a square (transposed) convolution."""
+    return out_channels * (in_channels // groups) * kernel_size**2 + out_channels
+
+
+def linear_params(in_features: int, out_features: int) -> int:
+    """Weights and biases of a fully connected layer."""
+    return in_features * out_features + out_features
+
+
+def ufo_vit_params(embed_dims: int, depth: int, num_heads: int, mlp_ratio: int = 4,
+                   lpi_kernel_size: int = 3, pos_hidden_dims: int = 32) -> int:
+    """Parameters of UFO-ViT from its definition (README, class docstrings).
+
+    Stem: four 3x3 convolutions with biases, 3 -> C/8 -> C/4 -> C/2 -> C, each
+    followed by a BatchNorm (weight and bias). Fourier position encoding: a
+    1x1 convolution from the 2 x ``pos_hidden_dims`` sinusoidal features to
+    C. Each block: three LayerNorms; QKV and output projections; one XNorm
+    gamma per head for Q and one for K^T V; local patch interaction (two
+    depth-wise convolutions, one BatchNorm); the FFN (C -> ratio*C -> C);
+    three per-channel layer scales. Pyramid: stride 4 is two 2x2 transposed
+    convolutions with a BatchNorm between, stride 8 one, strides 16 and 32
+    have no parameters.
+    """
+    dims, hidden = embed_dims, embed_dims * mlp_ratio
+    widths = [3, dims // 8, dims // 4, dims // 2, dims]
+    stem = sum(conv_params(cin, cout, 3) + 2 * cout
+               for cin, cout in zip(widths, widths[1:]))
+    position = conv_params(2 * pos_hidden_dims, dims, 1)
+    attention = (linear_params(dims, 3 * dims) + 2 * num_heads
+                 + linear_params(dims, dims))
+    patch_interaction = (2 * conv_params(dims, dims, lpi_kernel_size, groups=dims)
+                         + 2 * dims)
+    ffn = linear_params(dims, hidden) + linear_params(hidden, dims)
+    block = 3 * 2 * dims + attention + patch_interaction + ffn + 3 * dims
+    pyramid = 3 * conv_params(dims, dims, 2) + 2 * dims
+    return stem + position + depth * block + pyramid
+
+
+def mask_rcnn_head_params(in_channels: int, channels: int = 256,
+                          num_classes: int = 80) -> int:
+    """Parameters of mmdet's Mask R-CNN R50-FPN 1x config outside the backbone.
+
+    FPN: per level a 1x1 lateral and a 3x3 output convolution (the fifth
+    level is max-pooled). RPN: a 3x3 convolution and 1x1 objectness and box
+    convolutions for 3 anchors (sigmoid scores). Box head: two shared FCs of
+    1024 on 7x7 RoIs, a (classes + 1)-way classifier and class-specific box
+    regression. Mask head: four 3x3 convolutions, a 2x2 transposed
+    convolution and a 1x1 per-class mask convolution.
+    """
+    anchors, fc_dims = 3, 1024
+    fpn = 4 * (conv_params(in_channels, channels, 1)
+               + conv_params(channels, channels, 3))
+    rpn = (conv_params(channels, channels, 3) + conv_params(channels, anchors, 1)
+           + conv_params(channels, 4 * anchors, 1))
+    bbox = (linear_params(channels * 7 * 7, fc_dims) + linear_params(fc_dims, fc_dims)
+            + linear_params(fc_dims, num_classes + 1)
+            + linear_params(fc_dims, 4 * num_classes))
+    mask = (4 * conv_params(channels, channels, 3) + conv_params(channels, channels, 2)
+            + conv_params(channels, num_classes, 1))
+    return fpn + rpn + bbox + mask
+
+
+# Parameters in millions as the README's table shows them: the backbones and
+# Mask R-CNN + FPN around them; the paper reports 39.7M (UFO-ViT-S) and 56.4M
+# (UFO-ViT-M) for the latter.
+BACKBONE_PARAMS_M = dict(tiny=6.08, small=19.62, medium=36.62, base=68.06)
+MASK_RCNN_PARAMS_M = dict(small=39.83, medium=56.96)
+PAPER_MASK_RCNN_PARAMS = dict(small=39.7e6, medium=56.4e6)
+
+
+def mask_rcnn_params(arch: str) -> int:
+    """Mask R-CNN + FPN total with the UFO-ViT backbone of ``arch``."""
+    return (ufo_vit_params(*ARCH_SIZES[arch])
+            + mask_rcnn_head_params(ARCH_DIMS[arch]))
 
 
 @pytest.mark.parametrize('arch', ['tiny', 'small', 'medium', 'base'])
 def test_parameter_counts(arch):
     model = UFOViT(arch=arch)
-    assert sum(p.numel() for p in model.parameters()) == PARAM_COUNTS[arch]
+    assert (model.embed_dims, model.depth, model.blocks[0].attn.num_heads) == \
+        ARCH_SIZES[arch]
+    expected = ufo_vit_params(*ARCH_SIZES[arch])
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert round(expected / 1e6, 2) == BACKBONE_PARAMS_M[arch]
+
+
+@pytest.mark.parametrize('arch', ['small', 'medium'])
+def test_mask_rcnn_totals_match_paper_and_readme(arch):
+    total = mask_rcnn_params(arch)
+    assert round(total / 1e6, 2) == MASK_RCNN_PARAMS_M[arch]
+    paper = PAPER_MASK_RCNN_PARAMS[arch]
+    assert abs(total - paper) / paper < 0.011
+
+
+def test_readme_table_shows_each_arch():
+    with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
+        readme = f.read()
+    for arch, (dims, depth, heads) in ARCH_SIZES.items():
+        detector = [f'{MASK_RCNN_PARAMS_M[arch]:.2f}M',
+                    f'{PAPER_MASK_RCNN_PARAMS[arch] / 1e6:.1f}M'] \
+            if arch in MASK_RCNN_PARAMS_M else ['–', '–']
+        cells = [arch, dims, depth, heads, f'{BACKBONE_PARAMS_M[arch]:.2f}M', *detector]
+        row = '| ' + ' | '.join(map(str, cells)) + ' |'
+        assert row in readme, f'README.md lacks the UFO-ViT table row {row!r}'
 
 
 @pytest.mark.parametrize('kwargs, message', [
@@ -335,17 +437,13 @@ def backbone_grads(backbone: UFOViT):
             backbone.blocks[-1].attn.qkv.weight.grad.abs().sum().item())
 
 
-# Measured with this code: Mask R-CNN + FPN totals; the paper reports 39.7M
-# (UFO-ViT-S) and 56.4M (UFO-ViT-M).
-MASK_RCNN_PARAMS = dict(small=39_834_088, medium=56_956_144)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize('arch, paper', [('small', 39.7e6), ('medium', 56.4e6)])
-def test_mask_rcnn_parameter_totals(arch, paper):
+@pytest.mark.parametrize('arch', ['small', 'medium'])
+def test_mask_rcnn_parameter_totals(arch):
     model = build_in_scope('mmdet', mask_rcnn_config(arch).model)
     total = sum(p.numel() for p in model.parameters())
-    assert total == MASK_RCNN_PARAMS[arch]
+    assert total == mask_rcnn_params(arch)
+    paper = PAPER_MASK_RCNN_PARAMS[arch]
     assert abs(total - paper) / paper < 0.011
 
 

@@ -281,8 +281,8 @@ def activate_checkpoint_allow_list() -> None:
     Importing mmsoft does it; the tools call this after the runner is built,
     so that model registration still comes only from the config.
     """
-    from mmsoft.utils import register_checkpoint_safe_globals
-    register_checkpoint_safe_globals()
+    from mmsoft.utils import allow_mmengine_checkpoint_globals
+    allow_mmengine_checkpoint_globals()
 
 
 def unwrap_model(model):

@@ -16,11 +16,16 @@ ones written by ``CheckpointHook``, used by ``tools/test.py`` and
   so checkpoints written under either numpy major version load under the
   other.
 
-:func:`register_checkpoint_safe_globals` allow-lists exactly these, keeping
-``weights_only`` loading on for every file. ``builtins.getattr`` is not
-allow-listed as such: a restricted stand-in registered under that name
-only resolves the statistics methods of ``HistoryBuffer`` and rejects every
-other attribute lookup.
+:func:`allow_mmengine_checkpoint_globals` allow-lists exactly these, keeping
+``weights_only`` loading on for every file. ``import mmsoft`` calls it, so
+that mmdet's and mmseg's own tools load these checkpoints once a config's
+``custom_imports`` names mmsoft. The entries stay for the whole process;
+mmsoft has no switch to skip them (``torch.serialization.clear_safe_globals``
+empties torch's entire allow-list, these entries included).
+
+``builtins.getattr`` is not allow-listed as such: a restricted stand-in
+registered under that name only resolves the statistics methods of
+``HistoryBuffer`` and rejects every other attribute lookup.
 """
 import pickle
 from typing import Any, Callable, List, Tuple, Union
@@ -95,9 +100,11 @@ def checkpoint_safe_globals() -> List[Union[Callable, Tuple[Callable, str]]]:
     ]
 
 
-def register_checkpoint_safe_globals() -> None:
+def allow_mmengine_checkpoint_globals() -> None:
     """Allow-lists :func:`checkpoint_safe_globals` for ``torch.load``.
 
+    Adds them to torch's process-wide ``weights_only`` allow-list
+    (``torch.serialization.add_safe_globals``). ``import mmsoft`` calls this.
     Idempotent; a no-op on torch versions without ``add_safe_globals``.
     """
     global _REGISTERED
@@ -128,7 +135,7 @@ def load_checkpoint_safely(path: str, map_location: str = 'cpu') -> Any:
         raise FileNotFoundError(f'checkpoint file not found: {path}')
     if os.path.getsize(path) == 0:
         raise ValueError(f'checkpoint file {path} is empty (0 bytes)')
-    register_checkpoint_safe_globals()
+    allow_mmengine_checkpoint_globals()
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
