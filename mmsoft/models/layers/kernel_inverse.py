@@ -75,6 +75,13 @@ def _eye_like(mat: torch.Tensor) -> torch.Tensor:
     return torch.eye(mat.shape[-1], dtype=mat.dtype, device=mat.device)
 
 
+def _is_tracing() -> bool:
+    """Whether the code runs under a tracer or exporter (no data-dependent
+    Python control flow allowed)."""
+    return (torch.jit.is_tracing() or torch.compiler.is_compiling()
+            or torch.onnx.is_in_onnx_export())
+
+
 def _per_image_max(values: torch.Tensor) -> torch.Tensor:
     """Max over all but the first dimension, broadcastable to (B, ..., 1, 1).
 
@@ -138,13 +145,15 @@ def pseudo_inverse_newton_scale(mat: torch.Tensor,
     eye = _eye_like(mat)
     square = mat @ mat  # (B, ..., m, m)
     alpha = 2 / _per_image_max(mat.sum(-1)).pow(2)  # (B, 1, ..., 1)
-    # No early exit: once an image's residual is small enough its alpha stays
-    # put, so all rounds give the reference's result, with no data-dependent
-    # control flow (the function traces and exports as it runs).
     for _ in range(max_halvings):
         residual = (eye - alpha * square).abs().sum(-2)  # (B, ..., m)
         too_large = _per_image_max(residual) > 1.01  # (B, 1, ..., 1)
         alpha = torch.where(too_large, alpha * 0.5, alpha)
+        # Once an image's residual is small enough its alpha stays put, so
+        # further rounds change nothing: stop early in eager mode, run them
+        # all where data-dependent control flow cannot be traced.
+        if not _is_tracing() and not bool(too_large.any()):
+            break
     return alpha
 
 
@@ -207,38 +216,85 @@ def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
     return value
 
 
+def newton_divided_difference_pairs(larger: torch.Tensor, smaller: torch.Tensor,
+                                    alpha: torch.Tensor,
+                                    num_iters: int) -> torch.Tensor:
+    """``(g_k(a) - g_k(b)) / (a - b)`` for pairs ``a >= b`` (``g_k'(a)`` where
+    ``a = b``), carried through the iteration instead of formed by a division.
+
+    With ``v' = 2v - l v^2`` on both eigenvalues,
+    ``D' = D (2 - b (v_a + v_b)) - v_a^2`` from ``D0 = alpha``. Taking b as the
+    smaller eigenvalue keeps the recursion stable: its factor stays in
+    [0, 2] (``l v`` never exceeds 1 after the first step), where the mirrored
+    form reaches ``1 - a / b`` and amplifies rounding errors once both
+    eigenvalues have converged.
+
+    Args:
+        larger (Tensor): a, any shape S.
+        smaller (Tensor): b <= a, shape S.
+        alpha (Tensor): The scale of each pair, shape S.
+        num_iters (int): Steps k.
+
+    Returns:
+        Tensor: Shape S.
+    """
+    value_a, value_b = alpha * larger, alpha * smaller
+    diff = alpha
+    for _ in range(num_iters):
+        diff = diff * (2 - smaller * (value_a + value_b)) - value_a.pow(2)
+        value_a = value_a * (2 - larger * value_a)
+        value_b = value_b * (2 - smaller * value_b)
+    return diff
+
+
 def newton_divided_differences(eigvals: torch.Tensor, alpha: torch.Tensor,
-                               num_iters: int) -> torch.Tensor:
+                               num_iters: int, close: float = 1e-3) -> torch.Tensor:
     """Divided differences of ``g_k`` between all pairs of eigenvalues.
 
     ``D[i, j] = (g_k(l_i) - g_k(l_j)) / (l_i - l_j)`` and ``D[i, i] =
-    g_k'(l_i)``, carried through the iteration instead of formed by a
-    division, so equal or close eigenvalues are exact. With ``a >= b`` the
-    two eigenvalues and ``v' = 2v - l v^2`` on both:
-    ``D' = D (2 - b (v_a + v_b)) - v_a^2``, from ``D0 = alpha``.
+    g_k'(l_i)``, by the gap between the two eigenvalues relative to the
+    larger magnitude:
 
-    Taking b as the smaller eigenvalue keeps the recursion stable: its
-    factor ``2 - b (v_a + v_b)`` stays in [0, 2] (``l v`` never exceeds 1
-    after the first step), where the mirrored form reaches ``1 - a / b`` and
-    amplifies rounding errors once both eigenvalues have converged.
+    * above ``close``: the quotient itself, which loses at most about
+      ``2 eps / close`` to cancellation;
+    * below ``1e-5 / 2^(k+1)``: the mean of the two derivatives. ``g_k``
+      varies on the scale ``lambda / 2^(k+1)`` at its steepest (where
+      ``alpha lambda^2`` is near 2), so this is off by about 1e-10;
+    * in between, usually a few pairs:
+      :func:`newton_divided_difference_pairs`, exact whatever the gap.
 
     Args:
         eigvals (Tensor): Eigenvalues, (..., m).
         alpha (Tensor): Scales broadcastable to ``eigvals``, (..., 1).
         num_iters (int): Steps k.
+        close (float): Relative gap below which the quotient is not used.
+            Default: 1e-3.
 
     Returns:
         Tensor: (..., m, m), symmetric.
     """
-    row_is_larger = eigvals.unsqueeze(-1) >= eigvals.unsqueeze(-2)  # (..., m, m)
-    smaller = torch.minimum(eigvals.unsqueeze(-1), eigvals.unsqueeze(-2))
-    value = alpha * eigvals  # (..., m)
-    diff = alpha.unsqueeze(-1).expand_as(smaller)  # (..., m, m)
-    for _ in range(num_iters):
-        value_row, value_col = value.unsqueeze(-1), value.unsqueeze(-2)
-        value_of_larger = torch.where(row_is_larger, value_row, value_col)
-        diff = diff * (2 - smaller * (value_row + value_col)) - value_of_larger.pow(2)
-        value = value * (2 - eigvals * value)
+    values = newton_on_eigenvalues(eigvals, alpha, num_iters)  # (..., m)
+    slopes = newton_divided_difference_pairs(  # g_k'(lambda): (..., m)
+        eigvals, eigvals, alpha.expand_as(eigvals), num_iters)
+    row, col = eigvals.unsqueeze(-1), eigvals.unsqueeze(-2)  # (..., m, 1), (..., 1, m)
+    gap = row - col  # (..., m, m)
+    relative_gap = gap.abs() / torch.maximum(row.abs(), col.abs())  # NaN at 0 - 0
+    is_equal = ~(relative_gap > 1e-5 / 2**(num_iters + 1))  # diagonal included
+    is_close = ~(relative_gap > close)
+    diff = torch.where(
+        is_equal, 0.5 * (slopes.unsqueeze(-1) + slopes.unsqueeze(-2)),
+        (values.unsqueeze(-1) - values.unsqueeze(-2))
+        / torch.where(is_close, torch.ones_like(gap), gap))
+    # The recursion on one triangle's pairs, mirrored to the other.
+    upper = torch.ones_like(is_close).triu_(1)
+    index = (is_close & ~is_equal & upper).nonzero(as_tuple=True)
+    if index[0].numel():
+        row, col = row.expand_as(gap)[index], col.expand_as(gap)[index]
+        pairs = newton_divided_difference_pairs(
+            torch.maximum(row, col), torch.minimum(row, col),
+            alpha.unsqueeze(-1).expand_as(gap)[index], num_iters)
+        diff[index] = pairs
+        diff[index[:-2] + (index[-1], index[-2])] = pairs
     return diff
 
 
