@@ -16,7 +16,7 @@ UFO_ARCHS = ('tiny', 'small', 'medium', 'base')
 def _soft(arch: str) -> Callable[..., nn.Module]:
     def build(**kwargs):
         from ..models.backbones import SOFT
-        settings = dict(arch=arch, attention='soft++', solver='exact')
+        settings = dict(arch=arch, attention='soft++', solver='newton_closed_form')
         settings.update(kwargs)
         return SOFT(**settings)
     return build
