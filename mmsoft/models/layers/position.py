@@ -19,7 +19,10 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
     Returns:
         Tensor: Shape (1, H * W, C).
     """
-    if tuple(src_shape) == tuple(dst_shape):
+    # Traced for ONNX export, ``dst_shape`` holds tensors: resizing to the
+    # same grid is the identity (interpolation weights 1 and 0), so the
+    # trace always resizes and holds for every input size.
+    if not torch.onnx.is_in_onnx_export() and tuple(src_shape) == tuple(dst_shape):
         return pos_embed
     channels = pos_embed.shape[-1]
     grid = pos_embed.reshape(1, *src_shape, channels).permute(0, 3, 1, 2)

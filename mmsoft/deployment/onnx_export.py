@@ -1,0 +1,483 @@
+"""ONNX export of the backbones (optionally with the neck) and onnxruntime runs.
+
+What is exported is the function PyTorch computes, in operators ONNX has:
+
+* SOFT attention's kernel inverse: ``solver='newton_closed_form'`` (the
+  configs' solver) computes the 20-step Newton-Raphson iteration from one
+  eigendecomposition, and ONNX has no eigendecomposition; the graph holds the
+  iteration itself (``solver='newton'``: matrix products only), which is the
+  same function. ``solver='exact'`` (Cholesky / ``pinv``) has no such
+  formulation and is refused.
+* The chunked query-bottleneck kernel product (``kernel_chunk_tokens``) is
+  exported unchunked: the same values, with the N x m kernel held whole.
+* The bottleneck cap (``max_bottleneck_tokens``) and the position-embedding
+  resize follow the input size in the traced graph (see
+  :mod:`mmsoft.models.layers.bottleneck_pool` and
+  :func:`mmsoft.models.layers.resize_pos_embed`).
+
+The graph is traced with PyTorch's TorchScript-based exporter
+(``torch.onnx.export(..., dynamo=False)``) with dynamic batch, height and
+width; :func:`verify_onnx` runs it in onnxruntime at several sizes next to
+the eager model (in its own formulation) and reports the differences.
+"""
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections import defaultdict
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from ..models.layers import SoftAttention
+
+# The solver the ONNX graph computes for each solver the model may use.
+EXPORT_SOLVERS = {'newton': 'newton', 'newton_closed_form': 'newton'}
+DEFAULT_OPSET = 17
+INPUT_NAME = 'images'
+MIN_INPUT_SIZE = 32
+
+
+def _import_onnx_packages():
+    """onnx and onnxruntime, or an ImportError saying how to install them."""
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as exc:
+        raise ImportError(f'{exc.name} is needed for ONNX export and inference: '
+                          f'pip install -r requirements/deploy.txt') from exc
+    return onnx, onnxruntime
+
+
+# --------------------------------------------------------------------------
+# The model: backbone (and neck) returning a tuple of maps
+# --------------------------------------------------------------------------
+class FeatureMaps(nn.Module):
+    """A backbone, optionally followed by a neck, returning a tuple of maps.
+
+    Args:
+        backbone (nn.Module): Maps images (B, 3, H, W) to a tuple of maps.
+        neck (nn.Module, optional): Maps that tuple to another (e.g. FPN).
+    """
+
+    def __init__(self, backbone: nn.Module, neck: Optional[nn.Module] = None):
+        super().__init__()
+        self.backbone = backbone
+        self.neck = neck
+
+    def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """(B, 3, H, W) -> the backbone's (or the neck's) maps, (B, C_i, H_i, W_i)."""
+        feats = self.backbone(images)
+        if self.neck is not None:
+            feats = self.neck(feats)
+        return tuple(feats)
+
+
+def load_feature_weights(model: FeatureMaps, checkpoint: str) -> None:
+    """Loads a detector, segmentor or backbone checkpoint into ``model``.
+
+    A checkpoint with ``backbone.*`` entries (a trained detector or
+    segmentor) provides ``backbone.*`` and ``neck.*``; any other is taken as
+    the backbone's own state dict.
+
+    Args:
+        model (FeatureMaps): The model to fill.
+        checkpoint (str): Checkpoint file (loaded with ``weights_only=True``).
+
+    Raises:
+        ValueError: A weight of ``model`` is missing or has another shape.
+    """
+    from ..utils import load_state_dict_safely
+    state = load_state_dict_safely(checkpoint)
+    if not any(key.startswith('backbone.') for key in state):
+        state = {f'backbone.{key}': value for key, value in state.items()}
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(
+            f'checkpoint {checkpoint} lacks {len(missing)} weights of the exported '
+            f'model, e.g. {missing[:3]}; expected a checkpoint of this config\'s '
+            f'model (or of its backbone alone, exported without the neck).')
+    mismatched = [key for key in expected if state[key].shape != expected[key].shape]
+    if mismatched:
+        key = mismatched[0]
+        raise ValueError(
+            f'checkpoint {checkpoint} has {key} of shape {tuple(state[key].shape)}; '
+            f'the model built from the config expects {tuple(expected[key].shape)}.')
+    model.load_state_dict({key: state[key] for key in expected})
+
+
+@contextlib.contextmanager
+def _quiet_mmengine_logger() -> Iterator[None]:
+    """Silences mmengine's per-parameter initialisation report (INFO)."""
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def build_feature_model(config, checkpoint: Optional[str] = None,
+                        with_neck: bool = False) -> FeatureMaps:
+    """The backbone (and neck) of an mmdet or mmseg config, in eval mode.
+
+    The whole model is built in the config's registry scope (its
+    ``default_scope``), then its backbone and neck are kept.
+
+    Args:
+        config (str | mmengine.Config): The config or its path.
+        checkpoint (str, optional): Weights (see :func:`load_feature_weights`).
+            Without one, the backbone and neck are initialised from scratch
+            (the config's ``init_cfg`` checkpoint is not loaded).
+        with_neck (bool): Keep the config's neck after the backbone.
+
+    Returns:
+        FeatureMaps: In eval mode.
+
+    Raises:
+        ValueError: ``with_neck`` for a config without a neck.
+    """
+    from mmengine.config import Config
+
+    from ..analysis.config_models import build_model_from_config
+    cfg = config if isinstance(config, Config) else Config.fromfile(config)
+    full_model = build_model_from_config(cfg)
+    neck = getattr(full_model, 'neck', None) if with_neck else None
+    if with_neck and neck is None:
+        raise ValueError(f'with_neck=True but the config {cfg.filename} has no '
+                         f'model.neck; export the backbone alone (with_neck=False).')
+    model = FeatureMaps(full_model.backbone, neck)
+    if checkpoint is None:
+        with _quiet_mmengine_logger():
+            for part in (model.backbone, model.neck):
+                if part is not None and hasattr(part, 'init_weights'):
+                    part.init_weights()
+    else:
+        load_feature_weights(model, checkpoint)
+    return model.eval()
+
+
+# --------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------
+def check_exportable(model: nn.Module) -> None:
+    """Raises ``ValueError`` for a SOFT attention layer ONNX cannot express.
+
+    Args:
+        model (nn.Module): Any model; its :class:`SoftAttention` layers are
+            checked.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, SoftAttention) and module.solver not in EXPORT_SOLVERS:
+            raise ValueError(
+                f'{name}: solver={module.solver!r} has no ONNX formulation (ONNX '
+                f'has no Cholesky factorisation or eigendecomposition); build the '
+                f'backbone with solver in {list(EXPORT_SOLVERS)} to export it '
+                f"('newton_closed_form' is exported as the Newton iteration, the "
+                f'same function).')
+
+
+@contextlib.contextmanager
+def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
+    """Switches ``model``'s SOFT attention layers to their ONNX formulation.
+
+    Inside the context every :class:`SoftAttention` computes its kernel
+    inverse by the Newton iteration (``solver='newton'``, the function
+    ``'newton_closed_form'`` computes) and its kernel product unchunked
+    (``kernel_chunk_tokens=None``, the same values); both are restored on
+    exit.
+
+    Args:
+        model (nn.Module): The model to export.
+
+    Yields:
+        nn.Module: ``model`` itself.
+
+    Raises:
+        ValueError: A layer's solver has no ONNX formulation.
+    """
+    check_exportable(model)
+    layers = [m for m in model.modules() if isinstance(m, SoftAttention)]
+    saved = [(layer.solver, layer.kernel_chunk_tokens) for layer in layers]
+    try:
+        for layer in layers:
+            layer.solver = EXPORT_SOLVERS[layer.solver]
+            layer.kernel_chunk_tokens = None
+        yield model
+    finally:
+        for layer, (solver, chunk_tokens) in zip(layers, saved):
+            layer.solver, layer.kernel_chunk_tokens = solver, chunk_tokens
+
+
+def check_input_shape(name: str, shape: Sequence[int]) -> Tuple[int, int]:
+    """Validates an (H, W) input size; returns it as a tuple.
+
+    Raises:
+        ValueError: Naming ``name``, the value and what is accepted.
+    """
+    shape = tuple(shape)
+    if len(shape) != 2 or any(isinstance(side, bool) or not isinstance(side, int) or
+                              side < MIN_INPUT_SIZE for side in shape):
+        raise ValueError(f'{name}={shape!r} is invalid; expected (height, width), '
+                         f'two integers >= {MIN_INPUT_SIZE}.')
+    return shape
+
+
+def dynamic_axes(num_outputs: int) -> Dict[str, Dict[int, str]]:
+    """Batch, height and width of the input and of every output, dynamic."""
+    axes = {INPUT_NAME: {0: 'batch', 2: 'height', 3: 'width'}}
+    for i in range(num_outputs):
+        axes[f'out{i}'] = {0: 'batch', 2: f'height{i}', 3: f'width{i}'}
+    return axes
+
+
+def export_onnx(model: nn.Module, path: str,
+                sample_shape: Tuple[int, int] = (224, 224),
+                opset: int = DEFAULT_OPSET) -> List[str]:
+    """Exports ``model`` to ``path`` with dynamic batch, height and width.
+
+    The trace is taken on one random (1, 3, H, W) image of ``sample_shape``
+    in :func:`export_formulation`. The graph's sizes follow the input, so the
+    sample size does not matter; the tracer's warnings about Python values
+    taken from sizes (the input checks) are silenced, and
+    :func:`verify_onnx` is what shows the graph right at other sizes.
+
+    Args:
+        model (nn.Module): Maps (B, 3, H, W) to a tuple of maps; eval mode.
+        path (str): Output ``.onnx`` file (its folder is created).
+        sample_shape (tuple[int, int]): (H, W) of the traced image.
+            Default: (224, 224).
+        opset (int): ONNX opset. Default: 17.
+
+    Returns:
+        list[str]: The output names, ``out0``, ``out1``, ...
+
+    Raises:
+        ValueError: Bad ``sample_shape``, or a layer ONNX cannot express.
+    """
+    sample_shape = check_input_shape('sample_shape', sample_shape)
+    images = torch.randn(1, 3, *sample_shape)
+    check_exportable(model)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with export_formulation(model), torch.no_grad():
+        num_outputs = len(model(images))
+        names = [f'out{i}' for i in range(num_outputs)]
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', torch.jit.TracerWarning)
+            warnings.simplefilter('ignore', DeprecationWarning)
+            torch.onnx.export(model, (images, ), path, dynamo=False,
+                              input_names=[INPUT_NAME], output_names=names,
+                              dynamic_axes=dynamic_axes(num_outputs),
+                              opset_version=opset, do_constant_folding=True)
+    return names
+
+
+def check_onnx_file(path: str) -> None:
+    """Runs onnx's checker (with shape inference) on the file at ``path``."""
+    onnx, _ = _import_onnx_packages()
+    onnx.checker.check_model(path, full_check=True)
+
+
+# --------------------------------------------------------------------------
+# onnxruntime
+# --------------------------------------------------------------------------
+def onnxruntime_session(path: str, threads: Optional[int] = None,
+                        profile_prefix: Optional[str] = None):
+    """A CPU onnxruntime session for the file at ``path``.
+
+    Args:
+        path (str): The ``.onnx`` file.
+        threads (int, optional): Intra-op threads (inter-op: 1, sequential
+            execution). None lets onnxruntime choose.
+        profile_prefix (str, optional): Turns profiling on, writing
+            ``<prefix>_<date>.json``.
+
+    Returns:
+        onnxruntime.InferenceSession
+    """
+    _, ort = _import_onnx_packages()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+
+
+def run_onnxruntime(session, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """Runs ``session`` on ``images`` (B, 3, H, W); returns its maps as tensors."""
+    outputs = session.run(None, {INPUT_NAME: images.detach().cpu().numpy()})
+    return tuple(torch.from_numpy(out) for out in outputs)
+
+
+class OnnxRuntimeModel:
+    """An onnxruntime session called like the module it was exported from.
+
+    Args:
+        session (onnxruntime.InferenceSession): The session.
+    """
+
+    def __init__(self, session):
+        self.session = session
+
+    def __call__(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """(B, 3, H, W) -> the exported maps."""
+        return run_onnxruntime(self.session, images)
+
+
+def compare_outputs(reference: Sequence[torch.Tensor],
+                    outputs: Sequence[torch.Tensor]) -> List[dict]:
+    """Largest differences of ``outputs`` from ``reference``, map by map.
+
+    Args:
+        reference (Sequence[Tensor]): PyTorch's maps.
+        outputs (Sequence[Tensor]): onnxruntime's maps, the same shapes.
+
+    Returns:
+        list[dict]: Per map: ``shape``, ``max_abs`` (largest absolute
+        difference), ``scale`` (largest absolute reference value) and
+        ``relative`` (``max_abs / scale``).
+
+    Raises:
+        ValueError: A different number of maps or a different shape.
+    """
+    if len(reference) != len(outputs):
+        raise ValueError(f'onnxruntime returned {len(outputs)} maps; PyTorch '
+                         f'returned {len(reference)}.')
+    results = []
+    for i, (ref, out) in enumerate(zip(reference, outputs)):
+        if ref.shape != out.shape:
+            raise ValueError(f'map {i}: onnxruntime shape {tuple(out.shape)} differs '
+                             f'from PyTorch shape {tuple(ref.shape)}.')
+        max_abs = (ref.float() - out.float()).abs().max().item()
+        scale = ref.float().abs().max().item()
+        results.append(dict(shape=tuple(ref.shape), max_abs=max_abs, scale=scale,
+                            relative=max_abs / scale if scale > 0 else max_abs))
+    return results
+
+
+def verify_onnx(model: nn.Module, session, shapes: Sequence[Tuple[int, int]],
+                batch: int = 1, seed: int = 0) -> List[dict]:
+    """onnxruntime against eager PyTorch on random images of several sizes.
+
+    The eager model runs in its own formulation (e.g. the closed-form
+    solver), not the exported one: this compares the functions.
+
+    Args:
+        model (nn.Module): The eager model, eval mode.
+        session (onnxruntime.InferenceSession): Its exported graph.
+        shapes (Sequence[tuple[int, int]]): (H, W) sizes to run.
+        batch (int): Images per run. Default: 1.
+        seed (int): Seed of the random images. Default: 0.
+
+    Returns:
+        list[dict]: Per size: ``shape`` and ``maps`` (see
+        :func:`compare_outputs`) and ``relative``, the largest over the maps.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    results = []
+    for shape in shapes:
+        shape = check_input_shape('shapes', shape)
+        images = torch.randn(batch, 3, *shape, generator=generator)
+        with torch.no_grad():
+            reference = model(images)
+        maps = compare_outputs(reference, run_onnxruntime(session, images))
+        results.append(dict(shape=shape, maps=maps,
+                            relative=max(m['relative'] for m in maps)))
+    return results
+
+
+def profile_onnxruntime(path: str, images: torch.Tensor, threads: int = 1,
+                        runs: int = 1,
+                        out_dir: Optional[str] = None) -> Dict[str, float]:
+    """Seconds per run spent in each ONNX operator type, largest first.
+
+    One untimed run, then ``runs`` profiled ones, in onnxruntime's profiler.
+
+    Args:
+        path (str): The ``.onnx`` file.
+        images (Tensor): Input, (B, 3, H, W).
+        threads (int): Intra-op threads. Default: 1.
+        runs (int): Profiled runs. Default: 1.
+        out_dir (str, optional): Folder where the profiler's JSON trace is
+            kept; None: a temporary folder, removed afterwards.
+
+    Returns:
+        dict[str, float]: Operator type (e.g. ``MatMul``) to seconds per run.
+    """
+    run_onnxruntime(onnxruntime_session(path, threads), images)
+    with contextlib.ExitStack() as stack:
+        if out_dir is None:
+            out_dir = stack.enter_context(tempfile.TemporaryDirectory())
+        session = onnxruntime_session(
+            path, threads, profile_prefix=os.path.join(out_dir, 'ort_profile'))
+        for _ in range(runs):
+            run_onnxruntime(session, images)
+        with open(session.end_profiling()) as trace:
+            events = json.load(trace)
+    seconds = defaultdict(float)
+    for event in events:
+        if event.get('cat') == 'Node' and event['name'].endswith('_kernel_time'):
+            seconds[event['args']['op_name']] += event['dur'] * 1e-6 / runs
+    return dict(sorted(seconds.items(), key=lambda item: -item[1]))
+
+
+def compare_speed(model: nn.Module, path: str, shape: Tuple[int, int],
+                  threads: int = 1, warmup: int = 1,
+                  repeats: int = 3) -> Dict[str, float]:
+    """Median time of one forward in eager PyTorch and in onnxruntime.
+
+    Both run with ``threads`` threads on one random (1, 3, H, W) image.
+
+    Args:
+        model (nn.Module): The eager model, eval mode.
+        path (str): Its ``.onnx`` file.
+        shape (tuple[int, int]): (H, W).
+        threads (int): Threads of both. Default: 1.
+        warmup (int): Untimed calls first. Default: 1.
+        repeats (int): Timed calls. Default: 3.
+
+    Returns:
+        dict: ``torch_seconds``, ``onnxruntime_seconds`` and ``speedup``
+        (PyTorch's time over onnxruntime's).
+    """
+    from ..analysis.measure import latency_seconds
+    images = torch.randn(1, 3, *check_input_shape('shape', shape))
+    session = onnxruntime_session(path, threads)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch_seconds, _ = latency_seconds(model, images, False, warmup, repeats)
+    finally:
+        torch.set_num_threads(previous_threads)
+    ort_seconds, _ = latency_seconds(OnnxRuntimeModel(session), images, False,
+                                     warmup, repeats)
+    return dict(torch_seconds=torch_seconds, onnxruntime_seconds=ort_seconds,
+                speedup=torch_seconds / ort_seconds)
+
+
+def describe_verification(results: List[dict]) -> List[str]:
+    """One line per size and map of :func:`verify_onnx`'s results."""
+    lines = []
+    for result in results:
+        height, width = result['shape']
+        for i, item in enumerate(result['maps']):
+            lines.append(f'{height}x{width} out{i} {item["shape"]}: max |diff| '
+                         f'{item["max_abs"]:.3g}, output scale {item["scale"]:.3g}, '
+                         f'relative {item["relative"]:.3g}')
+    return lines
+
+
+def largest_relative(results: List[dict]) -> Union[float, None]:
+    """The largest relative difference over all sizes (None without results)."""
+    return max((r['relative'] for r in results), default=None)
