@@ -121,3 +121,17 @@ def test_get_flops_tool_backbone_only(tmp_path):
     assert result['gflops'] == pytest.approx(2.14, abs=0.01)
     assert result['params_m'] == pytest.approx(12.56, abs=0.01)
     assert 'FLOPs: 2.14 G' in done.stdout
+
+
+def test_closed_form_solver_is_fully_counted():
+    from mmsoft.models.backbones import SOFT
+    arch = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
+                depths=[1, 1, 1, 1])
+    images = torch.randn(1, 3, 128, 128)
+    totals = {}
+    for solver in ('newton', 'newton_closed_form'):
+        model = SOFT(arch=arch, solver=solver).eval()
+        totals[solver], analyzer = count_flops(model, (images, ))
+        assert not analyzer.unsupported_ops(), solver
+    # One eigendecomposition (10/3 m^3) in place of 20 steps (40 m^3).
+    assert totals['newton_closed_form'] < totals['newton']

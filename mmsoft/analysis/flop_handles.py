@@ -22,13 +22,13 @@ ELEMENTWISE_OPS = (
     'aten::exp', 'aten::exp_', 'aten::rsqrt', 'aten::sqrt', 'aten::mul',
     'aten::mul_', 'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_',
     'aten::div', 'aten::div_', 'aten::pow', 'aten::neg', 'aten::clamp_min',
-    'aten::reciprocal')
+    'aten::reciprocal', 'aten::abs')
 # No arithmetic (allocation), or activations, which mmengine and fvcore leave
 # out for every model alike.
 NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
-                   'aten::repeat', 'aten::repeat_interleave',
+                   'aten::eye', 'aten::where', 'aten::repeat', 'aten::repeat_interleave',
                    'aten::gelu', 'aten::silu', 'aten::relu', 'aten::relu_')
-REDUCTION_OPS = ('aten::sum', 'aten::linalg_vector_norm', 'aten::norm',
+REDUCTION_OPS = ('aten::sum', 'aten::amax', 'aten::linalg_vector_norm', 'aten::norm',
                  'aten::frobenius_norm', 'aten::mean')
 
 
