@@ -135,3 +135,26 @@ def test_closed_form_solver_is_fully_counted():
         assert not analyzer.unsupported_ops(), solver
     # One eigendecomposition (10/3 m^3) in place of 20 steps (40 m^3).
     assert totals['newton_closed_form'] < totals['newton']
+
+
+def test_bottleneck_pooling_tool_reports_grids_and_differences(tmp_path):
+    from mmsoft.models.backbones import SOFT
+    torch.manual_seed(0)
+    weights = tmp_path / 'soft_tiny.pth'
+    model = SOFT(arch='tiny')
+    model.init_weights()
+    torch.save(model.state_dict(), weights)
+    result_path = tmp_path / 'pooling.json'
+    done = subprocess.run(
+        [sys.executable, str(REPO / 'tools/analysis/bottleneck_pooling.py'),
+         '--arch', 'tiny', '--sizes', '64x64', '128x128', '--cap', '9',
+         '--checkpoint', str(weights), '--json', str(result_path)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    small, large = json.loads(result_path.read_text())['results']
+    # 64x64: 2x2 bottleneck grids in every stage, within the cap of 9.
+    assert small['grids'] == [[[2, 2], [2, 2]]] * 3
+    assert small['relative_difference'] == [0.0] * 4
+    # 128x128: 4x4 grids pooled to 3x3, which changes every stage's output.
+    assert large['grids'] == [[[4, 4], [3, 3]]] * 3
+    assert all(d > 1e-3 for d in large['relative_difference'])

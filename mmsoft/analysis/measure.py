@@ -132,6 +132,19 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
     return result
 
 
+def parse_size(text: str) -> Tuple[int, int]:
+    """``'800x1333'`` -> ``(800, 1333)``, for argparse's ``type=``.
+
+    Raises:
+        argparse.ArgumentTypeError: When ``text`` is not ``HxW``.
+    """
+    try:
+        height, width = (int(v) for v in text.lower().split('x'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'size {text!r} must look like 800x1333')
+    return height, width
+
+
 def main():
     """Worker entry point: measures one (spec, size) and prints JSON."""
     parser = argparse.ArgumentParser(description='Measure one backbone once.')
@@ -152,15 +165,3 @@ def main():
 if __name__ == '__main__':
     main()
 
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """``'800x1333'`` -> ``(800, 1333)``, for argparse's ``type=``.
-
-    Raises:
-        argparse.ArgumentTypeError: When ``text`` is not ``HxW``.
-    """
-    try:
-        height, width = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'size {text!r} must look like 800x1333')
-    return height, width

@@ -18,7 +18,7 @@ import time
 import torch
 
 from mmsoft.analysis.measure import parse_size
-from mmsoft.models.backbones import SOFT
+from mmsoft.models.backbones import SOFT, load_soft_checkpoint
 from mmsoft.models.layers import capped_grid_size
 
 
@@ -33,8 +33,8 @@ def parse_args():
                         default=[parse_size(s) for s in ('512x512', '512x683',
                                                          '800x1333')])
     parser.add_argument('--checkpoint',
-                        help='mmsoft-layout backbone weights (default: the '
-                        "backbone's own initialisation, seed 0)")
+                        help='mmsoft-layout backbone weights, loaded strictly '
+                        "(default: the backbone's own initialisation, seed 0)")
     parser.add_argument('--json', help='write the results to this file')
     return parser.parse_args()
 
@@ -63,7 +63,7 @@ def main():
                   drop_path_rate=0.)
     capped = SOFT(max_bottleneck_tokens=args.cap, **kwargs)
     if args.checkpoint:
-        capped.load_state_dict(torch.load(args.checkpoint, map_location='cpu'))
+        load_soft_checkpoint(capped, args.checkpoint)
     else:
         capped.init_weights()
     uncapped = SOFT(max_bottleneck_tokens=None, **kwargs)

@@ -40,6 +40,8 @@ import warnings
 
 import torch
 
+from ...utils import check_choice
+
 REGULARISER = 0.01
 VARIANTS = ('soft', 'soft++')
 SOLVERS = ('newton', 'newton_closed_form', 'exact')
@@ -289,9 +291,9 @@ def newton_divided_differences(eigvals: torch.Tensor, alpha: torch.Tensor,
     upper = torch.ones_like(is_close).triu_(1)
     index = (is_close & ~is_equal & upper).nonzero(as_tuple=True)
     if index[0].numel():
-        row, col = row.expand_as(gap)[index], col.expand_as(gap)[index]
+        first, second = row.expand_as(gap)[index], col.expand_as(gap)[index]
         pairs = newton_divided_difference_pairs(
-            torch.maximum(row, col), torch.minimum(row, col),
+            torch.maximum(first, second), torch.minimum(first, second),
             alpha.unsqueeze(-1).expand_as(gap)[index], num_iters)
         diff[index] = pairs
         diff[index[:-2] + (index[-1], index[-2])] = pairs
@@ -451,13 +453,9 @@ def check_kernel_inverse_options(variant: str, solver: str) -> str:
     Raises:
         ValueError: Naming the argument, its value and the accepted values.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f'variant={variant!r} is not supported; expected one of '
-                         f'{list(VARIANTS)}.')
+    check_choice('variant', variant, VARIANTS)
     solver = canonical_solver(solver)
-    if solver not in SOLVERS:
-        raise ValueError(f'solver={solver!r} is not supported; expected one of '
-                         f'{list(SOLVERS)}.')
+    check_choice('solver', solver, SOLVERS)
     return solver
 
 
