@@ -15,7 +15,7 @@ def repo_root() -> str:
 @pytest.fixture(scope='session')
 def small_coco(tmp_path_factory) -> str:
     """A generated COCO dataset: 16 train and 4 val images of 96x96 pixels."""
-    from mmsoft.datasets import generate_coco_demo
+    from mmsoft.demo_data import generate_coco_demo
     root = str(tmp_path_factory.mktemp('demo_coco'))
     generate_coco_demo(root, num_train=16, num_val=4, seed=1, img_size=(96, 96))
     return root
@@ -24,7 +24,7 @@ def small_coco(tmp_path_factory) -> str:
 @pytest.fixture(scope='session')
 def small_ade(tmp_path_factory) -> str:
     """A generated ADE20K-layout dataset: 12 training, 4 validation images."""
-    from mmsoft.datasets import generate_ade_demo
+    from mmsoft.demo_data import generate_ade_demo
     root = str(tmp_path_factory.mktemp('demo_ade'))
     generate_ade_demo(root, num_train=12, num_val=4, seed=2, img_size=(96, 128))
     return root

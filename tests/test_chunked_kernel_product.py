@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from mmsoft.models.layers import gaussian_kernel
-from mmsoft.models.layers.chunked_kernel_product import chunked_kernel_product
+from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
 
 
 def plain_product(queries, bottleneck, middle, values):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from pycocotools.coco import COCO
 
-from mmsoft.datasets import (DEFAULT_CLASSES, ade_metainfo, coco_metainfo,
+from mmsoft.demo_data import (DEFAULT_CLASSES, ade_metainfo, coco_metainfo,
                              generate_ade_demo, generate_coco_demo)
-from mmsoft.datasets.scenes import is_simple_region
+from mmsoft.demo_data.scenes import is_simple_region
 
 
 @pytest.fixture(scope='module')

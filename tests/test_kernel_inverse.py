@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
-from mmsoft.models.layers.kernel_inverse import (cholesky_regularised_inverse,
+from mmsoft.models.layers.soft.kernel_inverse import (cholesky_regularised_inverse,
                                                  newton_closed_form,
                                                  newton_divided_differences,
                                                  newton_iterations,

@@ -18,7 +18,7 @@ pytest.importorskip('onnx')
 from mmsoft.deployment import onnx_export  # noqa: E402
 from mmsoft.models.backbones import SOFT, UFOViT  # noqa: E402
 from mmsoft.models.layers import SoftAttention  # noqa: E402
-from mmsoft.models.layers.bottleneck_pool import (  # noqa: E402
+from mmsoft.models.layers.soft.bottleneck_pool import (  # noqa: E402
     cap_bottleneck_grid, capped_grid_size, traceable_cap_bottleneck_grid,
     traceable_capped_grid_size)
 

@@ -81,7 +81,7 @@ def test_bottleneck_cap_bounds_tokens_and_keeps_small_grids():
 
 
 def test_autocast_runs_kernel_in_float32(monkeypatch):
-    from mmsoft.models.layers import soft_attention
+    from mmsoft.models.layers.soft import soft_attention
     seen = []
     original = soft_attention.low_rank_kernel_attention
 

@@ -22,7 +22,7 @@ import mmsoft  # noqa: F401  (registers the backbones and heads)
 import mmsoft.classification  # noqa: F401  (classifier, data, metric)
 from mmsoft.classification import (ClsRandAugment, ClsRandomResizedCrop,
                                    ClsResizeShortEdge, mix_batch)
-from mmsoft.datasets.synthetic_classification import generate_classification_demo
+from mmsoft.demo_data.classification_generator import generate_classification_demo
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.backbones.ufo_vit import ARCH_SETTINGS
 from mmsoft.models.backbones.ufo_vit_convert import ufo_vit_cls_to_backbone

@@ -14,7 +14,7 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft.datasets import (DEFAULT_CLASSES, SHAPES,  # noqa: E402
+from mmsoft.demo_data import (DEFAULT_CLASSES, SHAPES,  # noqa: E402
                              generate_ade_demo, generate_coco_demo)
 
 

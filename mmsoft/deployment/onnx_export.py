@@ -12,7 +12,7 @@ What is exported is the function PyTorch computes, in operators ONNX has:
   exported unchunked: the same values, with the N x m kernel held whole.
 * The bottleneck cap (``max_bottleneck_tokens``) and the position-embedding
   resize follow the input size in the traced graph (see
-  :mod:`mmsoft.models.layers.bottleneck_pool` and
+  :mod:`mmsoft.models.layers.soft.bottleneck_pool` and
   :func:`mmsoft.models.layers.resize_pos_embed`).
 
 The graph is traced with PyTorch's TorchScript-based exporter

@@ -5,21 +5,9 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
-from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...utils import check_frozen_stages, check_image_batch
-
-
-def init_transformer_weights(module: nn.Module) -> None:
-    """Truncated-normal (std 0.02) Linear weights, zero biases, unit LayerNorms."""
-    if isinstance(module, nn.Linear):
-        trunc_normal_(module.weight, std=.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:

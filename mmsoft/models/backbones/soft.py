@@ -10,9 +10,10 @@ from mmengine.registry import MODELS
 from ...utils import (check_choice, check_divisible, check_lengths,
                       check_out_indices, check_positive_int, check_rate,
                       resolve_arch)
-from ..layers import ConvPatchEmbed, SoftBlock, SoftmaxBlock, resize_pos_embed
-from ..layers.kernel_inverse import SOLVERS, canonical_solver
-from .base import MultiStageBackbone, init_transformer_weights, tokens_to_map
+from ..layers import (ConvPatchEmbed, SoftBlock, SoftmaxBlock, init_transformer_weights,
+                      resize_pos_embed)
+from ..layers.soft.kernel_inverse import SOLVERS, canonical_solver
+from .base import MultiStageBackbone, tokens_to_map
 
 ARCH_SETTINGS = {
     'tiny': dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16],
@@ -71,7 +72,7 @@ class SOFT(MultiStageBackbone):
             SOFT, pseudo-inverse for SOFT++; a different function wherever
             the kernel is ill-conditioned). ``'cholesky'`` is the former
             name of ``'exact'`` (deprecated). See
-            :mod:`~mmsoft.models.layers.kernel_inverse`. Default: ``'newton'``.
+            :mod:`~mmsoft.models.layers.soft.kernel_inverse`. Default: ``'newton'``.
         newton_iters (int): Newton iterations of ``'newton'`` and
             ``'newton_closed_form'``. Default: 20.
         max_bottleneck_tokens (int, optional): Cap on bottleneck tokens per

@@ -8,8 +8,8 @@ from mmengine.registry import MODELS
 from ...utils import (check_divisible, check_out_indices, check_positive_int,
                       check_rate, resolve_arch)
 from ..layers import (ConvPatchEmbed, FeaturePyramidAdapter,
-                      FourierPositionEncoding, UFOBlock)
-from .base import MultiStageBackbone, init_transformer_weights, tokens_to_map
+                      FourierPositionEncoding, UFOBlock, init_transformer_weights)
+from .base import MultiStageBackbone, tokens_to_map
 
 # Sizes chosen so that Mask R-CNN + FPN (mmdet's mask-rcnn_r50_fpn_1x_coco
 # with this backbone and neck in_channels=[embed_dims] * 4) totals close to

@@ -11,8 +11,7 @@ from mmengine.registry import MODELS
 from mmengine.structures import BaseDataElement
 
 from ...utils import check_divisible, check_positive_int, check_rate
-from ..backbones.base import init_transformer_weights
-from ..layers import MLP
+from ..layers import MLP, init_transformer_weights
 
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,

@@ -1,17 +1,18 @@
-"""Building blocks of the backbones."""
-from .bottleneck_pool import cap_bottleneck_grid, capped_grid_size
-from .conv_stem import ConvPatchEmbed
-from .gaussian_kernel import gaussian_kernel
-from .kernel_inverse import kernel_inverse, solve_kernel_inverse
-from .mlp import MLP, TanhGELU
-from .position import FourierPositionEncoding, resize_pos_embed
-from .soft_attention import SoftAttention, low_rank_kernel_attention
-from .soft_block import SoftBlock
-from .softmax_block import GlobalSoftmaxAttention, SoftmaxBlock
-from .feature_pyramid import FeaturePyramidAdapter
-from .local_patch_interaction import LocalPatchInteraction
-from .ufo_attention import UFOAttention, ufo_attention, xnorm
-from .ufo_block import UFOBlock
+"""Building blocks of the backbones, by model.
+
+* :mod:`.shared`: what both backbones use (patch embedding, MLP, head
+  splitting, softmax attention, position-embedding resizing, weight init).
+* :mod:`.soft`: SOFT's Gaussian-kernel attention and its pieces.
+* :mod:`.ufo_vit`: UFO-ViT's XNorm attention and its pieces.
+"""
+from .shared import (MLP, ConvPatchEmbed, FeaturePyramidAdapter,
+                     GlobalSoftmaxAttention, SoftmaxBlock, TanhGELU,
+                     init_transformer_weights, resize_pos_embed)
+from .soft import (SoftAttention, SoftBlock, cap_bottleneck_grid, capped_grid_size,
+                   gaussian_kernel, kernel_inverse, low_rank_kernel_attention,
+                   solve_kernel_inverse)
+from .ufo_vit import (FourierPositionEncoding, LocalPatchInteraction,
+                      UFOAttention, UFOBlock, ufo_attention, xnorm)
 
 __all__ = [
     'cap_bottleneck_grid', 'capped_grid_size', 'ConvPatchEmbed', 'gaussian_kernel',
@@ -19,5 +20,5 @@ __all__ = [
     'FourierPositionEncoding', 'resize_pos_embed', 'SoftAttention',
     'low_rank_kernel_attention', 'SoftBlock', 'GlobalSoftmaxAttention',
     'SoftmaxBlock', 'FeaturePyramidAdapter', 'LocalPatchInteraction',
-    'UFOAttention', 'ufo_attention', 'xnorm', 'UFOBlock'
+    'UFOAttention', 'ufo_attention', 'xnorm', 'UFOBlock', 'init_transformer_weights'
 ]

@@ -40,7 +40,7 @@ import warnings
 
 import torch
 
-from ...utils import check_choice
+from ....utils import check_choice
 
 REGULARISER = 0.01
 VARIANTS = ('soft', 'soft++')

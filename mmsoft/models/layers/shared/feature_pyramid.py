@@ -4,7 +4,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ...utils import check_out_indices, check_positive_int
+from ....utils import check_out_indices, check_positive_int
 
 NUM_SCALES = 4
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 
-from .mlp import MLP, TanhGELU
+from ..shared.mlp import MLP, TanhGELU
 from .soft_attention import SoftAttention
 
 

@@ -6,7 +6,7 @@ import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 
 from .local_patch_interaction import LocalPatchInteraction
-from .mlp import MLP
+from ..shared.mlp import MLP
 from .ufo_attention import UFOAttention
 
 

@@ -4,7 +4,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
 
-from .heads import merge_heads, split_heads
+from .attention_heads import merge_heads, split_heads
 from .mlp import MLP
 
 

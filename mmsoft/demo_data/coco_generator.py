@@ -93,11 +93,11 @@ def generate_coco_split(root: str,
         num_images (int): Number of images.
         seed (int): Seed of this split's random generator.
         classes (Sequence[str]): Shape names (keys of
-            :data:`~mmsoft.datasets.scenes.SHAPES`), category ids 1..K.
+            :data:`~mmsoft.demo_data.scenes.SHAPES`), category ids 1..K.
         img_size (tuple[int, int]): (height, width).
         first_image_id (int): Id of the first image (ids are unique across
             splits when the caller offsets them).
-        **scene_kwargs: Passed to :func:`~mmsoft.datasets.scenes.render_scene`.
+        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
 
     Returns:
         dict: ``images`` and ``annotations`` counts.
@@ -156,9 +156,9 @@ def generate_coco_demo(root: str,
         num_val (int): Validation images. Default: 100.
         seed (int): Random seed. Default: 0.
         classes (Sequence[str]): Shape classes. Default:
-            :data:`~mmsoft.datasets.scenes.DEFAULT_CLASSES`.
+            :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
         img_size (tuple[int, int]): (height, width). Default: (160, 160).
-        **scene_kwargs: Passed to :func:`~mmsoft.datasets.scenes.render_scene`.
+        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
 
     Returns:
         dict: Per split, the ``images`` and ``annotations`` counts.

@@ -1,7 +1,7 @@
 """A generated image-classification dataset in the ImageNet folder layout.
 
 Every image shows one shape (a class of
-:data:`~mmsoft.datasets.scenes.SHAPES`) on a textured, noisy background; the
+:data:`~mmsoft.demo_data.scenes.SHAPES`) on a textured, noisy background; the
 class is told by the outline only (colour, shading and size are random and
 independent of it). Layout under ``root``::
 
@@ -42,7 +42,7 @@ def render_shape_image(rng: np.random.Generator, height: int, width: int,
         rng (np.random.Generator): Source of randomness.
         height (int): Image height.
         width (int): Image width.
-        shape (str): A key of :data:`~mmsoft.datasets.scenes.SHAPES`.
+        shape (str): A key of :data:`~mmsoft.demo_data.scenes.SHAPES`.
         size_range (tuple[float, float]): Range of the shape's diameter as a
             fraction of the shorter side. Default: (0.45, 0.85).
 
@@ -115,7 +115,7 @@ def generate_classification_demo(root: str,
         seed (int): Random seed. Default: 0.
         classes (Sequence[str]): At least 3 distinct shape names; they are
             sorted (label order = folder order). Default:
-            :data:`~mmsoft.datasets.scenes.DEFAULT_CLASSES`.
+            :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
         img_size (tuple[int, int]): (height, width), each >= 32.
             Default: (64, 64).
         **shape_kwargs: Passed to :func:`render_shape_image`

@@ -4,7 +4,7 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
-from ...utils import check_positive_int
+from ....utils import check_positive_int
 
 
 class LocalPatchInteraction(nn.Module):

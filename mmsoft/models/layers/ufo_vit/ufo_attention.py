@@ -5,9 +5,9 @@ import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 
-from ...utils import check_divisible, check_positive_int
-from .heads import merge_heads, split_heads
-from .precision import full_precision
+from ....utils import check_divisible, check_positive_int
+from ..shared.attention_heads import merge_heads, split_heads
+from ..shared.precision import full_precision
 
 
 def xnorm(x: torch.Tensor, gamma: torch.Tensor, dim: int,

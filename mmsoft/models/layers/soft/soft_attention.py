@@ -10,8 +10,8 @@ from .bottleneck_pool import cap_bottleneck_grid
 from .chunked_kernel_product import chunked_kernel_product
 from .gaussian_kernel import gaussian_kernel
 from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
-from .heads import merge_heads, split_heads
-from .precision import full_precision
+from ..shared.attention_heads import merge_heads, split_heads
+from ..shared.precision import full_precision
 
 
 def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,

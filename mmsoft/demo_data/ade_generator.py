@@ -45,7 +45,7 @@ def generate_ade_split(root: str,
         seed (int): Seed of this split's random generator.
         classes (Sequence[str]): Shape names, label values 2..K+1.
         img_size (tuple[int, int]): (height, width).
-        **scene_kwargs: Passed to :func:`~mmsoft.datasets.scenes.render_scene`.
+        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
 
     Returns:
         dict: ``images`` count and ``pixels`` per label value.
@@ -91,9 +91,9 @@ def generate_ade_demo(root: str,
         num_val (int): Validation images. Default: 100.
         seed (int): Random seed. Default: 0.
         classes (Sequence[str]): Shape classes. Default:
-            :data:`~mmsoft.datasets.scenes.DEFAULT_CLASSES`.
+            :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
         img_size (tuple[int, int]): (height, width). Default: (160, 160).
-        **scene_kwargs: Passed to :func:`~mmsoft.datasets.scenes.render_scene`.
+        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
 
     Returns:
         dict: Per split, the ``images`` count and ``pixels`` per label value.
