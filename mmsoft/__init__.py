@@ -4,11 +4,11 @@ Importing the package registers the backbones in mmengine's root ``MODELS``
 registry, where both mmdet (``default_scope='mmdet'``) and mmseg
 (``default_scope='mmseg'``) configs find them. It also allow-lists the globals
 of mmengine training checkpoints for ``torch.load(weights_only=True)``, for
-the whole process, through :func:`~mmsoft.utils.allow_mmengine_checkpoint_globals`
-(:mod:`mmsoft.utils.checkpoint_safety`).
+the whole process, through :func:`~mmsoft.checkpoint.allow_mmengine_checkpoint_globals`
+(:mod:`mmsoft.checkpoint.safe_load`).
 """
 from .models import *  # noqa: F401,F403
-from .utils.checkpoint_safety import allow_mmengine_checkpoint_globals
+from .checkpoint.safe_load import allow_mmengine_checkpoint_globals
 from .version import __version__
 
 # mmengine checkpoints (message hub, numpy scalars) load with torch.load's

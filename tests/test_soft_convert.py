@@ -13,9 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmsoft.models.backbones import SOFT, load_soft_checkpoint, soft_official_to_mmsoft
+from mmsoft.checkpoint import load_soft_checkpoint, soft_official_to_mmsoft
+from mmsoft.models.backbones import SOFT
 from mmsoft.models.backbones.soft import ARCH_SETTINGS
-from mmsoft.models.backbones.soft_convert import (attention_hint,
+from mmsoft.checkpoint.soft_official import (attention_hint,
                                                   expected_soft_shapes,
                                                   rename_official_key)
 

@@ -22,6 +22,8 @@ import time
 import pytest
 import torch
 
+from mmsoft.checkpoint import check_checkpoint_fits
+
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')
 SEG_CONFIG = osp.join(REPO, 'configs/demo/upernet_soft-tiny_demo.py')
@@ -114,7 +116,7 @@ def test_checkpoint_loads_with_weights_only(trained):
     assert {'mmengine.logging.history_buffer.HistoryBuffer', 'numpy.ndarray',
             'builtins.getattr'} <= needed
     import mmsoft  # noqa: F401
-    from mmsoft.utils.checkpoint_safety import checkpoint_safe_globals
+    from mmsoft.checkpoint.safe_load import checkpoint_safe_globals
     names = {entry[1] if isinstance(entry, tuple) else
              f'{entry.__module__}.{entry.__qualname__}'
              for entry in checkpoint_safe_globals()}
@@ -318,7 +320,7 @@ def test_foreign_checkpoints(detector, tmp_path):
                                'fc.weight': torch.zeros(10, 2048)}}, other)
     with pytest.raises(ValueError, match=re.escape(
             f'checkpoint file {other} does not fit the model of demo.py: only 0 of')):
-        tool.check_checkpoint(str(other), detector, 'demo.py')
+        check_checkpoint_fits(str(other), detector, 'demo.py')
 
     class Payload:
         def __reduce__(self):
@@ -328,15 +330,15 @@ def test_foreign_checkpoints(detector, tmp_path):
     torch.save({'state_dict': Payload()}, unsafe)
     with pytest.raises(ValueError, match=re.escape(
             f'checkpoint file {unsafe} contains objects outside the allow-list')):
-        tool.check_checkpoint(str(unsafe), detector, 'demo.py')
+        check_checkpoint_fits(str(unsafe), detector, 'demo.py')
 
     text = tmp_path / 'notes.pth'
     text.write_text(json.dumps({'not': 'a checkpoint'}))
     with pytest.raises(ValueError, match=re.escape(f'checkpoint file {text}')):
-        tool.check_checkpoint(str(text), detector, 'demo.py')
+        check_checkpoint_fits(str(text), detector, 'demo.py')
     with pytest.raises(FileNotFoundError, match='checkpoint file not found'):
-        tool.check_checkpoint(str(tmp_path / 'absent.pth'), detector, 'demo.py')
+        check_checkpoint_fits(str(tmp_path / 'absent.pth'), detector, 'demo.py')
 
     own = tmp_path / 'own.pth'
     torch.save({'state_dict': detector.state_dict()}, own)
-    tool.check_checkpoint(str(own), detector, 'demo.py')  # fits: no error
+    check_checkpoint_fits(str(own), detector, 'demo.py')  # fits: no error

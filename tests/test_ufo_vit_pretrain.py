@@ -19,14 +19,14 @@ from mmengine.registry import DATASETS, MODELS
 from mmengine.structures import BaseDataElement
 
 import mmsoft  # noqa: F401  (registers the backbones and heads)
-import mmsoft.classification  # noqa: F401  (classifier, data, metric)
-from mmsoft.classification import (ClsRandAugment, ClsRandomResizedCrop,
+import mmsoft.pretrain  # noqa: F401  (classifier, data, metric)
+from mmsoft.pretrain import (ClsRandAugment, ClsRandomResizedCrop,
                                    ClsResizeShortEdge, mix_batch)
-from mmsoft.demo_data.classification_generator import generate_classification_demo
+from mmsoft.pretrain.demo_data import generate_classification_demo
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.backbones.ufo_vit import ARCH_SETTINGS
-from mmsoft.models.backbones.ufo_vit_convert import ufo_vit_cls_to_backbone
-from mmsoft.models.heads import ClassAttentionHead, soft_cross_entropy
+from mmsoft.pretrain.cls_to_backbone import ufo_vit_cls_to_backbone
+from mmsoft.pretrain.head import ClassAttentionHead, soft_cross_entropy
 from mmsoft.testing import backbone_grad_norm, build_mask_rcnn, detector_train_step
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))

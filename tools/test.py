@@ -25,7 +25,7 @@ from typing import List, Optional
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 
 from train import (activate_checkpoint_allow_list, build_runner,  # noqa: E402
-                   check_checkpoint, check_dataset_paths, library_of,
+                   check_checkpoint_fits, check_dataset_paths, library_of,
                    load_config, parse_with_launcher, set_work_dir,
                    setup_cpu_distributed)
 from mmengine.config import Config, DictAction  # noqa: E402
@@ -99,7 +99,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     setup_cpu_distributed(cfg)
     runner = build_runner(cfg, args.config)
     activate_checkpoint_allow_list()
-    check_checkpoint(args.checkpoint, runner.model, args.config)
+    check_checkpoint_fits(args.checkpoint, runner.model, args.config)
     if args.out and library == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(

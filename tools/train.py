@@ -14,7 +14,7 @@ are checked and a missing data root or annotation file is reported by name.
 A model type missing from the registry is reported with the hint to import
 mmsoft. Checkpoints are loaded with ``torch.load(weights_only=True)``; the few
 globals of mmengine checkpoints are allow-listed by
-:mod:`mmsoft.utils.checkpoint_safety`.
+:mod:`mmsoft.checkpoint.safe_load`.
 
 ``--resume`` without a path resumes from the latest checkpoint in the work
 directory (if any); with a path, from that checkpoint. The iteration and
@@ -36,6 +36,8 @@ if REPO_ROOT not in sys.path:
 
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.logging import print_log  # noqa: E402
+
+from mmsoft.checkpoint.model_fit import check_checkpoint_fits  # noqa: E402
 
 #: Libraries the tools run, by ``default_scope``.
 LIBRARIES = ('mmdet', 'mmseg', 'mmengine')
@@ -281,50 +283,8 @@ def activate_checkpoint_allow_list() -> None:
     Importing mmsoft does it; the tools call this after the runner is built,
     so that model registration still comes only from the config.
     """
-    from mmsoft.utils import allow_mmengine_checkpoint_globals
+    from mmsoft.checkpoint import allow_mmengine_checkpoint_globals
     allow_mmengine_checkpoint_globals()
-
-
-def unwrap_model(model):
-    """The model inside DDP-like wrappers."""
-    return model.module if hasattr(model, 'module') else model
-
-
-def check_checkpoint(path: str, model, config_path: str,
-                     min_match: float = 0.5) -> None:
-    """Checks that ``path`` loads and that its weights fit ``model``.
-
-    Args:
-        path (str): Checkpoint file.
-        model (nn.Module): The built model.
-        config_path (str): Named in the messages.
-        min_match (float): Least fraction of the model's tensors that must be
-            found in the checkpoint by name and shape. Default: 0.5.
-
-    Raises:
-        FileNotFoundError: The file does not exist.
-        ValueError: The file is truncated, corrupt, not a checkpoint, holds
-            objects outside the allow-list, or its weights belong to another
-            model; the message names the file and the reason.
-    """
-    from mmsoft.utils import load_state_dict_safely
-    state_dict = load_state_dict_safely(path)
-    state_dict = {re.sub(r'^module\.', '', k): v for k, v in state_dict.items()}
-    expected = unwrap_model(model).state_dict()
-    matched = [k for k, v in expected.items()
-               if k in state_dict and tuple(state_dict[k].shape) == tuple(v.shape)]
-    if len(matched) < min_match * len(expected):
-        missing = [k for k in expected if k not in state_dict][:3]
-        unexpected = [k for k in state_dict if k not in expected][:3]
-        reshaped = [f'{k} {tuple(state_dict[k].shape)} vs {tuple(v.shape)}'
-                    for k, v in expected.items()
-                    if k in state_dict and k not in matched][:3]
-        raise ValueError(
-            f'checkpoint file {path} does not fit the model of {config_path}: '
-            f'only {len(matched)} of {len(expected)} weight tensors match by name '
-            f'and shape (missing e.g. {missing}; unexpected e.g. {unexpected}; '
-            f'shape mismatches e.g. {reshaped}); is it a checkpoint of another '
-            f'model?')
 
 
 # ----------------------------------------------------------------- main ---
@@ -390,7 +350,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     activate_checkpoint_allow_list()
     checkpoint = resume_checkpoint(cfg)
     if checkpoint:
-        check_checkpoint(checkpoint, runner.model, args.config)
+        check_checkpoint_fits(checkpoint, runner.model, args.config)
     runner.train()
 
 

@@ -90,7 +90,7 @@ def load_feature_weights(model: FeatureMaps, checkpoint: str) -> None:
     Raises:
         ValueError: A weight of ``model`` is missing or has another shape.
     """
-    from ..utils import load_state_dict_safely
+    from ..checkpoint import load_state_dict_safely
     state = load_state_dict_safely(checkpoint)
     if not any(key.startswith('backbone.') for key in state):
         state = {f'backbone.{key}': value for key, value in state.items()}

@@ -1,3 +1,2 @@
 """Models: backbones, their layers and classification heads."""
 from .backbones import *  # noqa: F401,F403
-from .heads import *  # noqa: F401,F403

@@ -18,7 +18,8 @@ import time
 import torch
 
 from mmsoft.analysis.measure import parse_size
-from mmsoft.models.backbones import SOFT, load_soft_checkpoint
+from mmsoft.checkpoint import load_soft_checkpoint
+from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import capped_grid_size
 
 

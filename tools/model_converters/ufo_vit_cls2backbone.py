@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from mmsoft.models.backbones.soft_convert import load_checkpoint_file  # noqa: E402
-from mmsoft.models.backbones.ufo_vit_convert import (  # noqa: E402
+from mmsoft.checkpoint.soft_official import load_checkpoint_file  # noqa: E402
+from mmsoft.pretrain.cls_to_backbone import (  # noqa: E402
     backbone_checkpoint, ufo_vit_cls_to_backbone)
-from mmsoft.utils import allow_mmengine_checkpoint_globals  # noqa: E402
+from mmsoft.checkpoint import allow_mmengine_checkpoint_globals  # noqa: E402
 from mmsoft.version import __version__  # noqa: E402
 
 

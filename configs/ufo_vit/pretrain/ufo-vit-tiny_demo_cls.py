@@ -9,7 +9,7 @@ at magnitude 5 instead of 9), batch 32, 8 epochs (about 2.5 minutes on
 transformer from scratch on 400 images leave the validation accuracy near
 chance (25%); the training loss only starts to fall below ln(4). Data::
 
-    python -c "from mmsoft.demo_data.classification_generator import \
+    python -c "from mmsoft.pretrain.demo_data import \
 generate_classification_demo as g; g('data/demo_cls')"
 """
 _base_ = './_base_/ufo-vit_8xb128-300e_in1k.py'

@@ -101,7 +101,7 @@ class SOFT(MultiStageBackbone):
         convert_weights (bool): ``init_cfg=dict(type='Pretrained',
             checkpoint=...)`` names a reference (official) SOFT / SOFT++
             ImageNet checkpoint, converted while loading (see
-            :mod:`~mmsoft.models.backbones.soft_convert`). Default: False.
+            :mod:`~mmsoft.checkpoint.soft_official`). Default: False.
         init_cfg (dict, optional): Initialization config. With
             ``type='Pretrained'`` the checkpoint (optionally only the entries
             under ``prefix``) is loaded strictly: position embeddings learned
@@ -210,7 +210,7 @@ class SOFT(MultiStageBackbone):
         trunc_normal_(self.cls_token, std=.02)
         self.apply(init_transformer_weights)
 
-    # --- checkpoint loading (see soft_convert.py) ---
+    # --- checkpoint loading (see mmsoft/checkpoint/soft_official.py) ---
     def init_weights(self) -> None:
         """Loads a ``Pretrained`` ``init_cfg`` strictly (converting reference
         checkpoints when ``convert_weights``); otherwise as the base class."""
@@ -218,8 +218,8 @@ class SOFT(MultiStageBackbone):
         if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
             super().init_weights()
             return
-        # Imported here: soft_convert reads this module's arch table.
-        from .soft_convert import load_soft_checkpoint
+        # Imported here: soft_official reads this module's arch table.
+        from ...checkpoint.soft_official import load_soft_checkpoint
         load_soft_checkpoint(self, cfg['checkpoint'],
                              convert_weights=self.convert_weights,
                              prefix=cfg.get('prefix'),

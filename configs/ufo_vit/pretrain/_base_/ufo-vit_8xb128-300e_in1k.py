@@ -28,7 +28,7 @@
 # builds that fail to import against the CPU torch; an unpinned torchvision
 # replaces torch by a CUDA build.
 default_scope = 'mmengine'
-custom_imports = dict(imports=['mmsoft', 'mmsoft.classification'],
+custom_imports = dict(imports=['mmsoft', 'mmsoft.pretrain'],
                       allow_failed_imports=False)
 
 model = dict(

@@ -26,8 +26,8 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from .soft_convert import unwrap_state_dict
-from .ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES, UFOViT
+from ..checkpoint.soft_official import unwrap_state_dict
+from ..models.backbones.ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES, UFOViT
 
 StateDict = Dict[str, torch.Tensor]
 

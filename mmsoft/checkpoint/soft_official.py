@@ -41,8 +41,8 @@ import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ..layers import resize_pos_embed
-from .soft import ARCH_DEFAULTS, ARCH_SETTINGS, ATTENTIONS, NUM_STAGES
+from ..models.layers import resize_pos_embed
+from ..models.backbones.soft import ARCH_DEFAULTS, ARCH_SETTINGS, ATTENTIONS, NUM_STAGES
 
 StateDict = Dict[str, torch.Tensor]
 

@@ -3,10 +3,10 @@
 Pre-trains the mmsoft backbones (UFO-ViT has no public weights) with the DeiT
 recipe. Everything is registered in mmengine's root registries, so configs
 with ``default_scope = 'mmengine'`` and ``custom_imports = dict(imports=
-['mmsoft', 'mmsoft.classification'])`` build it with mmengine's ``Runner``:
+['mmsoft', 'mmsoft.pretrain'])`` build it with mmengine's ``Runner``:
 
 * :class:`BackboneClassifier` (``MODELS``): backbone + head, e.g.
-  :class:`~mmsoft.models.heads.ClassAttentionHead`;
+  :class:`~mmsoft.pretrain.ClassAttentionHead`;
 * :class:`ClassificationDataPreprocessor` (``MODELS``): normalisation,
   random erasing, Mixup/CutMix;
 * :class:`ImageFolderDataset` (``DATASETS``): ImageNet folder layout or
@@ -25,6 +25,9 @@ from .classifier import BackboneClassifier
 from .data_preprocessor import ClassificationDataPreprocessor, mix_batch
 from .datasets import ImageFolderDataset, find_images, read_class_names
 from .metrics import ClassificationAccuracy
+from .cls_to_backbone import ufo_vit_cls_to_backbone
+from .demo_data import generate_classification_demo
+from .head import ClassAttentionHead, soft_cross_entropy, topk_accuracy
 from .transforms import (ClsRandAugment, ClsRandomResizedCrop, ClsResizeShortEdge,
                          PackClsInputs)
 
@@ -32,5 +35,7 @@ __all__ = [
     'BackboneClassifier', 'ClassificationDataPreprocessor', 'mix_batch',
     'ImageFolderDataset', 'find_images', 'read_class_names',
     'ClassificationAccuracy', 'ClsRandAugment', 'ClsRandomResizedCrop',
-    'ClsResizeShortEdge', 'PackClsInputs'
+    'ClsResizeShortEdge', 'PackClsInputs', 'ufo_vit_cls_to_backbone',
+    'generate_classification_demo', 'ClassAttentionHead', 'soft_cross_entropy',
+    'topk_accuracy'
 ]

@@ -5,7 +5,7 @@ import torch
 from mmengine.evaluator import BaseMetric
 from mmengine.registry import METRICS
 
-from ..models.heads import topk_accuracy
+from .head import topk_accuracy
 
 
 @METRICS.register_module()

@@ -10,7 +10,7 @@ independent of it). Layout under ``root``::
     meta/train.txt, meta/val.txt     "<class>/<file> <label>" lines
     meta/classes.txt                 class names, one per line, label order
 
-which is what ``ImageFolderDataset`` (``mmsoft.classification``) and
+which is what ``ImageFolderDataset`` (``mmsoft.pretrain``) and
 mmpretrain's ``ImageNet``/``CustomDataset`` read, either from the class
 folders or from the list files. Classes are balanced (image ``i`` of a split
 has label ``i mod K``); class names are sorted so that the folder order and
@@ -24,7 +24,7 @@ from typing import Dict, Sequence, Tuple
 import cv2
 import numpy as np
 
-from .scenes import (DEFAULT_CLASSES, SHAPES, check_classes, render_scene,
+from ..demo_data.scenes import (DEFAULT_CLASSES, SHAPES, check_classes, render_scene,
                      split_seeds)
 
 #: Folders and files written under ``root``.

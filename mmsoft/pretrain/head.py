@@ -10,8 +10,8 @@ from mmengine.model.weight_init import trunc_normal_
 from mmengine.registry import MODELS
 from mmengine.structures import BaseDataElement
 
-from ...utils import check_divisible, check_positive_int, check_rate
-from ..layers import MLP, init_transformer_weights
+from ..utils import check_divisible, check_positive_int, check_rate
+from ..models.layers import MLP, init_transformer_weights
 
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
