@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 .PHONY: install demo test clean-venv
 
 $(STAMP): requirements/build.txt requirements/mmcv.txt requirements/runtime.txt \
-		requirements/tests.txt requirements/deploy.txt setup.cfg tools/install_env.sh
+		requirements/tests.txt requirements/deploy.txt requirements/mim.txt \
+		setup.cfg tools/install_env.sh
 	bash tools/install_env.sh $(VENV)
 	touch $(STAMP)
 

@@ -6,7 +6,6 @@ metafiles, and the smallest detector of each family takes a training step.
 Each model is built once (module-scoped cache), without the Pretrained
 checkpoint, and parameters are counted without running a forward pass.
 """
-import copy
 import functools
 import glob
 import os.path as osp
@@ -18,6 +17,8 @@ import yaml
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmsoft.apis import build_in_scope
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 FAMILIES = ('soft', 'ufo_vit')
@@ -97,26 +98,6 @@ def backbone_channels(backbone: torch.nn.Module):
     return list(dims) if isinstance(dims, (list, tuple)) else [dims] * 4
 
 
-def build_in_scope(cfg: Config) -> torch.nn.Module:
-    """The config's model from its own registry, without the checkpoint."""
-    scope = cfg.default_scope
-    if scope == 'mmdet':
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-        register_all_modules(init_default_scope=False)
-    elif scope == 'mmseg':
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-        register_all_modules(init_default_scope=False)
-    else:
-        from mmengine.registry import MODELS
-    model_cfg = copy.deepcopy(cfg.model)
-    if 'backbone' in model_cfg:
-        model_cfg.backbone.init_cfg = None
-    with DefaultScope.overwrite_default_scope(scope):
-        return MODELS.build(model_cfg)
-
-
 @pytest.fixture(scope='module')
 def built():
     """``built(path) -> (cfg, model)``, each config's model built once."""
@@ -124,7 +105,9 @@ def built():
 
     def get(path):
         if path not in cache:
-            cache[path] = build_in_scope(load(path))
+            cfg = load(path)
+            cache[path] = build_in_scope(cfg.default_scope, cfg.model,
+                                         pretrained=False)
         return load(path), cache[path]
 
     return get

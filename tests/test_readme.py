@@ -500,3 +500,29 @@ def test_launchers_find_the_checkout_venv(section_runs):
     for record in launched:
         assert not record['python_set']
         assert record['returncode'] == 0, record['output'][-3000:]
+
+
+def _layout_table() -> Dict[str, str]:
+    """The README's "Where things live" table: path -> description."""
+    with open(README) as readme:
+        text = readme.read()
+    section = text.split('## Where things live\n', 1)[1].split('\n## ', 1)[0]
+    return dict(re.findall(r'^\| `([^`]+)` \| (.+) \|$', section, re.MULTILINE))
+
+
+def test_layout_table_matches_the_tree():
+    table = _layout_table()
+    assert table, 'README has no "Where things live" table'
+    missing = [path for path in table if not osp.exists(osp.join(REPO, path))]
+    assert not missing, f'README names paths that do not exist: {missing}'
+    # Every package of mmsoft below the top level is described, at the depth
+    # the table uses (mmsoft/<pkg>/, mmsoft/models/<pkg>/<model>/).
+    packages = set()
+    for root, dirs, files in os.walk(osp.join(REPO, 'mmsoft')):
+        dirs[:] = [d for d in dirs if d != '__pycache__']
+        rel = osp.relpath(root, REPO) + '/'
+        if '__init__.py' in files and rel.count('/') >= 2 and rel not in (
+                'mmsoft/models/', 'mmsoft/models/layers/'):
+            packages.add(rel)
+    undescribed = sorted(packages - set(table))
+    assert not undescribed, f'packages missing from the README table: {undescribed}'

@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from mmsoft.checkpoint import load_soft_checkpoint, soft_official_to_mmsoft
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.backbones.soft import ARCH_SETTINGS
-from mmsoft.checkpoint.soft_official import (attention_hint,
-                                                  expected_soft_shapes,
-                                                  rename_official_key)
+from mmsoft.checkpoint.soft_official import (attention_hint, rename_official_key,
+                                             soft_state_layout)
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
@@ -181,8 +180,8 @@ def test_refuses_foreign_keys(official_tiny):
 def test_refuses_missing_and_inconsistent_tensors(official_tiny):
     incomplete = dict(official_tiny)
     del incomplete['block2.1.att.norm1.weight']
-    with pytest.raises(ValueError,
-                       match=r'lacks 1 tensors.*stages\.1\.1\.norm1\.weight'):
+    with pytest.raises(ValueError, match=r'does not fit the detected architecture'
+                       r'.*: missing keys: stages\.1\.1\.norm1\.weight\.'):
         soft_official_to_mmsoft(incomplete)
     wrong = dict(official_tiny)
     wrong['block3.1.att.mha.W_v.weight'] = torch.zeros(320, 64)
@@ -232,14 +231,12 @@ def test_unnamed_arch_is_reported():
     assert info['arch_settings']['num_heads'] == [2, 4, 10, None]
 
 
-@pytest.mark.parametrize('arch', ['tiny', 'medium'])
-def test_expected_shapes_match_the_backbone(arch):
-    settings = dict(ARCH_SETTINGS[arch], sr_ratios=[8, 4, 2],
-                    local_kernel_sizes=[9, 5, 3], mlp_ratios=[4, 4, 4, 4],
-                    stem_channels=32, in_channels=3, pretrain_img_size=224)
-    shapes = expected_soft_shapes(settings)
-    model_shapes = {k: v.shape for k, v in SOFT(arch=arch).state_dict().items()}
-    assert shapes == model_shapes
+def test_detected_settings_rebuild_the_backbone(official_tiny):
+    # The layout the conversion is checked against is that of SOFT-tiny.
+    _, info = soft_official_to_mmsoft(official_tiny)
+    layout = soft_state_layout(info['arch_settings'])
+    model_shapes = {k: v.shape for k, v in SOFT(arch='tiny').state_dict().items()}
+    assert {k: v.shape for k, v in layout.items()} == model_shapes
 
 
 # --------------------------------------------------------------------------
@@ -407,7 +404,7 @@ def test_shape_mismatch_names_key_and_shapes(official_tiny, tmp_path):
     torch.save({'state_dict': weights}, path)
     model = SOFT(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     with pytest.raises(ValueError, match=r'stages\.1\.0\.attn\.q_proj\.weight: '
-                       r'checkpoint \(128, 64\), model \(128, 128\)'):
+                       r'\(128, 64\) \(expected \(128, 128\)\)'):
         model.init_weights()
 
     # Another arch: every differing tensor is named.
@@ -418,7 +415,7 @@ def test_shape_mismatch_names_key_and_shapes(official_tiny, tmp_path):
                  init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     with pytest.raises(ValueError) as err:
         model.init_weights()
-    assert 'stages.2.0.attn.q_proj.weight: checkpoint (320, 320), model (288, 288)' \
+    assert 'stages.2.0.attn.q_proj.weight: (320, 320) (expected (288, 288))' \
         in str(err.value)
 
 
@@ -428,8 +425,9 @@ def test_pos_embed_of_other_width_is_a_mismatch(official_tiny, tmp_path):
     path = tmp_path / 'bad_pos.pth'
     torch.save(weights, path)
     model = SOFT(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    with pytest.raises(ValueError, match=r'pos_embeds\.1: checkpoint \(1, 784, 96\), '
-                       r'model \(1, 784, 128\)'):
+    with pytest.raises(ValueError, match=r'pos_embeds\.1: \(1, 784, 96\) '
+                       r'\(expected \(1, 784, 128\)\).*resized only from a square '
+                       r'grid of the same width'):
         model.init_weights()
 
 

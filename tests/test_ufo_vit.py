@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from mmengine.registry import MODELS
 
 import mmsoft  # noqa: F401  (registers the backbones)
+from mmsoft.apis import build_in_scope
 from mmsoft.models.backbones import UFOViT
 from mmsoft.models.layers import (FeaturePyramidAdapter, LocalPatchInteraction,
                                   UFOAttention, UFOBlock, ufo_attention, xnorm)
@@ -424,13 +425,6 @@ def mask_rcnn_config(arch: str):
         MASK_RCNN_CONFIG.format(arch=arch, dims=ARCH_DIMS[arch]), '.py')
 
 
-def build_in_scope(scope: str, model_cfg):
-    """Builds ``model_cfg`` from ``scope``'s registry with that default scope."""
-    from mmengine.registry import DefaultScope
-    with DefaultScope.overwrite_default_scope(scope):
-        return MODELS.build(model_cfg)
-
-
 def backbone_grads(backbone: UFOViT):
     """Gradient magnitudes of the first stem conv and the last block's QKV."""
     return (backbone.patch_embed.proj[0].weight.grad.abs().sum().item(),
@@ -531,3 +525,80 @@ def test_upernet_train_step_and_predict():
         assert result.pred_sem_seg.data.shape == (1, 64, 64)
         assert result.seg_logits.data.shape == (19, 64, 64)
         assert torch.isfinite(result.seg_logits.data).all()
+
+
+# --------------------------------------------------------------------------
+# init_cfg=dict(type='Pretrained'): strict loading
+# --------------------------------------------------------------------------
+def _classifier_backbone_state() -> dict:
+    """A backbone checkpoint as a classifier gives it: random tensors of
+    MINI_ARCH without the stride-4/8 resampling branches."""
+    gen = torch.Generator().manual_seed(11)
+    return {k: torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+            for k, v in UFOViT(arch=MINI_ARCH).state_dict().items()
+            if not k.startswith(('pyramid.branches.0.', 'pyramid.branches.1.'))}
+
+
+def _pretrained(path, **init_cfg) -> UFOViT:
+    return UFOViT(arch=MINI_ARCH, init_cfg=dict(type='Pretrained',
+                                                checkpoint=str(path), **init_cfg))
+
+
+@pytest.mark.parametrize('layout', ['bare', 'state_dict', 'backbone.', 'module.'])
+def test_pretrained_backbone_checkpoint_loads(layout, tmp_path):
+    weights = _classifier_backbone_state()
+    if layout == 'bare':
+        saved = weights
+    else:
+        prefix = layout if layout.endswith('.') else ''
+        saved = {'state_dict': {prefix + k: v for k, v in weights.items()}}
+    torch.save(saved, tmp_path / 'backbone.pth')
+    model = _pretrained(tmp_path / 'backbone.pth')
+    initial = copy.deepcopy(model.pyramid.branches['0'].state_dict())
+    model.init_weights()
+    state = model.state_dict()
+    for key, value in weights.items():
+        assert torch.equal(state[key], value), key
+    # The untrained output branches keep their initial values.
+    for key, value in model.pyramid.branches['0'].state_dict().items():
+        assert torch.equal(value, initial[key]), key
+
+
+def test_pretrained_detector_checkpoint_needs_its_prefix(tmp_path):
+    weights = _classifier_backbone_state()
+    detector = {f'backbone.{k}': v for k, v in weights.items()}
+    detector['neck.conv.weight'] = torch.zeros(4, 32, 1, 1)
+    path = tmp_path / 'mask-rcnn.pth'
+    torch.save({'state_dict': detector, 'meta': dict(epoch=12)}, path)
+    model = _pretrained(path, prefix='backbone.')
+    model.init_weights()
+    assert torch.equal(model.blocks[3].gamma1, weights['blocks.3.gamma1'])
+    with pytest.raises(ValueError, match=r'does not fit the UFOViT backbone: '
+                       r'unexpected keys: neck\.conv\.weight\.'):
+        _pretrained(path).init_weights()
+
+
+def test_pretrained_mismatch_lists_the_keys(tmp_path):
+    weights = _classifier_backbone_state()
+    del weights['blocks.2.ffn.fc2.bias']
+    weights['blocks.1.extra.weight'] = torch.zeros(3)
+    weights['blocks.0.norm1.weight'] = torch.zeros(48)
+    torch.save(weights, tmp_path / 'bad.pth')
+    with pytest.raises(ValueError) as err:
+        _pretrained(tmp_path / 'bad.pth').init_weights()
+    message = str(err.value)
+    assert f'checkpoint {tmp_path / "bad.pth"} does not fit the UFOViT backbone' \
+        in message
+    assert 'missing keys: blocks.2.ffn.fc2.bias;' in message
+    assert 'unexpected keys: blocks.1.extra.weight;' in message
+    assert 'blocks.0.norm1.weight: (48,) (expected (32,))' in message
+
+
+def test_pretrained_frozen_stages_apply_after_loading(tmp_path):
+    torch.save(_classifier_backbone_state(), tmp_path / 'backbone.pth')
+    model = _pretrained(tmp_path / 'backbone.pth', map_location='cpu')
+    model.frozen_stages = 1
+    model.init_weights()
+    assert not any(p.requires_grad for p in model.patch_embed.parameters())
+    assert not model.blocks[0].gamma1.requires_grad
+    assert model.blocks[1].gamma1.requires_grad

@@ -18,15 +18,16 @@ from mmengine.config import Config
 from mmengine.registry import DATASETS, MODELS
 from mmengine.structures import BaseDataElement
 
-import mmsoft  # noqa: F401  (registers the backbones and heads)
-import mmsoft.pretrain  # noqa: F401  (classifier, data, metric)
-from mmsoft.pretrain import (ClsRandAugment, ClsRandomResizedCrop,
-                                   ClsResizeShortEdge, mix_batch)
+import mmsoft  # noqa: F401  (registers the backbones)
+import mmsoft.pretrain  # noqa: F401  (classifier, head, data, metric)
+from mmsoft.pretrain import (RandAugment, RandomErasing, RandomResizedCrop, ResizeEdge,
+                             mix_batch)
 from mmsoft.pretrain.demo_data import generate_classification_demo
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.backbones.ufo_vit import ARCH_SETTINGS
 from mmsoft.pretrain.cls_to_backbone import ufo_vit_cls_to_backbone
-from mmsoft.pretrain.head import ClassAttentionHead, soft_cross_entropy
+from mmsoft.pretrain.head import ClassAttentionHead
+from mmsoft.pretrain.losses import soft_cross_entropy
 from mmsoft.testing import backbone_grad_norm, build_mask_rcnn, detector_train_step
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -278,7 +279,7 @@ def test_mixup_and_cutmix():
 
 
 def test_preprocessor_normalises_erases_and_mixes():
-    cfg = dict(type='ClassificationDataPreprocessor', num_classes=3,
+    cfg = dict(type='ClsDataPreprocessor', num_classes=3,
                mean=[10., 20., 30.], std=[2., 4., 5.], to_rgb=True)
     image = torch.stack([torch.full((8, 8), v, dtype=torch.uint8)
                          for v in (30, 20, 10)])
@@ -288,10 +289,17 @@ def test_preprocessor_normalises_erases_and_mixes():
     assert out['inputs'].shape == (2, 3, 8, 8)
     assert torch.equal(out['inputs'], torch.zeros(2, 3, 8, 8))  # BGR -> RGB
     np.random.seed(0)
+    # Erasing is a pipeline transform (mmpretrain's RandomErasing), mixing
+    # the preprocessor's batch augmentation.
+    erase = RandomErasing(erase_prob=1.0, mode='rand', min_area_ratio=0.02,
+                          max_area_ratio=1 / 3, fill_color=(10, 20, 30),
+                          fill_std=(5, 4, 2))
+    erased_images = [torch.from_numpy(erase(dict(
+        img=image.permute(1, 2, 0).numpy().copy()))['img']).permute(2, 0, 1)
+        for _ in range(2)]
     augmenting = MODELS.build(dict(
-        cfg, random_erasing=dict(prob=1.0),
-        batch_augments=dict(mixup_alpha=0.8, cutmix_alpha=0.)))
-    out = augmenting(dict(inputs=[image, image], data_samples=samples), training=True)
+        cfg, batch_augments=dict(augments=[dict(type='Mixup', alpha=0.8)])))
+    out = augmenting(dict(inputs=erased_images, data_samples=samples), training=True)
     erased = (out['inputs'] != 0).any(dim=1).float().mean(dim=(1, 2))
     assert ((erased >= 0.02) & (erased <= 0.5)).all()
     scores = torch.stack([s.gt_score for s in out['data_samples']])
@@ -302,14 +310,15 @@ def test_preprocessor_normalises_erases_and_mixes():
 def test_transforms_shapes():
     np.random.seed(0)
     img = np.random.randint(0, 256, (40, 60, 3), dtype=np.uint8)
-    out = ClsRandomResizedCrop(32)(dict(img=img))
+    out = RandomResizedCrop(32)(dict(img=img))
     assert out['img'].shape == (32, 32, 3) and out['img_shape'] == (32, 32)
-    top, left, height, width = ClsRandomResizedCrop(32).crop_box(40, 60)
+    top, left, height, width = RandomResizedCrop(32).crop_box(40, 60)
     assert 0 <= top <= 40 - height and 0 <= left <= 60 - width
     assert 0.08 * 2400 * 0.8 <= height * width <= 2400
-    out = ClsResizeShortEdge(20)(dict(img=img))
+    out = ResizeEdge(20)(dict(img=img))
     assert out['img'].shape == (20, 30, 3)
-    augment = ClsRandAugment(num_layers=3, magnitude=9, op_prob=1.0)
+    augment = RandAugment('timm_increasing', num_policies=3, magnitude_level=9,
+                          hparams=dict(prob=1.0))
     assert len(augment.sample()) == 3
     out = augment(dict(img=img.copy()))
     assert out['img'].shape == img.shape and out['img'].dtype == np.uint8
@@ -318,9 +327,9 @@ def test_transforms_shapes():
 
 # ------------------------------------------------------ dataset, configs ---
 def test_dataset_folder_and_list_file_agree(cls_data):
-    by_folder = DATASETS.build(dict(type='ImageFolderDataset', data_root=cls_data,
+    by_folder = DATASETS.build(dict(type='CustomDataset', data_root=cls_data,
                                     data_prefix='train'))
-    by_list = DATASETS.build(dict(type='ImageFolderDataset', data_root=cls_data,
+    by_list = DATASETS.build(dict(type='CustomDataset', data_root=cls_data,
                                   data_prefix=dict(img_path='val'),
                                   ann_file='meta/val.txt', classes='meta/classes.txt'))
     assert len(by_folder) == NUM_TRAIN and len(by_list) == NUM_VAL

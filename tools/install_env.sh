@@ -27,8 +27,9 @@ if ! "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev
         echo "[install] mmcv was installed without its compiled ops" >&2; exit 1; }
 fi
 
-echo "[install] OpenMMLab runtime (mmengine, mmdet, mmsegmentation, pycocotools), onnx, onnxruntime"
-"${PIP[@]}" -r requirements/runtime.txt -r requirements/tests.txt -r requirements/deploy.txt
+echo "[install] OpenMMLab runtime (mmengine, mmdet, mmsegmentation, pycocotools), onnx, onnxruntime, openmim"
+"${PIP[@]}" -r requirements/runtime.txt -r requirements/tests.txt -r requirements/deploy.txt \
+    -r requirements/mim.txt
 echo "[install] mmsoft (editable)"
 "${PIP[@]}" --no-build-isolation --no-deps -e .
 "$PY" -c "import mmsoft, mmdet, mmseg, mmcv.ops; print('[install] ok: mmsoft', mmsoft.__version__)"

@@ -4,10 +4,11 @@ model = dict(
     backbone=dict(
         arch='medium',
         drop_path_rate=0.3,
-        # The official SOFT++-medium ImageNet-1k weights converted by
-        # tools/model_converters/soft2mmsoft.py; configs/soft/README.md
-        # ("Pretrained backbones") says how to get or make this file.
+        # The official SOFT++-medium ImageNet-1k checkpoint (SOFT_Medium_norm
+        # of fudan-zvg/SOFT), converted while loading; configs/soft/README.md
+        # ("Pretrained backbones") says where to get it.
+        convert_weights=True,
         init_cfg=dict(
             type='Pretrained',
-            checkpoint='pretrained/soft++_medium_mmsoft.pth')),
+            checkpoint='pretrained/soft_medium_norm.pth')),
     neck=dict(in_channels=[64, 128, 288, 512]))

@@ -4,9 +4,10 @@ model = dict(
     backbone=dict(
         arch='tiny',
         drop_path_rate=0.1,
-        # The official SOFT++-tiny ImageNet-1k weights converted by
-        # tools/model_converters/soft2mmsoft.py; configs/soft/README.md
-        # ("Pretrained backbones") says how to get or make this file.
+        # The official SOFT++-tiny ImageNet-1k checkpoint (SOFT_Tiny_norm
+        # of fudan-zvg/SOFT), converted while loading; configs/soft/README.md
+        # ("Pretrained backbones") says where to get it.
+        convert_weights=True,
         init_cfg=dict(
             type='Pretrained',
-            checkpoint='pretrained/soft++_tiny_mmsoft.pth')))
+            checkpoint='pretrained/soft_tiny_norm.pth')))

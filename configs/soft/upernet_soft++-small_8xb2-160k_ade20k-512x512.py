@@ -6,9 +6,10 @@ model = dict(
     backbone=dict(
         arch='small',
         drop_path_rate=0.2,
-        # The official SOFT++-small ImageNet-1k weights converted by
-        # tools/model_converters/soft2mmsoft.py; configs/soft/README.md
-        # ("Pretrained backbones") says how to get or make this file.
+        # The official SOFT++-small ImageNet-1k checkpoint (SOFT_Small_norm
+        # of fudan-zvg/SOFT), converted while loading; configs/soft/README.md
+        # ("Pretrained backbones") says where to get it.
+        convert_weights=True,
         init_cfg=dict(
             type='Pretrained',
-            checkpoint='pretrained/soft++_small_mmsoft.pth')))
+            checkpoint='pretrained/soft_small_norm.pth')))

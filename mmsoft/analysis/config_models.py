@@ -4,7 +4,8 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 from mmengine.config import Config
-from mmengine.registry import DefaultScope
+
+from ..apis.runner import build_in_scope
 
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
 
@@ -27,20 +28,7 @@ def build_model_from_config(cfg: Config) -> nn.Module:
     Returns:
         nn.Module: The model in eval mode.
     """
-    import mmsoft  # noqa: F401
-    scope = config_scope(cfg)
-    if scope == 'mmdet':
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-    else:
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
-    model_cfg = cfg.model.copy()
-    if 'backbone' in model_cfg:
-        model_cfg.backbone = dict(model_cfg.backbone, init_cfg=None)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = MODELS.build(model_cfg)
+    model = build_in_scope(config_scope(cfg), cfg.model, pretrained=False)
     return model.eval()
 
 

@@ -1,11 +1,36 @@
-"""Checkpoint files: safe loading, official-layout conversion, model fit."""
+"""Checkpoint files: safe loading, unwrapping, strict comparison with a model.
+
+* :mod:`.safe_load`: ``weights_only`` loading with the allow-list of
+  mmengine checkpoint globals.
+* :mod:`.state_dict`: the state dict inside a checkpoint, key prefixes.
+* :mod:`.strict`: key-by-key, shape-by-shape comparison with
+  ``model.state_dict()``, listing what differs.
+* :mod:`.pos_embed`: the resize hook for learned position embeddings.
+* :mod:`.backbone_loading`: ``init_cfg=dict(type='Pretrained', ...)`` of
+  the backbones.
+* :mod:`.soft_official`: reference SOFT checkpoints -> mmsoft key layout.
+* :mod:`.model_fit`: whether a checkpoint belongs to a built model.
+
+Nothing here imports :mod:`mmsoft.models` at module level: the backbones pass
+themselves in, and the few functions that build a model import it on use.
+"""
+from .backbone_loading import (load_soft_checkpoint, load_strictly,
+                               load_ufo_vit_checkpoint, read_pretrained)
 from .model_fit import check_checkpoint_fits, unwrap_model
-from .soft_official import load_soft_checkpoint, soft_official_to_mmsoft
-from .safe_load import (allow_mmengine_checkpoint_globals, load_checkpoint_safely,
-                        load_state_dict_safely)
+from .pos_embed import grid_pos_embed_resizer
+from .safe_load import (allow_mmengine_checkpoint_globals, load_checkpoint_file,
+                        load_checkpoint_safely, load_state_dict_safely)
+from .soft_official import soft_official_to_mmsoft
+from .state_dict import (key_list, select_prefix, split_prefix, strip_key_prefixes,
+                         strip_prefixes, unwrap_state_dict)
+from .strict import StateDictComparison, compare_state_dict, fit_state_dict
 
 __all__ = [
-    'check_checkpoint_fits', 'unwrap_model', 'allow_mmengine_checkpoint_globals',
-    'load_checkpoint_safely', 'load_state_dict_safely', 'load_soft_checkpoint',
-    'soft_official_to_mmsoft'
+    'allow_mmengine_checkpoint_globals', 'load_checkpoint_file',
+    'load_checkpoint_safely', 'load_state_dict_safely', 'unwrap_state_dict',
+    'strip_key_prefixes', 'strip_prefixes', 'split_prefix', 'select_prefix',
+    'key_list', 'StateDictComparison', 'compare_state_dict', 'fit_state_dict',
+    'grid_pos_embed_resizer', 'read_pretrained', 'load_strictly',
+    'load_soft_checkpoint', 'load_ufo_vit_checkpoint', 'soft_official_to_mmsoft',
+    'check_checkpoint_fits', 'unwrap_model'
 ]

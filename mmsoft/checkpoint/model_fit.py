@@ -1,7 +1,7 @@
 """Whether a checkpoint file holds the weights of a given model."""
-import re
-
 from .safe_load import load_state_dict_safely
+from .state_dict import strip_prefixes
+from .strict import compare_state_dict
 
 
 def unwrap_model(model):
@@ -26,20 +26,13 @@ def check_checkpoint_fits(path: str, model, config_path: str,
             objects outside the allow-list, or its weights belong to another
             model; the message names the file and the reason.
     """
-    state_dict = load_state_dict_safely(path)
-    state_dict = {re.sub(r'^module\.', '', k): v for k, v in state_dict.items()}
+    state_dict = strip_prefixes(load_state_dict_safely(path), ('module.', ))
     expected = unwrap_model(model).state_dict()
-    matched = [k for k, v in expected.items()
-               if k in state_dict and tuple(state_dict[k].shape) == tuple(v.shape)]
-    if len(matched) < min_match * len(expected):
-        missing = [k for k in expected if k not in state_dict][:3]
-        unexpected = [k for k in state_dict if k not in expected][:3]
-        reshaped = [f'{k} {tuple(state_dict[k].shape)} vs {tuple(v.shape)}'
-                    for k, v in expected.items()
-                    if k in state_dict and k not in matched][:3]
+    result = compare_state_dict(state_dict, expected)
+    matched = len(expected) - len(result.missing) - len(result.mismatched)
+    if matched < min_match * len(expected):
         raise ValueError(
             f'checkpoint file {path} does not fit the model of {config_path}: '
-            f'only {len(matched)} of {len(expected)} weight tensors match by name '
-            f'and shape (missing e.g. {missing}; unexpected e.g. {unexpected}; '
-            f'shape mismatches e.g. {reshaped}); is it a checkpoint of another '
-            f'model?')
+            f'only {matched} of {len(expected)} weight tensors match by name '
+            f'and shape ({result.describe(limit=3)}); is it a checkpoint of '
+            f'another model?')

@@ -27,11 +27,14 @@ empties torch's entire allow-list, these entries included).
 registered under that name only resolves the statistics methods of
 ``HistoryBuffer`` and rejects every other attribute lookup.
 """
+import argparse
 import pickle
-from typing import Any, Callable, List, Tuple, Union
+from typing import Any, Callable, List, Mapping, Tuple, Union
 
 import numpy as np
 import torch
+
+from .state_dict import unwrap_state_dict
 
 #: Statistics methods ``HistoryBuffer`` registers on itself by default.
 _DEFAULT_STATISTICS = ('min', 'max', 'current', 'mean')
@@ -182,14 +185,36 @@ def load_state_dict_safely(path: str, map_location: str = 'cpu') -> dict:
     if not isinstance(obj, dict):
         raise ValueError(f'checkpoint file {path} is not a model checkpoint: it '
                          f'holds a {type(obj).__name__}, expected a dict')
-    state_dict = obj
-    for key in ('state_dict', 'model'):
-        if isinstance(obj.get(key), dict):
-            state_dict = obj[key]
-            break
+    state_dict, _ = unwrap_state_dict(obj)
     tensors = {k: v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         raise ValueError(f'checkpoint file {path} holds no model weights (no '
                          f"tensors under 'state_dict', 'model' or at the top "
                          f'level; keys: {sorted(map(str, obj))[:8]})')
     return tensors
+
+
+def load_checkpoint_file(filename: str, map_location='cpu') -> Mapping:
+    """Loads a checkpoint with mmengine's loaders (paths, URLs, ...).
+
+    Tensors are unpickled with ``weights_only`` semantics and the globals of
+    :func:`allow_mmengine_checkpoint_globals`; ``argparse.Namespace`` is
+    allowed in addition, as timm training checkpoints store their arguments
+    as one.
+
+    Args:
+        filename (str): Path or URL (anything mmengine's ``CheckpointLoader``
+            reads).
+        map_location: As for ``torch.load``. Default: ``'cpu'``.
+
+    Returns:
+        Mapping: The loaded checkpoint.
+
+    Raises:
+        FileNotFoundError: A local ``filename`` does not exist (mmengine's
+            message: ``'<filename> can not be found.'``).
+    """
+    from mmengine.runner.checkpoint import CheckpointLoader
+    allow_mmengine_checkpoint_globals()
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return CheckpointLoader.load_checkpoint(filename, map_location=map_location)

@@ -1,4 +1,4 @@
-"""Loading the reference SOFT / SOFT++ ImageNet checkpoints into :class:`SOFT`.
+"""The reference SOFT / SOFT++ ImageNet checkpoints in mmsoft's key layout.
 
 The reference implementation (fudan-zvg/SOFT, timm-based) names its modules
 ``patch_embed1``, ``block1.0.att.mha.W_q``, ``block4.0.attn.q``, ... Every
@@ -24,30 +24,25 @@ When none of these decides, the variant is reported as None: the command-line
 converter then asks for ``--attention``, and the backbone uses its own
 ``attention`` setting.
 
-:func:`load_soft_checkpoint` is what ``SOFT(convert_weights=..., init_cfg=
-dict(type='Pretrained', checkpoint=...))`` runs: it reads the file, converts
-it when asked, bilinearly resizes position embeddings learned at another image
-size and checks every other key and shape strictly.
+:func:`soft_official_to_mmsoft` checks the converted tensors against a
+``SOFT`` of the architecture read off their shapes (:func:`detect_soft_settings`),
+built to read its ``state_dict()``. The backbone loads such files through
+:func:`~mmsoft.checkpoint.backbone_loading.load_soft_checkpoint`
+(``SOFT(convert_weights=True, init_cfg=dict(type='Pretrained', ...))``).
 """
-import argparse
-import logging
-import math
+import functools
 import os.path as osp
 import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
-import torch.nn as nn
-from mmengine.logging import print_log
-from mmengine.runner.checkpoint import CheckpointLoader
 
-from ..models.layers import resize_pos_embed
-from ..models.backbones.soft import ARCH_DEFAULTS, ARCH_SETTINGS, ATTENTIONS, NUM_STAGES
+from .pos_embed import square_side
+from .state_dict import StateDict, key_list, strip_key_prefixes, unwrap_state_dict
+from .strict import fit_state_dict
 
-StateDict = Dict[str, torch.Tensor]
-
-#: Leading key prefixes removed before renaming (DataParallel, detectors).
-STRIPPED_PREFIXES = ('module.', 'backbone.')
+#: Stages of the reference layout (``patch_embed1``..``4``, ``block1``..``4``).
+NUM_STAGES = 4
 #: Reference keys that have no counterpart in the backbone.
 DROPPED_KEY = re.compile(r'head\..+')
 
@@ -87,6 +82,16 @@ KEY_RULES = [(re.compile(pattern), template) for pattern, template in KEY_RULES]
 _SIZES = r'(tiny|small|medium|large|huge)'
 
 
+def _soft_backbone():
+    """:mod:`mmsoft.models.backbones.soft` (arch table, ``SOFT``).
+
+    Imported on use: the backbone imports this package when it loads a
+    checkpoint.
+    """
+    from ..models.backbones import soft
+    return soft
+
+
 def rename_official_key(key: str) -> Optional[str]:
     """The mmsoft name of a reference key, or None when no rule places it.
 
@@ -105,48 +110,6 @@ def rename_official_key(key: str) -> Optional[str]:
                 fields['stage'] = int(fields['stage']) - 1
             return template.format(**fields)
     return None
-
-
-def unwrap_state_dict(checkpoint: Mapping) -> Tuple[Mapping, Optional[str]]:
-    """The state dict inside ``checkpoint`` and the wrapper key it came from.
-
-    ``checkpoint['state_dict']`` (mmengine, timm) is preferred over
-    ``checkpoint['model']`` (DeiT-style scripts); a mapping without either is
-    taken as a bare state dict.
-
-    Args:
-        checkpoint (Mapping): A loaded checkpoint.
-
-    Returns:
-        tuple[Mapping, str | None]: The state dict and ``'state_dict'``,
-        ``'model'`` or None.
-    """
-    if not isinstance(checkpoint, Mapping):
-        raise ValueError(f'a checkpoint must be a mapping (a state dict or a dict '
-                         f'holding one); got {type(checkpoint).__name__}.')
-    for wrapper in ('state_dict', 'model'):
-        if isinstance(checkpoint.get(wrapper), Mapping):
-            return checkpoint[wrapper], wrapper
-    return checkpoint, None
-
-
-def strip_key_prefixes(key: str, prefixes: Tuple[str, ...] = STRIPPED_PREFIXES
-                       ) -> Tuple[str, str]:
-    """Removes leading ``prefixes`` (repeatedly, in any order) from ``key``.
-
-    Returns:
-        tuple[str, str]: The stripped key and what was removed.
-    """
-    removed = ''
-    stripped = True
-    while stripped:
-        stripped = False
-        for prefix in prefixes:
-            if key.startswith(prefix):
-                key = key[len(prefix):]
-                removed += prefix
-                stripped = True
-    return key, removed
 
 
 def attention_hint(text: Optional[str]) -> Optional[str]:
@@ -201,9 +164,10 @@ def resolve_attention(checkpoint: Mapping, attention: Optional[str] = None,
         itself points to (None when it points to none), which may differ from
         an explicit ``attention``.
     """
-    if attention is not None and attention not in ATTENTIONS:
+    attentions = _soft_backbone().ATTENTIONS
+    if attention is not None and attention not in attentions:
         raise ValueError(f'attention={attention!r} is not supported; expected one '
-                         f'of {list(ATTENTIONS)}.')
+                         f'of {list(attentions)}.')
     detected, source = None, None
     meta_hints = {attention_hint(name) for name in _metadata_model_names(checkpoint)}
     meta_hints.discard(None)
@@ -286,16 +250,11 @@ def detect_soft_settings(state_dict: Mapping) -> dict:
                 pretrain_img_size=_pretrain_img_size(state_dict))
 
 
-def _square_side(tokens: int) -> Optional[int]:
-    side = math.isqrt(tokens)
-    return side if side * side == tokens else None
-
-
 def _pretrain_img_size(state_dict: Mapping) -> Optional[int]:
     """Image size whose stage grids (size / 4, / 8, ...) the position
     embeddings hold, or None when they are not such grids."""
     sides = [
-        _square_side(state_dict[f'pos_embeds.{i}'].shape[1] - (i == NUM_STAGES - 1))
+        square_side(state_dict[f'pos_embeds.{i}'].shape[1] - (i == NUM_STAGES - 1))
         for i in range(NUM_STAGES)
     ]
     if sides[0] is None:
@@ -306,88 +265,14 @@ def _pretrain_img_size(state_dict: Mapping) -> Optional[int]:
     return size
 
 
-def expected_soft_shapes(settings: dict) -> Dict[str, torch.Size]:
-    """Every state-dict entry of :class:`SOFT` with its shape.
-
-    Args:
-        settings (dict): As returned by :func:`detect_soft_settings` (the
-            last stage's head count is not needed). ``pretrain_img_size``
-            None leaves the position embeddings out.
-
-    Returns:
-        dict[str, torch.Size]: mmsoft keys and shapes.
-    """
-    dims, depths = settings['embed_dims'], settings['depths']
-    stem, in_channels = settings['stem_channels'], settings['in_channels']
-    shapes = {}
-
-    def conv_bn(prefix, cin, cout):
-        shapes[f'{prefix}.weight'] = (cout, cin, 3, 3)
-        shapes[f'{prefix}.bias'] = (cout, )
-
-    def batch_norm(prefix, channels):
-        for name in ('weight', 'bias', 'running_mean', 'running_var'):
-            shapes[f'{prefix}.{name}'] = (channels, )
-        shapes[f'{prefix}.num_batches_tracked'] = ()
-
-    def affine(prefix, cin, cout=None):
-        if cout is None:  # LayerNorm
-            shapes[f'{prefix}.weight'] = shapes[f'{prefix}.bias'] = (cin, )
-        else:
-            shapes[f'{prefix}.weight'] = (cout, cin)
-            shapes[f'{prefix}.bias'] = (cout, )
-
-    widths = [in_channels, stem, stem, dims[0]]
-    for layer in range(3):
-        conv_bn(f'patch_embeds.0.proj.{3 * layer}', widths[layer], widths[layer + 1])
-        batch_norm(f'patch_embeds.0.proj.{3 * layer + 1}', widths[layer + 1])
-    for i in range(1, NUM_STAGES):
-        conv_bn(f'patch_embeds.{i}.proj.0', dims[i - 1], dims[i])
-        batch_norm(f'patch_embeds.{i}.proj.1', dims[i])
-    size = settings.get('pretrain_img_size')
-    if size is not None:
-        for i in range(NUM_STAGES):
-            shapes[f'pos_embeds.{i}'] = (1, (size // 2**(i + 2))**2 + (i == 3), dims[i])
-    shapes['cls_token'] = (1, 1, dims[3])
-    for i in range(NUM_STAGES - 1):
-        width, heads = dims[i], settings['num_heads'][i]
-        head_dims, hidden = width // heads, int(width * settings['mlp_ratios'][i])
-        ratio, ksize = settings['sr_ratios'][i], settings['local_kernel_sizes'][i]
-        for j in range(depths[i]):
-            p = f'stages.{i}.{j}'
-            affine(f'{p}.attn.q_proj', width, width)
-            affine(f'{p}.attn.v_proj', width, width)
-            shapes[f'{p}.attn.bottleneck_conv.weight'] = (head_dims, head_dims, ratio,
-                                                          ratio)
-            affine(f'{p}.attn.bottleneck_norm', head_dims)
-            shapes[f'{p}.attn.local_conv.weight'] = (heads, 1, ksize, ksize)
-            affine(f'{p}.attn.out_proj', width, width)
-            affine(f'{p}.norm1', width)
-            affine(f'{p}.ffn.fc1', width, hidden)
-            affine(f'{p}.ffn.fc2', hidden, width)
-            affine(f'{p}.norm2', width)
-    width = dims[3]
-    hidden = int(width * settings['mlp_ratios'][3])
-    for j in range(depths[3]):
-        p = f'stages.3.{j}'
-        affine(f'{p}.norm1', width)
-        affine(f'{p}.attn.q', width, width)
-        affine(f'{p}.attn.kv', width, 2 * width)
-        affine(f'{p}.attn.proj', width, width)
-        affine(f'{p}.norm2', width)
-        affine(f'{p}.mlp.fc1', width, hidden)
-        affine(f'{p}.mlp.fc2', hidden, width)
-    affine('norm', width)
-    return {key: torch.Size(shape) for key, shape in shapes.items()}
-
-
 def match_arch_name(settings: dict) -> Optional[str]:
-    """The name in :data:`ARCH_SETTINGS` whose settings equal ``settings``.
+    """The name in ``SOFT``'s ``ARCH_SETTINGS`` whose settings equal ``settings``.
 
     The last stage's head count (absent from checkpoints) is not compared.
     """
-    for name, arch in ARCH_SETTINGS.items():
-        table = dict(ARCH_DEFAULTS, **arch)
+    soft = _soft_backbone()
+    for name, arch in soft.ARCH_SETTINGS.items():
+        table = dict(soft.ARCH_DEFAULTS, **arch)
         if (list(table['embed_dims']) == settings['embed_dims']
                 and list(table['num_heads'][:3]) == settings['num_heads'][:3]
                 and list(table['depths']) == settings['depths']
@@ -399,44 +284,62 @@ def match_arch_name(settings: dict) -> Optional[str]:
     return None
 
 
-def _key_list(keys: List[str], limit: Optional[int] = 30) -> str:
-    keys = sorted(keys)
-    text = ', '.join(keys[:limit])
-    if limit is not None and len(keys) > limit:
-        text += f', ... ({len(keys) - limit} more)'
-    return text
+def _frozen(settings: Mapping) -> tuple:
+    """``settings`` as a hashable, sorted tuple (lists become tuples)."""
+    return tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
+                        for key, value in settings.items()))
 
 
-def soft_official_to_mmsoft(checkpoint: Mapping, attention: Optional[str] = None,
-                            name_hint: Optional[str] = None) -> Tuple[StateDict, dict]:
-    """Converts a reference SOFT / SOFT++ checkpoint to the mmsoft layout.
+@functools.lru_cache(maxsize=4)
+def _soft_state_layout(frozen_settings: tuple) -> Dict[str, torch.Tensor]:
+    """Meta tensors of the shapes of a ``SOFT`` state dict; see
+    :func:`soft_state_layout`. Cached: a SOFT-huge takes seconds to build."""
+    settings = {key: list(value) if isinstance(value, tuple) else value
+                for key, value in frozen_settings}
+    arch = dict(embed_dims=settings['embed_dims'], depths=settings['depths'],
+                # The last stage's head count and bottleneck stride are in no
+                # tensor shape; any valid value gives the same layout.
+                num_heads=settings['num_heads'][:NUM_STAGES - 1] + [1],
+                sr_ratios=settings['sr_ratios'][:NUM_STAGES - 1] + [1],
+                local_kernel_sizes=settings['local_kernel_sizes'],
+                mlp_ratios=settings['mlp_ratios'],
+                stem_channels=settings['stem_channels'])
+    model = _soft_backbone().SOFT(arch=arch, in_channels=settings['in_channels'],
+                                  pretrain_img_size=settings['pretrain_img_size']
+                                  or 224)
+    return {key: torch.empty(value.shape, device='meta')
+            for key, value in model.state_dict().items()}
+
+
+def soft_state_layout(settings: dict) -> Dict[str, torch.Tensor]:
+    """Keys and shapes of the state dict of a ``SOFT`` of ``settings``.
 
     Args:
-        checkpoint (Mapping): A bare state dict of the reference model, or a
-            dict holding it under ``'state_dict'`` or ``'model'``. Keys may
-            carry leading ``module.`` / ``backbone.`` prefixes.
-        attention (str, optional): ``'soft'`` or ``'soft++'``; see the module
-            docstring for how it is otherwise decided. Default: None.
-        name_hint (str, optional): The checkpoint's file name, used to decide
-            the attention variant when neither ``attention`` nor the
-            checkpoint's metadata does. Default: None.
+        settings (dict): As returned by :func:`detect_soft_settings`.
 
     Returns:
-        tuple[dict, dict]: The converted state dict (the tensors themselves,
-        renamed; ``head.*`` dropped) and what was recognised: ``arch`` (a
-        name of ``SOFT.ARCH_SETTINGS`` or None), ``arch_settings`` (see
-        :func:`detect_soft_settings`; the last stage's head count is taken
-        from the arch table when ``arch`` is named, None otherwise),
-        ``attention`` (None when undecided), ``attention_source``,
-        ``attention_detected``, ``pretrain_img_size``, ``num_tensors``,
-        ``dropped`` (keys), ``wrapper`` and ``stripped_prefixes``.
+        dict[str, Tensor]: ``SOFT(...).state_dict()`` as tensors on the meta
+        device (shapes without data).
+    """
+    return dict(_soft_state_layout(_frozen(settings)))
+
+
+def rename_official_state_dict(state_dict: Mapping
+                               ) -> Tuple[StateDict, List[str], List[str]]:
+    """Renames every tensor of a reference state dict to the mmsoft layout.
+
+    Args:
+        state_dict (Mapping): Reference keys, possibly with leading
+            ``module.`` / ``backbone.`` prefixes.
+
+    Returns:
+        tuple: The renamed tensors (the tensors themselves), the dropped keys
+        (``head.*``) and the prefixes that were removed.
 
     Raises:
-        ValueError: Keys that no rule places (all listed), two keys mapping
-            to one name, keys missing for the detected architecture, or
-            shapes inconsistent with it.
+        ValueError: Keys that no rule places (all listed), or two keys
+            mapping to one name.
     """
-    state_dict, wrapper = unwrap_state_dict(checkpoint)
     converted, origin = {}, {}
     unplaced, dropped, prefixes = [], [], set()
     for key, value in state_dict.items():
@@ -456,211 +359,89 @@ def soft_official_to_mmsoft(checkpoint: Mapping, attention: Optional[str] = None
         converted[new_key], origin[new_key] = value, key
     if unplaced:
         hint = ''
-        if any(k.startswith(('patch_embeds.', 'stages.', 'pos_embeds.'))
-               for k in map(lambda k: strip_key_prefixes(str(k))[0], unplaced)):
+        if any(strip_key_prefixes(str(k))[0].startswith(
+                ('patch_embeds.', 'stages.', 'pos_embeds.')) for k in unplaced):
             hint = (' Some keys are in the mmsoft layout already: load such files '
                     'with convert_weights=False.')
         raise ValueError(f'{len(unplaced)} checkpoint entries are not part of a '
                          f'reference SOFT model and cannot be placed: '
-                         f'{_key_list(unplaced, limit=None)}.{hint}')
+                         f'{key_list(unplaced, limit=None)}.{hint}')
+    return converted, sorted(dropped), sorted(prefixes)
 
-    settings = detect_soft_settings(converted)
-    expected = expected_soft_shapes(settings)
-    missing = [key for key in expected if key not in converted]
+
+def check_detected_arch(converted: Mapping, settings: dict) -> None:
+    """Checks converted tensors against a ``SOFT`` of their detected settings.
+
+    Position embeddings are not compared when their grids give no image size
+    (``settings['pretrain_img_size']`` None).
+
+    Raises:
+        ValueError: Missing, unexpected or mis-shaped keys, all listed.
+    """
+    layout = soft_state_layout(settings)
     if settings['pretrain_img_size'] is None:
-        missing = [key for key in missing if not key.startswith('pos_embeds.')]
-    if missing:
-        raise ValueError(f'the checkpoint lacks {len(missing)} tensors of the '
-                         f'detected architecture {settings}: {_key_list(missing)}.')
-    mismatched = [f'{key}: {tuple(value.shape)} (expected {tuple(expected[key])})'
-                  for key, value in converted.items()
-                  if key in expected and value.shape != expected[key]]
-    if mismatched:
-        raise ValueError(f'shapes inconsistent with the detected architecture '
-                         f'{settings}: {"; ".join(mismatched)}.')
+        converted = {k: v for k, v in converted.items()
+                     if not k.startswith('pos_embeds.')}
+        layout = {k: v for k, v in layout.items() if not k.startswith('pos_embeds.')}
+    fit_state_dict(converted, layout, context=f'the checkpoint does not fit the '
+                   f'detected architecture {settings}')
 
+
+def soft_official_to_mmsoft(checkpoint: Mapping, attention: Optional[str] = None,
+                            name_hint: Optional[str] = None, check: bool = True
+                            ) -> Tuple[StateDict, dict]:
+    """Converts a reference SOFT / SOFT++ checkpoint to the mmsoft layout.
+
+    Args:
+        checkpoint (Mapping): A bare state dict of the reference model, or a
+            dict holding it under ``'state_dict'`` or ``'model'``. Keys may
+            carry leading ``module.`` / ``backbone.`` prefixes.
+        attention (str, optional): ``'soft'`` or ``'soft++'``; see the module
+            docstring for how it is otherwise decided. Default: None.
+        name_hint (str, optional): The checkpoint's file name, used to decide
+            the attention variant when neither ``attention`` nor the
+            checkpoint's metadata does. Default: None.
+        check (bool): Check every key and shape against a ``SOFT`` of the
+            detected architecture (:func:`check_detected_arch`). A backbone
+            loading the result checks it against itself instead.
+            Default: True.
+
+    Returns:
+        tuple[dict, dict]: The converted state dict (the tensors themselves,
+        renamed; ``head.*`` dropped) and what was recognised: ``arch`` (a
+        name of ``SOFT.ARCH_SETTINGS`` or None), ``arch_settings`` (see
+        :func:`detect_soft_settings`; the last stage's head count is taken
+        from the arch table when ``arch`` is named, None otherwise),
+        ``attention`` (None when undecided), ``attention_source``,
+        ``attention_detected``, ``pretrain_img_size``, ``num_tensors``,
+        ``dropped`` (keys), ``wrapper`` and ``stripped_prefixes``.
+
+    Raises:
+        ValueError: Keys that no rule places (all listed), two keys mapping
+            to one name, or (``check``) keys missing for the detected
+            architecture or shapes inconsistent with it.
+    """
+    state_dict, wrapper = unwrap_state_dict(checkpoint)
+    converted, dropped, prefixes = rename_official_state_dict(state_dict)
+    settings = detect_soft_settings(converted)
+    if check:
+        check_detected_arch(converted, settings)
     arch = match_arch_name(settings)
     if arch is not None:  # the last stage's head count is in no tensor shape
-        settings['num_heads'][-1] = ARCH_SETTINGS[arch]['num_heads'][-1]
+        table = _soft_backbone().ARCH_SETTINGS[arch]
+        settings['num_heads'][-1] = table['num_heads'][-1]
     attention, source, detected = resolve_attention(checkpoint, attention, name_hint)
     info = dict(arch=arch, arch_settings=settings,
                 attention=attention, attention_source=source,
                 attention_detected=detected,
                 pretrain_img_size=settings['pretrain_img_size'],
-                num_tensors=len(converted), dropped=sorted(dropped), wrapper=wrapper,
-                stripped_prefixes=sorted(prefixes))
+                num_tensors=len(converted), dropped=dropped, wrapper=wrapper,
+                stripped_prefixes=prefixes)
     return converted, info
 
 
-def load_checkpoint_file(filename: str, map_location='cpu') -> Mapping:
-    """Loads a checkpoint with mmengine's loaders (paths, URLs, ...).
-
-    Tensors are unpickled with ``weights_only`` semantics; ``argparse.Namespace``
-    is allowed in addition, as timm training checkpoints store their
-    arguments as one.
-    """
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
-
-
-def _select_prefix(state_dict: Mapping, prefix: str) -> Dict[str, torch.Tensor]:
-    """Entries under ``prefix`` (e.g. ``'backbone.'``) with the prefix removed."""
-    if not prefix.endswith('.'):
-        prefix += '.'
-    selected = {k[len(prefix):]: v for k, v in state_dict.items()
-                if str(k).startswith(prefix)}
-    if not selected:
-        raise ValueError(f'the checkpoint has no keys starting with {prefix!r}.')
-    return selected
-
-
-def pos_embed_source_side(value: torch.Tensor, stage: int,
-                          shape: torch.Size) -> Optional[int]:
-    """Side of the square grid a checkpoint's position embeddings hold, or
-    None when they cannot be resized to ``shape`` (other width, not square).
-    """
-    if value.dim() != 3 or value.shape[0] != 1 or value.shape[2] != shape[2]:
-        return None
-    return _square_side(value.shape[1] - (stage == NUM_STAGES - 1))
-
-
-def resize_checkpoint_pos_embed(value: torch.Tensor, stage: int, side: int,
-                                grid: Tuple[int, int]) -> torch.Tensor:
-    """Bilinearly resizes a stage's position embeddings to ``grid``.
-
-    The last stage's first entry (class token) is kept as is.
-
-    Args:
-        value (Tensor): Checkpoint embeddings, (1, side*side [+1], C).
-        stage (int): 0-based stage; stage 3 carries the class-token entry.
-        side (int): Side of the checkpoint's square grid.
-        grid (tuple[int, int]): The model's grid (H, W).
-
-    Returns:
-        Tensor: Shape (1, H*W [+1], C).
-    """
-    has_cls = stage == NUM_STAGES - 1
-    tokens = value[:, 1:] if has_cls else value
-    resized = resize_pos_embed(tokens.float(), (side, side), grid).to(value.dtype)
-    if has_cls:
-        resized = torch.cat((value[:, :1], resized), dim=1)
-    return resized
-
-
-def fit_state_dict_to_soft(model: nn.Module, state_dict: Mapping,
-                           logger='current') -> Dict[str, torch.Tensor]:
-    """Checks an mmsoft-layout state dict against ``model`` and adapts it.
-
-    Position embeddings of another grid size are resized to the model's
-    (``model.pos_grids``); missing ``num_batches_tracked`` counters are
-    taken from the model. Everything else must match exactly.
-
-    Args:
-        model (nn.Module): A :class:`SOFT` backbone.
-        state_dict (Mapping): Tensors in the mmsoft key layout.
-        logger: Where resizing is reported (``print_log`` logger).
-
-    Returns:
-        dict[str, Tensor]: A state dict ``model.load_state_dict(...,
-        strict=True)`` accepts.
-
-    Raises:
-        ValueError: Unexpected or missing keys (all listed), or a shape
-            mismatch (key and both shapes).
-    """
-    target = model.state_dict()
-    unexpected = [k for k in state_dict if k not in target]
-    missing = [k for k in target if k not in state_dict
-               and not k.endswith('num_batches_tracked')]
-    if unexpected or missing:
-        parts = []
-        if unexpected:
-            parts.append(f'unexpected keys: {_key_list(unexpected)}')
-        if missing:
-            parts.append(f'missing keys: {_key_list(missing)}')
-        raise ValueError('the checkpoint does not fit the SOFT backbone; '
-                         + '; '.join(parts) + '.')
-    fitted, mismatched = {}, []
-    for key, expected in target.items():
-        if key not in state_dict:
-            fitted[key] = expected
-            continue
-        value = state_dict[key]
-        if value.shape != expected.shape and key.startswith('pos_embeds.'):
-            stage = int(key.split('.')[1])
-            side = pos_embed_source_side(value, stage, expected.shape)
-            if side is not None:
-                value = resize_checkpoint_pos_embed(value, stage, side,
-                                                    model.pos_grids[stage])
-                print_log(f'{key}: position embeddings resized from '
-                          f'{tuple(state_dict[key].shape)} to '
-                          f'{tuple(expected.shape)}.', logger=logger)
-        if value.shape != expected.shape:
-            mismatched.append(f'{key}: checkpoint {tuple(value.shape)}, model '
-                              f'{tuple(expected.shape)}')
-        fitted[key] = value
-    if mismatched:
-        raise ValueError('size mismatch for ' + '; '.join(mismatched) + ' (position '
-                         'embeddings are resized only from a square grid of the '
-                         'same width).')
-    return fitted
-
-
-def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool = False,
-                         prefix: Optional[str] = None, map_location='cpu',
-                         logger='current') -> dict:
-    """Loads a checkpoint file into a :class:`SOFT` backbone, strictly.
-
-    Args:
-        model (nn.Module): The backbone.
-        filename (str): Path or URL (anything mmengine's ``CheckpointLoader``
-            reads).
-        convert_weights (bool): The file is a reference (official)
-            checkpoint to convert with :func:`soft_official_to_mmsoft`.
-            Otherwise it is in the mmsoft layout, e.g. written by
-            ``tools/model_converters/soft2mmsoft.py``. Default: False.
-        prefix (str, optional): Load only the entries under this prefix
-            (e.g. ``'backbone.'`` of a detector checkpoint). Default: None.
-        map_location: As for ``torch.load``. Default: ``'cpu'``.
-        logger: ``print_log`` logger. Default: ``'current'``.
-
-    Returns:
-        dict: What the converter recognised (``convert_weights``), or the
-        file's ``meta`` entry (may be empty).
-
-    Raises:
-        ValueError: A checkpoint that does not fit the model (see
-            :func:`fit_state_dict_to_soft` and :func:`soft_official_to_mmsoft`).
-    """
-    checkpoint = load_checkpoint_file(filename, map_location)
-    source = checkpoint
-    if prefix:
-        source = _select_prefix(unwrap_state_dict(checkpoint)[0], prefix)
-    if convert_weights:
-        state_dict, info = soft_official_to_mmsoft(source,
-                                                   name_hint=osp.basename(filename))
-        print_log(f'converted reference SOFT checkpoint {filename}: '
-                  f'arch={info["arch"]}, attention={info["attention"]} '
-                  f'({info["attention_source"]}), {info["num_tensors"]} tensors.',
-                  logger=logger)
-    else:
-        state_dict = {strip_key_prefixes(str(k))[0]: v
-                      for k, v in unwrap_state_dict(source)[0].items()}
-        meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else None
-        info = dict(meta) if isinstance(meta, Mapping) else {}
-    file_attention = info.get('attention')
-    model_attention = getattr(model, 'attention', None)
-    if file_attention in ATTENTIONS and file_attention != model_attention:
-        print_log(f'{filename} holds {file_attention!r} weights but the backbone '
-                  f'computes attention={model_attention!r}.', logger=logger,
-                  level=logging.WARNING)
-    state_dict = fit_state_dict_to_soft(model, state_dict, logger)
-    model.load_state_dict(state_dict, strict=True)
-    return info
-
-
 __all__ = [
-    'soft_official_to_mmsoft', 'load_soft_checkpoint', 'load_checkpoint_file',
-    'fit_state_dict_to_soft', 'detect_soft_settings', 'expected_soft_shapes',
+    'soft_official_to_mmsoft', 'rename_official_state_dict', 'check_detected_arch',
+    'soft_state_layout', 'detect_soft_settings', 'match_arch_name',
     'rename_official_key', 'resolve_attention', 'attention_hint'
 ]

@@ -88,26 +88,23 @@ def load_feature_weights(model: FeatureMaps, checkpoint: str) -> None:
         checkpoint (str): Checkpoint file (loaded with ``weights_only=True``).
 
     Raises:
-        ValueError: A weight of ``model`` is missing or has another shape.
+        ValueError: Weights of ``model`` are missing or have another shape
+            (all listed by name; other checkpoint entries, e.g. the heads,
+            are ignored).
     """
-    from ..checkpoint import load_state_dict_safely
+    from ..checkpoint import compare_state_dict, load_state_dict_safely
     state = load_state_dict_safely(checkpoint)
     if not any(key.startswith('backbone.') for key in state):
         state = {f'backbone.{key}': value for key, value in state.items()}
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    if missing:
+    result = compare_state_dict(state, model.state_dict())
+    if not result.fits(allow_unexpected=True):
         raise ValueError(
-            f'checkpoint {checkpoint} lacks {len(missing)} weights of the exported '
-            f'model, e.g. {missing[:3]}; expected a checkpoint of this config\'s '
-            f'model (or of its backbone alone, exported without the neck).')
-    mismatched = [key for key in expected if state[key].shape != expected[key].shape]
-    if mismatched:
-        key = mismatched[0]
-        raise ValueError(
-            f'checkpoint {checkpoint} has {key} of shape {tuple(state[key].shape)}; '
-            f'the model built from the config expects {tuple(expected[key].shape)}.')
-    model.load_state_dict({key: state[key] for key in expected})
+            f'checkpoint {checkpoint} lacks {len(result.missing)} weights of the '
+            f'exported model and has {len(result.mismatched)} in another shape '
+            f'({result.describe(allow_unexpected=True)}); expected a checkpoint of '
+            f'this config\'s model (or of its backbone alone, exported without the '
+            f'neck).')
+    model.load_state_dict(result.fitted)
 
 
 @contextlib.contextmanager

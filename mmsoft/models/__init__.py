@@ -1,2 +1,2 @@
-"""Models: backbones, their layers and classification heads."""
+"""Models: the backbones and their layers."""
 from .backbones import *  # noqa: F401,F403

@@ -25,7 +25,7 @@ class BackboneClassifier(BaseModel):
             ``dict(type='ClassAttentionHead', ...)``; it reads the backbone's
             outputs.
         data_preprocessor (dict, optional): e.g.
-            ``dict(type='ClassificationDataPreprocessor', ...)``.
+            ``dict(type='ClsDataPreprocessor', ...)``.
         skip_final_pool (bool): For backbones whose last output is a
             parameter-free pooling of the last block (``UFOViT`` with
             ``out_indices=(3, )``: a 2x2 max-pool of the stride-16 tokens),

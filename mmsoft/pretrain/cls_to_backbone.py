@@ -22,32 +22,22 @@ shape that does not fit, raises ``ValueError`` listing them.
 this module.
 """
 import re
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 import torch
 
-from ..checkpoint.soft_official import unwrap_state_dict
+from ..checkpoint import fit_state_dict, key_list, split_prefix, unwrap_state_dict
+from ..checkpoint.backbone_loading import UFO_VIT_OPTIONAL_KEY
+from ..checkpoint.state_dict import StateDict
 from ..models.backbones.ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES, UFOViT
-
-StateDict = Dict[str, torch.Tensor]
 
 #: Prefix of the backbone's tensors in a classifier (or detector) checkpoint.
 BACKBONE_PREFIX = 'backbone.'
-#: Backbone keys that a classifier checkpoint may lack (output resampling).
-OPTIONAL_KEY = re.compile(r'pyramid\.branches\.\d+\..+')
 #: Keys read to recognise the architecture.
 ARCH_KEYS = ('patch_embed.proj.0.weight', 'pos_embed.proj.weight',
              'blocks.0.norm1.weight', 'blocks.0.attn.gamma_q',
              'blocks.0.ffn.fc1.weight', 'blocks.0.lpi.conv1.weight')
 _BLOCK = re.compile(r'blocks\.(\d+)\.')
-
-
-def _key_list(keys, limit: Optional[int] = 40) -> str:
-    keys = sorted(keys)
-    text = ', '.join(keys[:limit])
-    if limit is not None and len(keys) > limit:
-        text += f', ... ({len(keys) - limit} more)'
-    return text or '-'
 
 
 def _key_pattern(key: str) -> str:
@@ -78,21 +68,15 @@ def select_backbone_tensors(state_dict: Mapping, prefix: str = BACKBONE_PREFIX
     Raises:
         ValueError: No key starts with ``prefix``.
     """
-    backbone, dropped, skipped = {}, [], []
-    for key, value in state_dict.items():
-        key = str(key)
-        bare = key[len('module.'):] if key.startswith('module.') else key
-        if not bare.startswith(prefix):
-            dropped.append(key)
-        elif not isinstance(value, torch.Tensor):
-            skipped.append(key)
-        else:
-            backbone[bare[len(prefix):]] = value
+    selected, dropped = split_prefix(state_dict, prefix)
+    backbone = {k: v for k, v in selected.items() if isinstance(v, torch.Tensor)}
+    skipped = [f'{prefix}{k}' for k, v in selected.items()
+               if not isinstance(v, torch.Tensor)]
     if not backbone:
         raise ValueError(
             f'the checkpoint has no tensors under {prefix!r}; expected an image '
             f'classifier checkpoint with the backbone under {prefix!r} and the '
-            f'head under "head." (its keys: {_key_list(map(str, state_dict), 20)}).')
+            f'head under "head." (its keys: {key_list(state_dict, 20)}).')
     return backbone, dropped, skipped
 
 
@@ -123,8 +107,8 @@ def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
         patterns = _reference_patterns()
         unexpected = [k for k in state_dict if _key_pattern(k) not in patterns]
         raise ValueError(
-            f'not a UFO-ViT backbone: missing keys: {_key_list(missing)}; '
-            f'unexpected keys: {_key_list(unexpected)}.')
+            f'not a UFO-ViT backbone: missing keys: {key_list(missing)}; '
+            f'unexpected keys: {key_list(unexpected)}.')
     dims = int(state_dict['blocks.0.norm1.weight'].shape[0])
     indices = sorted({int(m.group(1)) for m in map(_BLOCK.match, state_dict) if m})
     if indices != list(range(len(indices))):
@@ -151,19 +135,19 @@ def match_ufo_vit_arch(arch: Mapping) -> Optional[str]:
     return None
 
 
-def expected_ufo_vit_shapes(settings: Mapping) -> Dict[str, torch.Size]:
-    """Every state-dict entry of a four-output ``UFOViT`` and its shape.
+def ufo_vit_state_layout(settings: Mapping) -> StateDict:
+    """The state dict of a four-output ``UFOViT`` of ``settings``.
 
     Args:
         settings (Mapping): As returned by :func:`detect_ufo_vit_settings`.
 
     Returns:
-        dict[str, torch.Size]: Keys and shapes.
+        dict[str, Tensor]: ``UFOViT(...).state_dict()``.
     """
     model = UFOViT(arch=dict(settings['arch']), in_channels=settings['in_channels'],
                    qkv_bias=settings['qkv_bias'],
                    out_indices=tuple(range(NUM_STAGES)))
-    return {key: value.shape for key, value in model.state_dict().items()}
+    return model.state_dict()
 
 
 def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping
@@ -180,25 +164,14 @@ def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping
 
     Raises:
         ValueError: Missing (other than the optional ones) or unexpected
-            keys, all listed; or shape mismatches, each with both shapes.
+            keys and shape mismatches (each with both shapes), all listed.
     """
-    expected = expected_ufo_vit_shapes(settings)
-    unexpected = [key for key in state_dict if key not in expected]
-    missing = [key for key in expected if key not in state_dict]
-    required = [key for key in missing if not OPTIONAL_KEY.fullmatch(key)]
-    if unexpected or required:
-        raise ValueError(
-            f'the backbone tensors do not match UFOViT(arch={dict(settings["arch"])}'
-            f', in_channels={settings["in_channels"]}, qkv_bias='
-            f'{settings["qkv_bias"]}): missing keys: {_key_list(required)}; '
-            f'unexpected keys: {_key_list(unexpected)}.')
-    mismatched = [f'{key}: {tuple(value.shape)} (expected {tuple(expected[key])})'
-                  for key, value in state_dict.items()
-                  if tuple(value.shape) != tuple(expected[key])]
-    if mismatched:
-        raise ValueError(f'shapes inconsistent with UFOViT(arch='
-                         f'{dict(settings["arch"])}): {"; ".join(mismatched)}.')
-    return sorted(missing)
+    result = fit_state_dict(
+        state_dict, ufo_vit_state_layout(settings), optional=UFO_VIT_OPTIONAL_KEY,
+        context=f'the backbone tensors do not match UFOViT(arch='
+        f'{dict(settings["arch"])}, in_channels={settings["in_channels"]}, '
+        f'qkv_bias={settings["qkv_bias"]})')
+    return result.optional_missing
 
 
 def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
@@ -265,6 +238,6 @@ def backbone_checkpoint(state_dict: StateDict, info: Mapping, **meta) -> dict:
 
 __all__ = [
     'ufo_vit_cls_to_backbone', 'detect_ufo_vit_settings', 'match_ufo_vit_arch',
-    'expected_ufo_vit_shapes', 'check_ufo_vit_state_dict', 'select_backbone_tensors',
+    'ufo_vit_state_layout', 'check_ufo_vit_state_dict', 'select_backbone_tensors',
     'backbone_checkpoint'
 ]

@@ -1,4 +1,4 @@
-"""Image classification datasets in the ImageNet folder layout."""
+"""Image classification datasets in the ImageNet layout (mmpretrain's names)."""
 import os
 import os.path as osp
 from typing import List, Optional, Sequence, Tuple, Union
@@ -80,8 +80,8 @@ def read_list_file(path: str) -> List[Tuple[str, int]]:
 
 
 @DATASETS.register_module()
-class ImageFolderDataset(BaseDataset):
-    """Images and class labels, ImageNet layout (what mmpretrain's ImageNet reads).
+class CustomDataset(BaseDataset):
+    """Images and class labels, ImageNet layout, as mmpretrain's ``CustomDataset``.
 
     Two ways to list the images under ``data_root/data_prefix['img_path']``:
 
@@ -92,16 +92,20 @@ class ImageFolderDataset(BaseDataset):
       the indices of the sorted folder names.
 
     Class names come from ``classes`` (a list, or a text file with one name
-    per line, relative to ``data_root``), else from the folder names, else
+    per line, relative to ``data_root``), else from ``metainfo['classes']``,
+    else from the folder names, else
     (a list file over a flat folder) are the label indices as strings.
 
     Every sample is ``dict(img_path=..., gt_label=int)`` before the pipeline.
+    mmpretrain's ``ImageNet`` is this dataset with the 1000 ImageNet class
+    names as ``classes``.
 
     Args:
         data_root (str): Dataset root. Default: ''.
         data_prefix (dict | str): Image folder under ``data_root``,
             ``dict(img_path='train')`` or just ``'train'``. Default: ''.
         ann_file (str): Optional list file. Default: ''.
+        with_label (bool): Only True (labelled images). Default: True.
         classes (Sequence[str] | str, optional): Class names or a file of
             them. Default: None.
         extensions (Sequence[str]): Image extensions for the folder scan.
@@ -113,9 +117,13 @@ class ImageFolderDataset(BaseDataset):
                  data_root: str = '',
                  data_prefix: Union[dict, str] = '',
                  ann_file: str = '',
+                 with_label: bool = True,
                  classes: Optional[Union[Sequence[str], str]] = None,
                  extensions: Sequence[str] = IMG_EXTENSIONS,
                  **kwargs):
+        if with_label is not True:
+            raise ValueError(f'with_label={with_label!r} is not supported; only '
+                             f'True (images with class labels).')
         if isinstance(data_prefix, str):
             data_prefix = dict(img_path=data_prefix)
         self._classes_arg = classes
@@ -132,7 +140,8 @@ class ImageFolderDataset(BaseDataset):
                 osp.join(self.data_root, classes)
             classes = read_class_names(path)
         if classes is None:
-            classes = folder_classes or [str(i) for i in range(max(labels) + 1)]
+            classes = (self._metainfo.get('classes') or folder_classes
+                       or [str(i) for i in range(max(labels) + 1)])
         classes = tuple(classes)
         if max(labels) >= len(classes) or min(labels) < 0:
             raise ValueError(f'labels range over [{min(labels)}, {max(labels)}] but '

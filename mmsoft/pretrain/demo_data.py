@@ -10,7 +10,7 @@ independent of it). Layout under ``root``::
     meta/train.txt, meta/val.txt     "<class>/<file> <label>" lines
     meta/classes.txt                 class names, one per line, label order
 
-which is what ``ImageFolderDataset`` (``mmsoft.pretrain``) and
+which is what ``CustomDataset`` (``mmsoft.pretrain``) and
 mmpretrain's ``ImageNet``/``CustomDataset`` read, either from the class
 folders or from the list files. Classes are balanced (image ``i`` of a split
 has label ``i mod K``); class names are sorted so that the folder order and

@@ -1,112 +1,17 @@
 """Class-attention classification head (CaiT / XCiT) over a backbone's tokens."""
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from mmengine.registry import MODELS
 from mmengine.structures import BaseDataElement
 
+from ..models.layers import init_transformer_weights
 from ..utils import check_divisible, check_positive_int, check_rate
-from ..models.layers import MLP, init_transformer_weights
-
-
-def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                       label_smoothing: float = 0.) -> torch.Tensor:
-    """Cross-entropy against class-probability targets, with label smoothing.
-
-    ``targets`` are smoothed as ``t * (1 - eps) + eps / K`` before the loss
-    ``-sum(t * log_softmax(logits))``, averaged over the batch. For mixed
-    targets ``lam * y1 + (1 - lam) * y2`` (Mixup/CutMix) this equals mixing
-    the smoothed one-hot vectors, as timm's ``Mixup(label_smoothing=eps)``
-    followed by ``SoftTargetCrossEntropy`` computes.
-
-    Args:
-        logits (Tensor): Shape (B, K).
-        targets (Tensor): Shape (B, K), rows summing to 1; or (B, ) class
-            indices.
-        label_smoothing (float): ``eps`` in [0, 1). Default: 0.
-
-    Returns:
-        Tensor: Scalar loss.
-    """
-    num_classes = logits.shape[-1]
-    if targets.dim() == 1:
-        targets = F.one_hot(targets.long(), num_classes)
-    targets = targets.to(logits.dtype)
-    if label_smoothing > 0:
-        targets = targets * (1 - label_smoothing) + label_smoothing / num_classes
-    return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
-
-
-class ClassAttention(nn.Module):
-    """Softmax attention of the class token over itself and the patch tokens.
-
-    Only the class token issues a query, so cost and memory are linear in the
-    number of tokens N (one row of attention weights per head).
-
-    Args:
-        embed_dims (int): Token width C.
-        num_heads (int): Heads; ``embed_dims`` must be a multiple.
-        qkv_bias (bool): Whether the projections have biases. Default: True.
-    """
-
-    def __init__(self, embed_dims: int, num_heads: int, qkv_bias: bool = True):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = (embed_dims // num_heads)**-0.5
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
-        self.proj = nn.Linear(embed_dims, embed_dims)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, 1 + N, C), class token first -> updated class token (B, 1, C)."""
-        batch, tokens, channels = x.shape
-        heads, dims = self.num_heads, channels // self.num_heads
-        query = self.q(x[:, :1]).reshape(batch, 1, heads, dims).transpose(1, 2)
-        keys, values = self.kv(x).reshape(batch, tokens, 2, heads,
-                                          dims).permute(2, 0, 3, 1, 4)
-        weights = (query * self.scale) @ keys.transpose(-2, -1)  # (B, h, 1, 1+N)
-        out = weights.softmax(dim=-1) @ values  # (B, h, 1, d)
-        return self.proj(out.transpose(1, 2).reshape(batch, 1, channels))
-
-
-class ClassAttentionBlock(nn.Module):
-    """CaiT's class-attention block with per-channel residual scales.
-
-    ``cls = cls + g1 * CA(LN([cls; x]))``; ``cls = cls + g2 * FFN(LN(cls))``.
-    The patch tokens ``x`` are read, never changed.
-
-    Args:
-        embed_dims (int): Token width C.
-        num_heads (int): Attention heads.
-        mlp_ratio (float): FFN hidden width / C. Default: 4.
-        qkv_bias (bool): Projection biases. Default: True.
-        drop_path (float): Stochastic depth of both branches. Default: 0.
-        layer_scale_init_value (float): Initial ``g1``, ``g2``.
-            Default: 1e-5.
-    """
-
-    def __init__(self, embed_dims: int, num_heads: int, mlp_ratio: float = 4.,
-                 qkv_bias: bool = True, drop_path: float = 0.,
-                 layer_scale_init_value: float = 1e-5):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(embed_dims, eps=1e-6)
-        self.attn = ClassAttention(embed_dims, num_heads, qkv_bias)
-        self.gamma1 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
-        self.norm2 = nn.LayerNorm(embed_dims, eps=1e-6)
-        self.ffn = MLP(embed_dims, int(embed_dims * mlp_ratio), nn.GELU)
-        self.gamma2 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-
-    def forward(self, cls_token: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Class token (B, 1, C) and patch tokens (B, N, C) -> (B, 1, C)."""
-        joint = self.norm1(torch.cat((cls_token, tokens), dim=1))
-        cls_token = cls_token + self.drop_path(self.gamma1 * self.attn(joint))
-        return cls_token + self.drop_path(self.gamma2 * self.ffn(self.norm2(cls_token)))
+from .class_attention import ClassAttentionBlock
+from .metrics import topk_accuracy
 
 
 @MODELS.register_module()
@@ -121,10 +26,10 @@ class ClassAttentionHead(BaseModule):
     the tokens are averaged instead (global average pooling, then LayerNorm
     and the linear classifier).
 
-    The losses are the cross-entropy against the batch's targets: the
-    ``gt_score`` of the data samples when present (class-probability vectors
-    written by Mixup/CutMix), else their ``gt_label``; label smoothing is
-    applied to either (see :func:`soft_cross_entropy`).
+    The loss module (``loss``, e.g. :class:`~mmsoft.pretrain.LabelSmoothLoss`)
+    compares the logits with the batch's targets: the ``gt_score`` of the
+    data samples when present (class-probability vectors written by
+    Mixup/CutMix), else their ``gt_label``.
 
     Args:
         num_classes (int): Number of classes K.
@@ -138,7 +43,10 @@ class ClassAttentionHead(BaseModule):
             layers (all layers alike). Default: 0.
         layer_scale_init_value (float): Initial residual scales of the
             class-attention layers. Default: 1e-5.
-        label_smoothing (float): Label smoothing of the loss. Default: 0.1.
+        loss (dict): Config of the loss module, called as
+            ``loss(logits (B, K), targets (B, K) or labels (B, ))``. Default:
+            ``dict(type='LabelSmoothLoss', label_smooth_val=0.1,
+            mode='original')``.
         topk (Sequence[int]): Training accuracies logged (against hard
             labels, only for batches without soft targets). Default: (1, ).
         init_cfg (dict, optional): Initialization config. Default: None.
@@ -152,7 +60,8 @@ class ClassAttentionHead(BaseModule):
                  mlp_ratio: float = 4.,
                  drop_path_rate: float = 0.,
                  layer_scale_init_value: float = 1e-5,
-                 label_smoothing: float = 0.1,
+                 loss: dict = dict(type='LabelSmoothLoss', label_smooth_val=0.1,
+                                   mode='original'),
                  topk: Sequence[int] = (1, ),
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
@@ -162,13 +71,10 @@ class ClassAttentionHead(BaseModule):
             raise ValueError(f'num_layers={num_layers!r} is invalid; expected an '
                              f'int >= 0 (0: average pooling).')
         check_rate('drop_path_rate', drop_path_rate)
-        if not 0 <= label_smoothing < 1:
-            raise ValueError(f'label_smoothing={label_smoothing!r} is invalid; '
-                             f'expected a value in [0, 1).')
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.num_layers = num_layers
-        self.label_smoothing = label_smoothing
+        self.loss_module = MODELS.build(loss)
         self.topk = tuple(topk)
         if num_layers > 0:
             check_positive_int('num_heads', num_heads)
@@ -232,7 +138,7 @@ class ClassAttentionHead(BaseModule):
 
     def loss(self, feats, data_samples: List[BaseDataElement]
              ) -> Dict[str, torch.Tensor]:
-        """Cross-entropy (with label smoothing) of the batch.
+        """The loss module's value for the batch.
 
         Args:
             feats: Backbone outputs.
@@ -245,7 +151,7 @@ class ClassAttentionHead(BaseModule):
         """
         logits = self(feats)
         targets = self._targets(data_samples, logits.device)
-        losses = dict(loss=soft_cross_entropy(logits, targets, self.label_smoothing))
+        losses = dict(loss=self.loss_module(logits, targets))
         if targets.dim() == 1:
             with torch.no_grad():
                 for k, value in zip(self.topk, topk_accuracy(logits, targets,
@@ -273,21 +179,3 @@ class ClassAttentionHead(BaseModule):
             sample.set_data(dict(pred_score=score,
                                  pred_label=score.argmax(dim=-1, keepdim=True)))
         return data_samples
-
-
-def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor,
-                  topk: Sequence[int] = (1, )) -> Tuple[torch.Tensor, ...]:
-    """Percentage of rows whose label is among the ``k`` largest logits.
-
-    Args:
-        logits (Tensor): Shape (B, K).
-        labels (Tensor): Shape (B, ).
-        topk (Sequence[int]): Values of k (capped at K).
-
-    Returns:
-        tuple[Tensor]: One scalar per k, in [0, 100].
-    """
-    ranks = logits.topk(min(max(topk), logits.shape[-1]), dim=-1).indices
-    hits = ranks == labels.reshape(-1, 1)
-    return tuple(hits[:, :min(k, logits.shape[-1])].any(dim=-1).float().mean() * 100
-                 for k in topk)

@@ -1,91 +1,128 @@
-"""Data transforms of the DeiT ImageNet recipe, in mmcv's transform interface.
+"""Resizing and packing transforms of the DeiT ImageNet recipe (mmpretrain's names).
 
-Images are numpy arrays (H, W, 3) in BGR order, as mmcv's
-``LoadImageFromFile`` produces them. Randomness comes from ``numpy.random``,
-which mmengine seeds per worker.
+:class:`RandomResizedCrop`, :class:`ResizeEdge` and :class:`PackInputs` take
+the arguments of mmpretrain 1.x's transforms of the same names (the supported
+subset), so a pipeline written for either library builds here. Images are
+numpy arrays (H, W, C) in BGR order, as mmcv's ``LoadImageFromFile`` produces
+them. Randomness comes from ``numpy.random``, which mmengine seeds per worker.
 """
 import math
-from typing import Callable, Dict, List, Sequence, Tuple, Union
+from numbers import Number
+from typing import Sequence, Tuple, Union
 
-import cv2
+import mmcv
 import numpy as np
 import torch
 from mmcv.transforms import BaseTransform
 from mmengine.registry import TRANSFORMS
 from mmengine.structures import BaseDataElement
-from PIL import Image, ImageEnhance, ImageOps
 
-#: OpenCV interpolation flags by name.
-INTERPOLATIONS = dict(nearest=cv2.INTER_NEAREST, bilinear=cv2.INTER_LINEAR,
-                      bicubic=cv2.INTER_CUBIC, area=cv2.INTER_AREA,
-                      lanczos=cv2.INTER_LANCZOS4)
+from ..utils import check_choice, check_positive_int
 
-
-def _interpolation(name: str) -> int:
-    if name not in INTERPOLATIONS:
-        raise ValueError(f'interpolation={name!r} is not supported; expected one of '
-                         f'{sorted(INTERPOLATIONS)}.')
-    return INTERPOLATIONS[name]
+#: Interpolations of :func:`mmcv.imresize` by backend.
+INTERPOLATIONS = dict(cv2=('nearest', 'bilinear', 'bicubic', 'area', 'lanczos'),
+                      pillow=('nearest', 'bilinear', 'bicubic', 'box', 'lanczos',
+                              'hamming'))
 
 
-def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    """``size`` or ``(h, w)`` -> ``(h, w)``."""
-    if isinstance(size, int):
-        return size, size
-    if len(size) != 2:
-        raise ValueError(f'size={size!r} must be an int or (height, width).')
-    return int(size[0]), int(size[1])
+def check_resize_options(interpolation: str, backend: str) -> None:
+    """Raises unless ``backend`` and its ``interpolation`` are supported."""
+    check_choice('backend', backend, INTERPOLATIONS)
+    check_choice(f'interpolation (backend={backend!r})', interpolation,
+                 INTERPOLATIONS[backend])
 
 
-def _resize(img: np.ndarray, height: int, width: int, flag: int) -> np.ndarray:
-    out = cv2.resize(img, (width, height), interpolation=flag)
+def check_probability(name: str, value) -> None:
+    """Raises unless ``value`` is a number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 <= value <= 1:
+        raise ValueError(f'{name}={value!r} is invalid; expected a probability in '
+                         f'[0, 1].')
+
+
+def per_channel(name: str, value: Union[Number, Sequence[Number]]) -> np.ndarray:
+    """A number or 3 numbers -> float array (3, )."""
+    values = [value] * 3 if isinstance(value, Number) else list(value)
+    if len(values) != 3 or not all(isinstance(v, Number) for v in values):
+        raise ValueError(f'{name}={value!r} is invalid; expected a number or 3 '
+                         f'numbers (one per channel, in the image order).')
+    return np.array(values, dtype=np.float64)
+
+
+def resize(img: np.ndarray, height: int, width: int, interpolation: str,
+           backend: str) -> np.ndarray:
+    """(H, W, C) -> (height, width, C), keeping a single channel axis."""
+    out = mmcv.imresize(img, (width, height), interpolation=interpolation,
+                        backend=backend)
     return out[..., None] if img.ndim == 3 and out.ndim == 2 else out
 
 
+def _pair(name: str, size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    """``size`` or ``(h, w)`` -> ``(h, w)``, both positive ints."""
+    pair = (size, size) if isinstance(size, int) else tuple(size)
+    if len(pair) != 2 or any(not isinstance(v, int) or v < 1 for v in pair):
+        raise ValueError(f'{name}={size!r} is invalid; expected a positive int or '
+                         f'(height, width).')
+    return pair
+
+
+def _range(name: str, value: Sequence[float], upper: float = math.inf
+           ) -> Tuple[float, float]:
+    """Checks ``0 < min <= max <= upper``."""
+    if len(value) != 2 or not 0 < value[0] <= value[1] <= upper:
+        raise ValueError(f'{name}={value!r} is invalid; expected (min, max) with '
+                         f'0 < min <= max <= {upper}.')
+    return float(value[0]), float(value[1])
+
+
 @TRANSFORMS.register_module()
-class ClsRandomResizedCrop(BaseTransform):
-    """Crops a random area and aspect ratio, then resizes to ``size``.
+class RandomResizedCrop(BaseTransform):
+    """Crops a random area and aspect ratio, then resizes to ``scale``.
 
-    The crop covers a fraction of the image drawn uniformly from ``scale``
-    with a log-uniform aspect ratio (w / h) in ``ratio``; after
-    ``max_attempts`` crops that do not fit, the largest centred crop with an
-    aspect ratio inside ``ratio`` is taken (torchvision's
-    ``RandomResizedCrop``, as DeiT uses it).
+    The crop covers a fraction of the image drawn uniformly from
+    ``crop_ratio_range`` with a log-uniform aspect ratio (w / h) in
+    ``aspect_ratio_range``; after ``max_attempts`` crops that do not fit, the
+    largest centred crop with an aspect ratio inside the range is taken
+    (torchvision's ``RandomResizedCrop``, as DeiT and mmpretrain use it).
 
-    Required keys: ``img``. Modified keys: ``img``, ``img_shape``.
+    Required keys: ``img``. Modified keys: ``img``, ``img_shape`` (the
+    output (height, width)).
 
     Args:
-        size (int | tuple[int, int]): Output (height, width).
-        scale (tuple[float, float]): Crop area / image area. Default:
-            (0.08, 1.0).
-        ratio (tuple[float, float]): Crop aspect ratio range. Default:
-            (3/4, 4/3).
-        interpolation (str): ``'bicubic'``, ``'bilinear'``...
-            Default: ``'bicubic'``.
+        scale (int | tuple[int, int]): Output (height, width).
+        crop_ratio_range (tuple[float, float]): Crop area / image area.
+            Default: (0.08, 1.0).
+        aspect_ratio_range (tuple[float, float]): Crop aspect ratio range.
+            Default: (3/4, 4/3).
         max_attempts (int): Draws before the centred fallback. Default: 10.
+        interpolation (str): See :data:`INTERPOLATIONS`. Default:
+            ``'bilinear'``.
+        backend (str): ``'cv2'`` or ``'pillow'``. Default: ``'cv2'``.
     """
 
-    def __init__(self, size: Union[int, Sequence[int]],
-                 scale: Tuple[float, float] = (0.08, 1.0),
-                 ratio: Tuple[float, float] = (3. / 4., 4. / 3.),
-                 interpolation: str = 'bicubic', max_attempts: int = 10):
-        self.size = _pair(size)
-        if not 0 < scale[0] <= scale[1] <= 1:
-            raise ValueError(f'scale={scale!r} must satisfy 0 < min <= max <= 1.')
-        if not 0 < ratio[0] <= ratio[1]:
-            raise ValueError(f'ratio={ratio!r} must satisfy 0 < min <= max.')
-        self.scale = tuple(scale)
-        self.ratio = tuple(ratio)
-        self.interpolation = interpolation
-        self.flag = _interpolation(interpolation)
+    def __init__(self, scale: Union[int, Sequence[int]],
+                 crop_ratio_range: Tuple[float, float] = (0.08, 1.0),
+                 aspect_ratio_range: Tuple[float, float] = (3. / 4., 4. / 3.),
+                 max_attempts: int = 10, interpolation: str = 'bilinear',
+                 backend: str = 'cv2'):
+        self.scale = _pair('scale', scale)
+        self.crop_ratio_range = _range('crop_ratio_range', crop_ratio_range, 1.)
+        self.aspect_ratio_range = _range('aspect_ratio_range', aspect_ratio_range)
+        if not isinstance(max_attempts, int) or max_attempts < 0:
+            raise ValueError(f'max_attempts={max_attempts!r} is invalid; expected an '
+                             f'int >= 0 (0: always the centred crop).')
+        check_resize_options(interpolation, backend)
         self.max_attempts = max_attempts
+        self.interpolation = interpolation
+        self.backend = backend
 
     def crop_box(self, height: int, width: int) -> Tuple[int, int, int, int]:
         """A random ``(top, left, crop_h, crop_w)`` inside an H x W image."""
         area = height * width
-        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        min_ratio, max_ratio = self.aspect_ratio_range
+        log_ratio = (math.log(min_ratio), math.log(max_ratio))
         for _ in range(self.max_attempts):
-            target = area * np.random.uniform(*self.scale)
+            target = area * np.random.uniform(*self.crop_ratio_range)
             aspect = math.exp(np.random.uniform(*log_ratio))
             crop_w = int(round(math.sqrt(target * aspect)))
             crop_h = int(round(math.sqrt(target / aspect)))
@@ -94,10 +131,10 @@ class ClsRandomResizedCrop(BaseTransform):
                 left = int(np.random.randint(0, width - crop_w + 1))
                 return top, left, crop_h, crop_w
         aspect = width / height
-        if aspect < self.ratio[0]:
-            crop_w, crop_h = width, int(round(width / self.ratio[0]))
-        elif aspect > self.ratio[1]:
-            crop_h, crop_w = height, int(round(height * self.ratio[1]))
+        if aspect < min_ratio:
+            crop_w, crop_h = width, int(round(width / min_ratio))
+        elif aspect > max_ratio:
+            crop_h, crop_w = height, int(round(height * max_ratio))
         else:
             crop_h, crop_w = height, width
         return (height - crop_h) // 2, (width - crop_w) // 2, crop_h, crop_w
@@ -106,227 +143,102 @@ class ClsRandomResizedCrop(BaseTransform):
         img = results['img']
         top, left, crop_h, crop_w = self.crop_box(*img.shape[:2])
         img = img[top:top + crop_h, left:left + crop_w]
-        results['img'] = _resize(img, *self.size, self.flag)
-        results['img_shape'] = self.size
+        results['img'] = resize(img, *self.scale, self.interpolation, self.backend)
+        results['img_shape'] = self.scale
         return results
 
     def __repr__(self) -> str:
-        return (f'{type(self).__name__}(size={self.size}, scale={self.scale}, '
-                f'ratio={self.ratio}, interpolation={self.interpolation!r})')
+        return (f'{type(self).__name__}(scale={self.scale}, crop_ratio_range='
+                f'{self.crop_ratio_range}, aspect_ratio_range='
+                f'{self.aspect_ratio_range}, max_attempts={self.max_attempts}, '
+                f'interpolation={self.interpolation!r}, backend={self.backend!r})')
 
 
 @TRANSFORMS.register_module()
-class ClsResizeShortEdge(BaseTransform):
-    """Resizes so that the shorter side is ``size``, keeping the aspect ratio.
+class ResizeEdge(BaseTransform):
+    """Resizes so that one edge is ``scale`` long, keeping the aspect ratio.
 
-    With ``CenterCrop(crop_size=int(size * 0.875))`` after it, this is the
-    standard ImageNet evaluation transform (256 -> 224).
+    The other side becomes ``round(side * scale / edge)`` (mmpretrain
+    truncates it instead: the two differ by one pixel when the fraction is
+    at least 0.5). With ``CenterCrop(crop_size=int(scale * 0.875))`` after
+    it and ``edge='short'``, this is the standard ImageNet evaluation
+    transform (256 -> 224).
 
-    Required keys: ``img``. Modified keys: ``img``, ``img_shape``,
-    ``scale_factor``.
+    Required keys: ``img``. Modified keys: ``img``, ``img_shape``. Added
+    keys: ``scale`` (w, h), ``scale_factor`` (w, h).
 
     Args:
-        size (int): Length of the shorter side after resizing.
-        interpolation (str): Default: ``'bicubic'``.
+        scale (int): Length of the chosen edge after resizing.
+        edge (str): ``'short'``, ``'long'``, ``'width'`` or ``'height'``.
+            Default: ``'short'``.
+        backend (str): ``'cv2'`` or ``'pillow'``. Default: ``'cv2'``.
+        interpolation (str): See :data:`INTERPOLATIONS`. Default:
+            ``'bilinear'``.
     """
 
-    def __init__(self, size: int, interpolation: str = 'bicubic'):
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f'size={size!r} must be a positive int.')
-        self.size = size
+    def __init__(self, scale: int, edge: str = 'short', backend: str = 'cv2',
+                 interpolation: str = 'bilinear'):
+        check_positive_int('scale', scale)
+        check_choice('edge', edge, ('short', 'long', 'width', 'height'))
+        check_resize_options(interpolation, backend)
+        self.scale = scale
+        self.edge = edge
+        self.backend = backend
         self.interpolation = interpolation
-        self.flag = _interpolation(interpolation)
+
+    def output_size(self, height: int, width: int) -> Tuple[int, int]:
+        """(new_h, new_w) of an H x W image."""
+        resize_width = (self.edge == 'width'
+                        or (self.edge == 'short' and width < height)
+                        or (self.edge == 'long' and width > height))
+        if resize_width:
+            return max(1, int(round(height * self.scale / width))), self.scale
+        return self.scale, max(1, int(round(width * self.scale / height)))
 
     def transform(self, results: dict) -> dict:
         img = results['img']
         height, width = img.shape[:2]
-        scale = self.size / min(height, width)
-        new_h = max(self.size, int(round(height * scale)))
-        new_w = max(self.size, int(round(width * scale)))
-        results['img'] = _resize(img, new_h, new_w, self.flag)
+        new_h, new_w = self.output_size(height, width)
+        results['img'] = resize(img, new_h, new_w, self.interpolation, self.backend)
         results['img_shape'] = (new_h, new_w)
+        results['scale'] = (new_w, new_h)
         results['scale_factor'] = (new_w / width, new_h / height)
         return results
 
     def __repr__(self) -> str:
-        return (f'{type(self).__name__}(size={self.size}, '
-                f'interpolation={self.interpolation!r})')
+        return (f'{type(self).__name__}(scale={self.scale}, edge={self.edge!r}, '
+                f'backend={self.backend!r}, interpolation={self.interpolation!r})')
 
 
-# ---------------------------------------------------------------- RandAugment
-#: Magnitudes are on a 0..10 scale (timm's ``_LEVEL_DENOM``).
-MAX_LEVEL = 10.
-
-
-def _signed(value: float) -> float:
-    """``value`` with a random sign."""
-    return -value if np.random.rand() < 0.5 else value
-
-
-def _enhance_factor(level: float) -> float:
-    """Enhancement factor 1 +- 0.9 * level / 10, at least 0.1 ("increasing")."""
-    return max(0.1, 1.0 + _signed(level / MAX_LEVEL * 0.9))
-
-
-def _affine(img: Image.Image, matrix: Tuple[float, ...], fill: Tuple[int, ...],
-            resample) -> Image.Image:
-    return img.transform(img.size, Image.Transform.AFFINE, matrix, resample=resample,
-                         fillcolor=fill)
-
-
-def _solarize_add(img: Image.Image, level: float) -> Image.Image:
-    """Adds ``level / 10 * 110`` to the pixels below 128."""
-    add = int(level / MAX_LEVEL * 110)
-    lut = [min(255, i + add) if i < 128 else i for i in range(256)]
-    return img.point(lut * len(img.getbands()))
-
-
-def _ops(fill: Tuple[int, ...], resample) -> Dict[str, Callable]:
-    """RandAugment operations: ``op(img, level) -> img`` on PIL RGB images."""
-    return {
-        'AutoContrast': lambda img, level: ImageOps.autocontrast(img),
-        'Equalize': lambda img, level: ImageOps.equalize(img),
-        'Invert': lambda img, level: ImageOps.invert(img),
-        'Rotate': lambda img, level: img.rotate(
-            _signed(level / MAX_LEVEL * 30.), resample=resample, fillcolor=fill),
-        'PosterizeIncreasing': lambda img, level: ImageOps.posterize(
-            img, 4 - int(level / MAX_LEVEL * 4)),
-        'SolarizeIncreasing': lambda img, level: ImageOps.solarize(
-            img, 256 - int(level / MAX_LEVEL * 256)),
-        'SolarizeAdd': _solarize_add,
-        'ColorIncreasing': lambda img, level: ImageEnhance.Color(img).enhance(
-            _enhance_factor(level)),
-        'ContrastIncreasing': lambda img, level: ImageEnhance.Contrast(img).enhance(
-            _enhance_factor(level)),
-        'BrightnessIncreasing': lambda img, level: ImageEnhance.Brightness(
-            img).enhance(_enhance_factor(level)),
-        'SharpnessIncreasing': lambda img, level: ImageEnhance.Sharpness(
-            img).enhance(_enhance_factor(level)),
-        'ShearX': lambda img, level: _affine(
-            img, (1, _signed(level / MAX_LEVEL * 0.3), 0, 0, 1, 0), fill, resample),
-        'ShearY': lambda img, level: _affine(
-            img, (1, 0, 0, _signed(level / MAX_LEVEL * 0.3), 1, 0), fill, resample),
-        'TranslateXRel': lambda img, level: _affine(
-            img, (1, 0, _signed(level / MAX_LEVEL * 0.45) * img.size[0], 0, 1, 0),
-            fill, resample),
-        'TranslateYRel': lambda img, level: _affine(
-            img, (1, 0, 0, 0, 1, _signed(level / MAX_LEVEL * 0.45) * img.size[1]),
-            fill, resample),
-    }
-
-
-#: The operations of timm's ``rand-m9-mstd0.5-inc1`` policy (DeiT).
-RAND_AUGMENT_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate',
-                    'PosterizeIncreasing', 'SolarizeIncreasing', 'SolarizeAdd',
-                    'ColorIncreasing', 'ContrastIncreasing', 'BrightnessIncreasing',
-                    'SharpnessIncreasing', 'ShearX', 'ShearY', 'TranslateXRel',
-                    'TranslateYRel')
+#: Metainfo keys of mmpretrain's ``PackInputs`` (copied when present).
+DEFAULT_META_KEYS = ('sample_idx', 'img_path', 'ori_shape', 'img_shape',
+                     'scale_factor', 'flip', 'flip_direction')
 
 
 @TRANSFORMS.register_module()
-class ClsRandAugment(BaseTransform):
-    """RandAugment as DeiT configures it (timm's ``rand-m9-mstd0.5-inc1``).
-
-    ``num_layers`` operations are drawn uniformly, with replacement, from
-    ``ops``; each is applied with probability ``op_prob`` at a magnitude drawn
-    from N(``magnitude``, ``magnitude_std``) and clipped to [0, 10]. The
-    "increasing" variants grow stronger with the magnitude; rotations (up to
-    30 degrees), shears (up to 0.3) and translations (up to 45% of the side)
-    take a random sign and fill uncovered pixels with ``fill`` (RGB).
-
-    Required keys: ``img`` (BGR uint8). Modified keys: ``img``.
-
-    Args:
-        num_layers (int): Operations per image. Default: 2.
-        magnitude (float): Mean magnitude, 0..10. Default: 9.
-        magnitude_std (float): Std of the magnitude. Default: 0.5.
-        op_prob (float): Probability of applying each drawn op. Default: 0.5.
-        ops (Sequence[str]): Operation names. Default:
-            :data:`RAND_AUGMENT_OPS`.
-        fill (Sequence[int]): RGB fill of geometric ops. Default: the ImageNet
-            mean (124, 116, 104).
-        interpolation (str): ``'bicubic'``, ``'bilinear'`` or ``'nearest'``
-            for geometric ops. Default: ``'bicubic'``.
-    """
-
-    def __init__(self, num_layers: int = 2, magnitude: float = 9.,
-                 magnitude_std: float = 0.5, op_prob: float = 0.5,
-                 ops: Sequence[str] = RAND_AUGMENT_OPS,
-                 fill: Sequence[int] = (124, 116, 104),
-                 interpolation: str = 'bicubic'):
-        resample = dict(nearest=Image.Resampling.NEAREST,
-                        bilinear=Image.Resampling.BILINEAR,
-                        bicubic=Image.Resampling.BICUBIC).get(interpolation)
-        if resample is None:
-            raise ValueError(f'interpolation={interpolation!r} must be nearest, '
-                             f'bilinear or bicubic.')
-        available = _ops(tuple(int(v) for v in fill), resample)
-        unknown = [op for op in ops if op not in available]
-        if unknown:
-            raise ValueError(f'unknown RandAugment ops {unknown}; available: '
-                             f'{sorted(available)}.')
-        if not 0 <= magnitude <= MAX_LEVEL:
-            raise ValueError(f'magnitude={magnitude!r} must lie in [0, {MAX_LEVEL}].')
-        self.num_layers = num_layers
-        self.magnitude = magnitude
-        self.magnitude_std = magnitude_std
-        self.op_prob = op_prob
-        self.ops = tuple(ops)
-        self.fill = tuple(int(v) for v in fill)
-        self.interpolation = interpolation
-        self._functions = available
-
-    def sample(self) -> List[Tuple[str, float]]:
-        """The ``(op, magnitude)`` pairs applied to one image."""
-        chosen = []
-        for index in np.random.randint(0, len(self.ops), size=self.num_layers):
-            if np.random.rand() >= self.op_prob:
-                continue
-            level = self.magnitude
-            if self.magnitude_std > 0:
-                level = np.random.normal(self.magnitude, self.magnitude_std)
-            chosen.append((self.ops[index], float(np.clip(level, 0., MAX_LEVEL))))
-        return chosen
-
-    def transform(self, results: dict) -> dict:
-        chosen = self.sample()
-        if not chosen:
-            return results
-        img = results['img']
-        gray = img.ndim == 2 or img.shape[-1] == 1
-        pil = Image.fromarray(img.reshape(img.shape[:2]) if gray else
-                              np.ascontiguousarray(img[..., ::-1]))
-        for name, level in chosen:
-            pil = self._functions[name](pil, level)
-        out = np.asarray(pil)
-        results['img'] = out.reshape(img.shape) if gray else \
-            np.ascontiguousarray(out[..., ::-1])
-        return results
-
-    def __repr__(self) -> str:
-        return (f'{type(self).__name__}(num_layers={self.num_layers}, '
-                f'magnitude={self.magnitude}, magnitude_std={self.magnitude_std}, '
-                f'op_prob={self.op_prob}, ops={len(self.ops)})')
-
-
-@TRANSFORMS.register_module()
-class PackClsInputs(BaseTransform):
-    """Packs an image and its label for :class:`BackboneClassifier`.
+class PackInputs(BaseTransform):
+    """Packs an image and its label for :class:`~mmsoft.pretrain.BackboneClassifier`.
 
     Returns ``dict(inputs=(C, H, W) uint8 tensor, data_samples=
     BaseDataElement(gt_label=(1, ) long tensor, metainfo=...))``.
 
     Args:
+        input_key (str): Key of the image. Default: ``'img'``.
+        algorithm_keys (Sequence[str]): Only empty. Default: ().
         meta_keys (Sequence[str]): Keys copied into the metainfo when present.
-            Default: ``('img_path', 'ori_shape', 'img_shape', 'flip')``.
+            Default: :data:`DEFAULT_META_KEYS`.
     """
 
-    def __init__(self, meta_keys: Sequence[str] = ('img_path', 'ori_shape',
-                                                   'img_shape', 'flip')):
+    def __init__(self, input_key: str = 'img', algorithm_keys: Sequence[str] = (),
+                 meta_keys: Sequence[str] = DEFAULT_META_KEYS):
+        if algorithm_keys:
+            raise ValueError(f'algorithm_keys={algorithm_keys!r} is not supported; '
+                             f'only ().')
+        self.input_key = input_key
         self.meta_keys = tuple(meta_keys)
 
     def transform(self, results: dict) -> dict:
-        img = results['img']
+        img = results[self.input_key]
         if img.ndim == 2:
             img = img[..., None]
         inputs = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
@@ -338,4 +250,5 @@ class PackClsInputs(BaseTransform):
         return dict(inputs=inputs, data_samples=sample)
 
     def __repr__(self) -> str:
-        return f'{type(self).__name__}(meta_keys={self.meta_keys})'
+        return (f'{type(self).__name__}(input_key={self.input_key!r}, '
+                f'meta_keys={self.meta_keys})')

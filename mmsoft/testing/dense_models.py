@@ -8,15 +8,11 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 from mmengine.hub import get_config
-from mmengine.registry import DefaultScope
+
+from ..apis.runner import build_in_scope
 
 MASK_RCNN_BASE = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
 UPERNET_BASE = 'mmseg::_base_/models/upernet_r50.py'
-
-
-def _scope(name: str):
-    """Context in which ``name`` (mmdet/mmseg) is the default registry scope."""
-    return DefaultScope.overwrite_default_scope(name)
 
 
 def build_mask_rcnn(backbone: dict, in_channels: Sequence[int]) -> torch.nn.Module:
@@ -29,15 +25,10 @@ def build_mask_rcnn(backbone: dict, in_channels: Sequence[int]) -> torch.nn.Modu
     Returns:
         nn.Module: The initialised detector.
     """
-    import mmsoft  # noqa: F401  (registers the backbones)
-    from mmdet.registry import MODELS
-    from mmdet.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
     cfg = get_config(MASK_RCNN_BASE)
     cfg.model.backbone = backbone
     cfg.model.neck.in_channels = list(in_channels)
-    with _scope('mmdet'):
-        model = MODELS.build(cfg.model)
+    model = build_in_scope('mmdet', cfg.model)
     model.init_weights()
     return model
 
@@ -54,10 +45,6 @@ def build_upernet(backbone: dict, in_channels: Sequence[int],
     Returns:
         nn.Module: The initialised segmentor.
     """
-    import mmsoft  # noqa: F401
-    from mmseg.registry import MODELS
-    from mmseg.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
     cfg = get_config(UPERNET_BASE)
     norm_cfg = dict(type='BN', requires_grad=True)
     cfg.model.backbone = backbone
@@ -67,8 +54,7 @@ def build_upernet(backbone: dict, in_channels: Sequence[int],
                                  num_classes=num_classes)
     cfg.model.auxiliary_head.update(in_channels=in_channels[2], norm_cfg=norm_cfg,
                                     num_classes=num_classes)
-    with _scope('mmseg'):
-        model = MODELS.build(cfg.model)
+    model = build_in_scope('mmseg', cfg.model)
     model.init_weights()
     return model
 

@@ -24,8 +24,7 @@ from typing import List, Optional
 
 import torch
 
-from mmsoft.checkpoint.soft_official import (load_checkpoint_file,
-                                                  soft_official_to_mmsoft)
+from mmsoft.checkpoint import load_checkpoint_file, soft_official_to_mmsoft
 from mmsoft.version import __version__
 
 

@@ -25,10 +25,9 @@ import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from mmsoft.checkpoint.soft_official import load_checkpoint_file  # noqa: E402
+from mmsoft.checkpoint import load_checkpoint_file  # noqa: E402
 from mmsoft.pretrain.cls_to_backbone import (  # noqa: E402
     backbone_checkpoint, ufo_vit_cls_to_backbone)
-from mmsoft.checkpoint import allow_mmengine_checkpoint_globals  # noqa: E402
 from mmsoft.version import __version__  # noqa: E402
 
 
@@ -46,7 +45,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the conversion; returns the exit status (1 on a foreign checkpoint)."""
     args = parse_args(argv)
-    allow_mmengine_checkpoint_globals()
     checkpoint = load_checkpoint_file(args.src, map_location='cpu')
     try:
         state_dict, info = ufo_vit_cls_to_backbone(checkpoint, prefix=args.prefix)

@@ -6,8 +6,9 @@ mmcv 2.1.0 / mmengine 0.10.7 / torch 2.13 (CPU) without changing them, but
 The torchvision build on the package index for torch 2.13 (0.28.0) links CUDA
 libraries and fails to import against the CPU torch; an unpinned torchvision
 pulls torch 2.14 with CUDA. So the classifier, head, data pipeline and metric
-are mmsoft's own (``mmsoft.pretrain``, ``ClassAttentionHead``),
-registered in mmengine's root registries (``default_scope = 'mmengine'``).
+are mmsoft's own (``mmsoft.pretrain``), under mmpretrain's names and arguments
+where mmpretrain has an equivalent, registered in mmengine's root registries
+(``default_scope = 'mmengine'``).
 
 Recipe and model: ``_base_/ufo-vit_8xb128-300e_in1k.py``. 8 GPUs x 128
 images. The backbone checkpoint for the detection configs::

@@ -24,18 +24,23 @@ model = dict(
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='ClsRandomResizedCrop', size=64, scale=(0.35, 1.0),
-         interpolation='bicubic'),
+    dict(type='RandomResizedCrop', scale=64, crop_ratio_range=(0.35, 1.0),
+         backend='cv2', interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-    dict(type='ClsRandAugment', num_layers=2, magnitude=5, magnitude_std=0.5,
-         fill=(124, 116, 104), interpolation='bicubic'),
-    dict(type='PackClsInputs'),
+    dict(type='RandAugment', policies='timm_increasing', num_policies=2,
+         total_level=10, magnitude_level=5, magnitude_std=0.5,
+         hparams=dict(pad_val=[104, 116, 124], interpolation='bicubic')),
+    dict(type='RandomErasing', erase_prob=0.25, mode='rand', min_area_ratio=0.02,
+         max_area_ratio=1 / 3, fill_color=[103.53, 116.28, 123.675],
+         fill_std=[57.375, 57.12, 58.395]),
+    dict(type='PackInputs'),
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='ClsResizeShortEdge', size=64, interpolation='bicubic'),
+    dict(type='ResizeEdge', scale=64, edge='short', backend='cv2',
+         interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=64),
-    dict(type='PackClsInputs'),
+    dict(type='PackInputs'),
 ]
 train_dataloader = dict(
     batch_size=32,

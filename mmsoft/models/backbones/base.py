@@ -72,10 +72,20 @@ class MultiStageBackbone(BaseModule):
         """Initialisation used when ``init_cfg`` loads no checkpoint."""
         raise NotImplementedError
 
+    def load_pretrained(self, init_cfg: dict) -> None:
+        """Loads the checkpoint of a ``Pretrained`` ``init_cfg`` strictly.
+
+        Args:
+            init_cfg (dict): ``dict(type='Pretrained', checkpoint=...,
+                prefix=None, map_location='cpu')``.
+        """
+        raise NotImplementedError
+
     def init_weights(self) -> None:
         """Loads ``init_cfg``'s checkpoint, or initialises from scratch."""
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            super().init_weights()
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            self.load_pretrained(cfg)
         else:
             self.init_from_scratch()
         self.freeze_stages()

@@ -210,21 +210,16 @@ class SOFT(MultiStageBackbone):
         trunc_normal_(self.cls_token, std=.02)
         self.apply(init_transformer_weights)
 
-    # --- checkpoint loading (see mmsoft/checkpoint/soft_official.py) ---
-    def init_weights(self) -> None:
-        """Loads a ``Pretrained`` ``init_cfg`` strictly (converting reference
-        checkpoints when ``convert_weights``); otherwise as the base class."""
-        cfg = self.init_cfg
-        if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
-            super().init_weights()
-            return
-        # Imported here: soft_official reads this module's arch table.
-        from ...checkpoint.soft_official import load_soft_checkpoint
+    # --- checkpoint loading (see mmsoft/checkpoint/backbone_loading.py) ---
+    def load_pretrained(self, cfg: dict) -> None:
+        """Loads the checkpoint strictly, converting reference checkpoints
+        when ``convert_weights``."""
+        # Imported on use: mmsoft.checkpoint builds backbones to read shapes.
+        from ...checkpoint import load_soft_checkpoint
         load_soft_checkpoint(self, cfg['checkpoint'],
                              convert_weights=self.convert_weights,
                              prefix=cfg.get('prefix'),
                              map_location=cfg.get('map_location', 'cpu'))
-        self.freeze_stages()
 
     def stage_pos_embed(self, stage: int, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """Position embeddings of stage ``stage`` resized to ``hw_shape``.

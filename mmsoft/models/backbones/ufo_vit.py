@@ -81,7 +81,11 @@ class UFOViT(MultiStageBackbone):
             and their resampling branches. Default: -1.
         norm_eval (bool): Keep BatchNorm layers in eval mode. Default: False.
         with_cp (bool): Gradient checkpointing of blocks. Default: False.
-        init_cfg (dict, optional): Initialization config. Default: None.
+        init_cfg (dict, optional): Initialization config. With
+            ``type='Pretrained'`` the checkpoint (optionally only the entries
+            under ``prefix``) is loaded strictly: any missing (other than the
+            stride-4/8 resampling branches), unexpected or mis-shaped entry
+            raises ``ValueError`` listing them. Default: None.
     """
 
     def __init__(self,
@@ -164,6 +168,15 @@ class UFOViT(MultiStageBackbone):
     def init_from_scratch(self) -> None:
         """Truncated-normal Linear weights; PyTorch defaults for convolutions."""
         self.apply(init_transformer_weights)
+
+    # --- checkpoint loading (see mmsoft/checkpoint/backbone_loading.py) ---
+    def load_pretrained(self, cfg: dict) -> None:
+        """Loads the checkpoint strictly; only the stride-4/8 resampling
+        branches may be missing."""
+        # Imported on use: mmsoft.checkpoint builds backbones to read shapes.
+        from ...checkpoint import load_ufo_vit_checkpoint
+        load_ufo_vit_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'),
+                                map_location=cfg.get('map_location', 'cpu'))
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Multi-scale features.

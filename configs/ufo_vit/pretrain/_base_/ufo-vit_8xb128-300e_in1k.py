@@ -12,9 +12,17 @@
 # on norms, biases, 1-d parameters, position encoding and layer scales),
 # 5 linear warm-up epochs from 1e-6, cosine decay to 1e-5; RandomResizedCrop
 # 224 (bicubic), horizontal flip, RandAugment rand-m9-mstd0.5-inc1, random
-# erasing 0.25, Mixup 0.8 / CutMix 1.0 (switch 0.5), label smoothing 0.1.
+# erasing 0.25 (pixel noise N(mean, std), before normalisation), Mixup 0.8 /
+# CutMix 1.0 (switch 0.5), label smoothing 0.1.
 # Evaluation: resize to 256 (shorter side, bicubic), centre crop 224.
 # Not included from DeiT: repeated augmentation and model EMA.
+#
+# The transforms, data preprocessor, dataset, metric and loss carry
+# mmpretrain 1.x's names and arguments (mmsoft.pretrain registers them in
+# mmengine's root registries); with mmpretrain, default_scope='mmpretrain'
+# builds its own classes from the same dicts, except BackboneClassifier and
+# ClassAttentionHead (mmsoft's) and the 1000 ImageNet class names (here the
+# folder names or classes=...).
 #
 # Data (the OpenMMLab ImageNet layout):
 #   data/imagenet/train/n01440764/*.JPEG ...
@@ -34,15 +42,15 @@ custom_imports = dict(imports=['mmsoft', 'mmsoft.pretrain'],
 model = dict(
     type='BackboneClassifier',
     data_preprocessor=dict(
-        type='ClassificationDataPreprocessor',
+        type='ClsDataPreprocessor',
         num_classes=1000,
         mean=[123.675, 116.28, 103.53],
         std=[58.395, 57.12, 57.375],
         to_rgb=True,
-        random_erasing=dict(prob=0.25, min_area=0.02, max_area=1 / 3,
-                            min_aspect=0.3),
-        batch_augments=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
-                            prob=1.0)),
+        batch_augments=dict(augments=[
+            dict(type='Mixup', alpha=0.8),
+            dict(type='CutMix', alpha=1.0)
+        ])),
     backbone=dict(type='UFOViT', arch='small', out_indices=(3, ),
                   drop_path_rate=0.1),
     skip_final_pool=True,
@@ -52,24 +60,32 @@ model = dict(
         in_channels=304,
         num_layers=2,
         num_heads=8,
-        label_smoothing=0.1))
+        loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original')))
 
 # ------------------------------------------------------------------- data ---
 data_root = 'data/imagenet/'
+# The pipeline works on BGR images: pad and fill values are in BGR order.
+bgr_mean = [103.53, 116.28, 123.675]
+bgr_std = [57.375, 57.12, 58.395]
 train_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='ClsRandomResizedCrop', size=224, scale=(0.08, 1.0),
-         interpolation='bicubic'),
+    dict(type='RandomResizedCrop', scale=224, crop_ratio_range=(0.08, 1.0),
+         backend='cv2', interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-    dict(type='ClsRandAugment', num_layers=2, magnitude=9, magnitude_std=0.5,
-         fill=(124, 116, 104), interpolation='bicubic'),
-    dict(type='PackClsInputs'),
+    dict(type='RandAugment', policies='timm_increasing', num_policies=2,
+         total_level=10, magnitude_level=9, magnitude_std=0.5,
+         hparams=dict(pad_val=[round(x) for x in bgr_mean],
+                      interpolation='bicubic')),
+    dict(type='RandomErasing', erase_prob=0.25, mode='rand', min_area_ratio=0.02,
+         max_area_ratio=1 / 3, fill_color=bgr_mean, fill_std=bgr_std),
+    dict(type='PackInputs'),
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='ClsResizeShortEdge', size=256, interpolation='bicubic'),
+    dict(type='ResizeEdge', scale=256, edge='short', backend='cv2',
+         interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=224),
-    dict(type='PackClsInputs'),
+    dict(type='PackInputs'),
 ]
 train_dataloader = dict(
     batch_size=128,
@@ -79,7 +95,7 @@ train_dataloader = dict(
     sampler=dict(type='DefaultSampler', shuffle=True),
     collate_fn=dict(type='pseudo_collate'),
     dataset=dict(
-        type='ImageFolderDataset',
+        type='CustomDataset',
         data_root=data_root,
         data_prefix=dict(img_path='train'),
         ann_file='meta/train.txt',
@@ -92,13 +108,13 @@ val_dataloader = dict(
     sampler=dict(type='DefaultSampler', shuffle=False),
     collate_fn=dict(type='pseudo_collate'),
     dataset=dict(
-        type='ImageFolderDataset',
+        type='CustomDataset',
         data_root=data_root,
         data_prefix=dict(img_path='val'),
         ann_file='meta/val.txt',
         test_mode=True,
         pipeline=test_pipeline))
-val_evaluator = dict(type='ClassificationAccuracy', topk=(1, 5))
+val_evaluator = dict(type='Accuracy', topk=(1, 5))
 test_dataloader = val_dataloader
 test_evaluator = val_evaluator
 

@@ -1,4 +1,6 @@
 """A pre-norm softmax-attention block (SOFT's last stage, as in PVT)."""
+from typing import Optional
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -10,6 +12,10 @@ from .mlp import MLP
 
 class GlobalSoftmaxAttention(nn.Module):
     """Multi-head softmax attention over all tokens.
+
+    Every token is a key and a value; the queries are all tokens, or only the
+    first ``num_queries`` of them (CaiT's class attention: ``num_queries=1``,
+    cost linear in the token count).
 
     Args:
         embed_dims (int): Token width C.
@@ -28,13 +34,20 @@ class GlobalSoftmaxAttention(nn.Module):
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C)."""
-        queries = split_heads(self.q(x), self.num_heads)  # (B, h, N, d)
+    def forward(self, x: torch.Tensor,
+                num_queries: Optional[int] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, Nq, C), Nq = ``num_queries`` or N.
+
+        Args:
+            x (Tensor): Tokens, shape (B, N, C).
+            num_queries (int, optional): Only the first ``num_queries``
+                tokens issue queries. Default: None (all N).
+        """
+        queries = split_heads(self.q(x[:, :num_queries]), self.num_heads)  # (B, h, Nq, d)
         keys, values = self.kv(x).chunk(2, dim=-1)
         keys = split_heads(keys, self.num_heads)
         values = split_heads(values, self.num_heads)
-        out = F.scaled_dot_product_attention(queries, keys, values)  # (B, h, N, d)
+        out = F.scaled_dot_product_attention(queries, keys, values)  # (B, h, Nq, d)
         return self.proj(merge_heads(out))
 
 

@@ -1,0 +1,205 @@
+"""``init_cfg=dict(type='Pretrained', ...)`` of the backbones: strict loading.
+
+Both backbones load their checkpoint file the same way: read it (path or
+URL, ``weights_only``), take the state dict out of its wrapper, keep the
+entries under ``prefix`` when one is given, strip leading ``module.`` /
+``backbone.``, compare every key and shape with ``model.state_dict()``
+(:func:`~mmsoft.checkpoint.strict.fit_state_dict`) and load with
+``strict=True``. What differs is passed in:
+
+* SOFT (:func:`load_soft_checkpoint`): reference checkpoints are converted
+  first (``convert_weights``); position embeddings learned at another image
+  size are resized to the model's grids; a file of the other attention
+  variant is reported.
+* UFO-ViT (:func:`load_ufo_vit_checkpoint`): the resampling branches of the
+  stride-4/8 outputs (``pyramid.branches.*``), which a classifier does not
+  train, may be missing (see :mod:`mmsoft.pretrain.cls_to_backbone`); they
+  keep the model's values.
+
+BatchNorm's ``num_batches_tracked`` counters may be missing in both.
+"""
+import logging
+import os.path as osp
+import re
+from typing import Mapping, Optional, Tuple
+
+import torch.nn as nn
+from mmengine.logging import print_log
+
+from .pos_embed import RESIZE_NOTE, grid_pos_embed_resizer
+from .safe_load import load_checkpoint_file
+from .soft_official import soft_official_to_mmsoft
+from .state_dict import (StateDict, key_list, select_prefix, strip_prefixes,
+                         unwrap_state_dict)
+from .strict import (BN_COUNTER_KEYS, OptionalKeys, ResizeHook,
+                     StateDictComparison, fit_state_dict)
+
+#: UFO-ViT keys a backbone checkpoint may lack: the resampling branches of
+#: outputs 0 and 1, absent from an image classifier's backbone.
+UFO_VIT_OPTIONAL_KEY = re.compile(r'pyramid\.branches\.\d+\..+')
+
+
+def ufo_vit_optional_key(key: str) -> bool:
+    """Whether a UFO-ViT checkpoint may lack ``key``: an untrained output
+    branch or a BatchNorm counter."""
+    return bool(UFO_VIT_OPTIONAL_KEY.fullmatch(key) or BN_COUNTER_KEYS.fullmatch(key))
+
+
+def read_pretrained(filename: str, prefix: Optional[str] = None,
+                    map_location='cpu') -> Tuple[Mapping, Mapping]:
+    """A checkpoint file and the state dict it holds.
+
+    Args:
+        filename (str): Path or URL.
+        prefix (str, optional): Keep only the entries under it (e.g.
+            ``'backbone.'`` of a detector checkpoint), prefix removed.
+            Default: None.
+        map_location: As for ``torch.load``. Default: ``'cpu'``.
+
+    Returns:
+        tuple[Mapping, Mapping]: The checkpoint and its state dict (still
+        with any ``module.`` / ``backbone.`` prefixes when ``prefix`` is
+        None).
+
+    Raises:
+        ValueError: No key starts with ``prefix``.
+    """
+    checkpoint = load_checkpoint_file(filename, map_location)
+    state_dict, _ = unwrap_state_dict(checkpoint)
+    if prefix:
+        state_dict = select_prefix(state_dict, prefix)
+    return checkpoint, state_dict
+
+
+def load_strictly(model: nn.Module, state_dict: Mapping, source: str,
+                  optional: OptionalKeys = BN_COUNTER_KEYS,
+                  resize: Optional[ResizeHook] = None, note: str = '',
+                  logger='current') -> StateDictComparison:
+    """Loads ``state_dict`` into ``model`` after a strict comparison.
+
+    Args:
+        model (nn.Module): The backbone.
+        state_dict (Mapping): Tensors in the model's key layout.
+        source (str): The file, named in the messages.
+        optional, resize: See :func:`~mmsoft.checkpoint.strict.compare_state_dict`.
+            Default: missing ``num_batches_tracked`` tolerated, no resizing.
+        note (str): Added to a shape-mismatch error. Default: ``''``.
+        logger: ``print_log`` logger. Default: ``'current'``.
+
+    Returns:
+        StateDictComparison: What was loaded, resized and left out.
+
+    Raises:
+        ValueError: ``'checkpoint <source> does not fit the <Model>
+            backbone: missing keys: ...; unexpected keys: ...; shape
+            mismatches: ...'``.
+    """
+    result = fit_state_dict(
+        state_dict, model.state_dict(), optional=optional, resize=resize, note=note,
+        context=f'checkpoint {source} does not fit the {type(model).__name__} '
+        f'backbone')
+    for key, (src, dst) in sorted(result.resized.items()):
+        print_log(f'{key}: position embeddings resized from {src} to {dst}.',
+                  logger=logger)
+    model.load_state_dict(result.fitted, strict=True)
+    return result
+
+
+def soft_pos_embed_grids(model: nn.Module) -> Mapping[str, Tuple[tuple, int]]:
+    """Each ``pos_embeds.i`` of a SOFT: its grid and its leading extra
+    entries (the last stage's class token)."""
+    last = len(model.pos_grids) - 1
+    return {f'pos_embeds.{i}': (tuple(grid), int(i == last))
+            for i, grid in enumerate(model.pos_grids)}
+
+
+def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool = False,
+                         prefix: Optional[str] = None, map_location='cpu',
+                         logger='current') -> dict:
+    """Loads a checkpoint file into a :class:`SOFT` backbone, strictly.
+
+    Args:
+        model (nn.Module): The backbone (its ``pos_grids`` and ``attention``
+            are read).
+        filename (str): Path or URL (anything mmengine's ``CheckpointLoader``
+            reads).
+        convert_weights (bool): The file is a reference (official)
+            checkpoint to convert with
+            :func:`~mmsoft.checkpoint.soft_official.soft_official_to_mmsoft`.
+            Otherwise it is in the mmsoft layout, e.g. written by
+            ``tools/model_converters/soft2mmsoft.py``. Default: False.
+        prefix (str, optional): Load only the entries under this prefix
+            (e.g. ``'backbone.'`` of a detector checkpoint). Default: None.
+        map_location: As for ``torch.load``. Default: ``'cpu'``.
+        logger: ``print_log`` logger. Default: ``'current'``.
+
+    Returns:
+        dict: What the converter recognised (``convert_weights``), or the
+        file's ``meta`` entry (may be empty).
+
+    Raises:
+        ValueError: A checkpoint that does not fit the model (see
+            :func:`load_strictly` and ``soft_official_to_mmsoft``).
+    """
+    checkpoint, state_dict = read_pretrained(filename, prefix, map_location)
+    if convert_weights:
+        state_dict, info = soft_official_to_mmsoft(
+            checkpoint if not prefix else state_dict, name_hint=osp.basename(filename),
+            check=False)
+        print_log(f'converted reference SOFT checkpoint {filename}: '
+                  f'arch={info["arch"]}, attention={info["attention"]} '
+                  f'({info["attention_source"]}), {info["num_tensors"]} tensors.',
+                  logger=logger)
+    else:
+        state_dict = strip_prefixes(state_dict)
+        meta = checkpoint.get('meta')
+        info = dict(meta) if isinstance(meta, Mapping) else {}
+    _warn_other_attention(model, info.get('attention'), filename, logger)
+    load_strictly(model, state_dict, filename, logger=logger, note=RESIZE_NOTE,
+                  resize=grid_pos_embed_resizer(soft_pos_embed_grids(model)))
+    return info
+
+
+def _warn_other_attention(model: nn.Module, file_attention: Optional[str],
+                          filename: str, logger) -> None:
+    """Warns when the file holds weights of the other SOFT attention variant."""
+    model_attention = getattr(model, 'attention', None)
+    if isinstance(file_attention, str) and file_attention != model_attention:
+        print_log(f'{filename} holds {file_attention!r} weights but the backbone '
+                  f'computes attention={model_attention!r}.', logger=logger,
+                  level=logging.WARNING)
+
+
+def load_ufo_vit_checkpoint(model: nn.Module, filename: str,
+                            prefix: Optional[str] = None, map_location='cpu',
+                            logger='current') -> StateDict:
+    """Loads a backbone checkpoint into a :class:`UFOViT`, strictly.
+
+    Args:
+        model (nn.Module): The backbone.
+        filename (str): Path or URL: a file written by
+            ``tools/model_converters/ufo_vit_cls2backbone.py``, any state
+            dict of ``UFOViT`` (plain, under ``state_dict``/``model``, keys
+            possibly prefixed with ``module.`` / ``backbone.``), or a
+            detector/segmentor checkpoint with ``prefix='backbone.'``.
+        prefix (str, optional): Load only the entries under this prefix.
+            Default: None.
+        map_location: As for ``torch.load``. Default: ``'cpu'``.
+        logger: ``print_log`` logger. Default: ``'current'``.
+
+    Returns:
+        dict: The loaded state dict (optional keys: the model's values).
+
+    Raises:
+        ValueError: Missing keys other than the stride-4/8 resampling
+            branches, unexpected keys or mis-shaped tensors, all listed.
+    """
+    _, state_dict = read_pretrained(filename, prefix, map_location)
+    result = load_strictly(
+        model, strip_prefixes(state_dict), filename, optional=ufo_vit_optional_key,
+        logger=logger)
+    if result.optional_missing:
+        print_log(f'{filename}: {len(result.optional_missing)} tensors not in the '
+                  f'checkpoint keep their initial values: '
+                  f'{key_list(result.optional_missing)}.', logger=logger)
+    return result.fitted

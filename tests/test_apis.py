@@ -1,0 +1,285 @@
+"""mmsoft.apis, in this process: the set-up steps of tools/train.py and
+tools/test.py and the errors they report for bad input (a missing config,
+data or checkpoint, a config without mmsoft, options the machine or the
+config cannot take), and ``build_in_scope``.
+
+The tools' end-to-end runs are in tests/test_tools.py.
+"""
+import argparse
+import copy
+import json
+import os
+import os.path as osp
+import re
+
+import pytest
+import torch
+from mmengine.config import Config
+
+from mmsoft import apis
+from mmsoft.checkpoint import check_checkpoint_fits
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')
+IMPORT_HINT = "add custom_imports = dict(imports=['mmsoft']"
+needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
+                                    reason='the error is for machines without CUDA')
+
+
+def options_of_train(config: str, work_dir: str, **options) -> argparse.Namespace:
+    """The options of tools/train.py, defaults as its parser gives them."""
+    args = dict(config=config, work_dir=work_dir, resume=None, amp=False,
+                auto_scale_lr=False, cfg_options=None, launcher='none')
+    return argparse.Namespace(**{**args, **options})
+
+
+def options_of_test(config: str, checkpoint: str, work_dir: str,
+              **options) -> argparse.Namespace:
+    """The options of tools/test.py, defaults as its parser gives them."""
+    args = dict(config=config, checkpoint=checkpoint, work_dir=work_dir, out=None,
+                show_dir=None, cfg_options=None, launcher='none')
+    return argparse.Namespace(**{**args, **options})
+
+
+@pytest.fixture(scope='module')
+def det_cfg() -> Config:
+    """The demo detector's config, parsed once: copy it before changing it."""
+    return apis.load_config(DET_CONFIG)
+
+
+@pytest.fixture(scope='module')
+def detector(det_cfg):
+    """The demo detector, built in this process."""
+    return apis.build_in_scope('mmdet', det_cfg.model)
+
+
+# ---------------------------------------------------------------- config ---
+def test_missing_config(tmp_path):
+    missing = str(tmp_path / 'absent.py')
+    with pytest.raises(FileNotFoundError, match=re.escape(
+            f'config file not found: {missing}')):
+        apis.load_config(missing)
+
+
+def test_bad_default_scope(tmp_path):
+    config = tmp_path / 'mmpretrain.py'
+    config.write_text("default_scope = 'mmpretrain'\n")
+    with pytest.raises(ValueError, match=re.escape(
+            f"config {config} has default_scope='mmpretrain'")):
+        apis.load_config(str(config))
+    for scope in apis.LIBRARIES:
+        assert apis.library_of(Config(dict(default_scope=scope))) == scope
+
+
+def test_work_dir_precedence(tmp_path):
+    cfg = Config(dict(work_dir='from_config'))
+    apis.set_work_dir(cfg, options_of_train('configs/x/name.py', None))
+    assert cfg.work_dir == 'from_config'
+    apis.set_work_dir(cfg, options_of_train('configs/x/name.py', str(tmp_path)))
+    assert cfg.work_dir == str(tmp_path)
+    cfg = Config(dict())
+    apis.set_work_dir(cfg, options_of_train('configs/x/name.py', None))
+    assert cfg.work_dir == osp.join('./work_dirs', 'name')
+
+
+@needs_cpu_only
+def test_amp_needs_an_accelerator():
+    cfg = Config(dict(optim_wrapper=dict(type='OptimWrapper')))
+    with pytest.raises(RuntimeError, match='--amp needs a CUDA, NPU or MLU'):
+        apis.apply_train_options(cfg, options_of_train('x.py', None, amp=True))
+    assert cfg.optim_wrapper.type == 'OptimWrapper'
+
+
+def test_auto_scale_lr_needs_the_config_key():
+    with pytest.raises(ValueError, match=re.escape(
+            '--auto-scale-lr needs auto_scale_lr = dict(enable=False, '
+            'base_batch_size=N)')):
+        apis.enable_auto_scale_lr(Config(dict()))
+    cfg = Config(dict(auto_scale_lr=dict(enable=False, base_batch_size=16)))
+    apis.apply_train_options(cfg, options_of_train('x.py', None, auto_scale_lr=True))
+    assert cfg.auto_scale_lr == dict(enable=True, base_batch_size=16)
+
+
+def test_resume_options(tmp_path):
+    missing = str(tmp_path / 'absent.pth')
+    with pytest.raises(FileNotFoundError, match=re.escape(
+            f'checkpoint file not found: {missing} (--resume)')):
+        apis.set_resume(Config(dict()), missing)
+    cfg = Config(dict(load_from='init.pth'))
+    apis.set_resume(cfg, 'auto')
+    assert cfg.resume is True and cfg.load_from is None
+    checkpoint = tmp_path / 'epoch_1.pth'
+    checkpoint.write_bytes(b'')
+    apis.set_resume(cfg, str(checkpoint))
+    assert cfg.resume is True and cfg.load_from == str(checkpoint)
+    assert apis.resume_checkpoint(cfg) == str(checkpoint)
+
+
+def test_resume_auto_finds_the_latest_checkpoint(tmp_path):
+    cfg = Config(dict(work_dir=str(tmp_path), resume=True, load_from=None))
+    assert apis.resume_checkpoint(cfg) is None  # nothing to resume from yet
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'epoch_2.pth'))
+    assert apis.resume_checkpoint(cfg) == str(tmp_path / 'epoch_2.pth')
+    assert apis.resume_checkpoint(Config(dict(load_from='a.pth'))) == 'a.pth'
+
+
+# ------------------------------------------------------------ data paths ---
+def test_missing_data_root_stops_training_before_the_runner(tmp_path):
+    missing = str(tmp_path / 'nowhere')
+    work_dir = str(tmp_path / 'work')
+    args = options_of_train(DET_CONFIG, work_dir, cfg_options={
+        'train_dataloader.dataset.data_root': missing})
+    with pytest.raises(FileNotFoundError) as error:
+        apis.train(args)
+    message = str(error.value)
+    assert f'data root not found: {missing}' in message
+    assert 'tools/generate_demo_data.py' in message
+    assert not osp.exists(work_dir)  # the runner, which creates it, was not built
+
+
+def test_missing_annotation_file_stops_testing(small_coco, tmp_path):
+    ann = str(tmp_path / 'no_such.json')
+    args = options_of_test(DET_CONFIG, str(tmp_path / 'x.pth'), str(tmp_path),
+                     cfg_options={'test_dataloader.dataset.data_root': small_coco,
+                                  'test_dataloader.dataset.ann_file': ann})
+    with pytest.raises(FileNotFoundError,
+                       match=re.escape(f'annotation file not found: {ann}')):
+        apis.test(args)
+
+
+def test_missing_checkpoint_stops_testing(small_coco, tmp_path):
+    missing = str(tmp_path / 'x.pth')
+    args = options_of_test(DET_CONFIG, missing, str(tmp_path), cfg_options={
+        'test_dataloader.dataset.data_root': small_coco})
+    with pytest.raises(FileNotFoundError,
+                       match=re.escape(f'checkpoint file not found: {missing}')):
+        apis.test(args)
+
+
+def test_missing_image_folder_in_a_wrapped_dataset(tmp_path):
+    (tmp_path / 'train.json').write_text('{}')
+    (tmp_path / 'images').mkdir()
+    good = dict(data_root=str(tmp_path), ann_file='train.json',
+                data_prefix=dict(img='images/'))
+    bad = dict(good, data_prefix=dict(img='missing/', seg=None))
+    cfg = Config(dict(train_dataloader=dict(dataset=dict(
+        type='RepeatDataset', times=2,
+        dataset=dict(type='ConcatDataset', datasets=[good, bad])))))
+    missing = osp.join(str(tmp_path), 'missing/')
+    with pytest.raises(FileNotFoundError, match=re.escape(
+            f'data folder not found: {missing} (train_dataloader.dataset.dataset.'
+            f'datasets[1].data_prefix.img in demo.py)')):
+        apis.check_dataset_paths(cfg, ('train', ), 'demo.py')
+    apis.check_dataset_paths(cfg, ('val', ), 'demo.py')  # no val_dataloader
+    cfg.train_dataloader.dataset.dataset.datasets[1] = dict(
+        bad, data_prefix=dict(img='s3://bucket/images/'))  # remote: not checked
+    apis.check_dataset_paths(cfg, ('train', ), 'demo.py')
+
+
+# ---------------------------------------------------------------- runner ---
+def test_config_without_mmsoft_import(tmp_path):
+    config = tmp_path / 'no_import.py'
+    config.write_text(f"_base_ = ['{DET_CONFIG}']\ncustom_imports = None\n")
+    cfg = apis.load_config(str(config))
+    with pytest.raises(KeyError) as error:
+        apis.build_runner(cfg, str(config))
+    message = error.value.args[0]
+    assert 'SOFT is not in the mmdet::model registry' in message
+    assert IMPORT_HINT in message and str(config) in message
+
+
+def test_registry_miss_gets_the_import_hint(tmp_path):
+    cfg = Config(dict(default_scope='mmengine', model=dict(type='NoSuchModel'),
+                      work_dir=str(tmp_path)))
+    with pytest.raises(KeyError) as error:
+        apis.build_runner(cfg, 'plugin.py')
+    message = error.value.args[0]
+    assert 'NoSuchModel is not in the mmengine::model registry' in message
+    assert ('Hint: if NoSuchModel comes from mmsoft or another plugin, '
+            f'{IMPORT_HINT}') in message
+    assert 'the config plugin.py (custom_imports: none)' in message
+
+
+def test_build_in_scope_uses_the_scope_registry(det_cfg, detector):
+    from mmdet.models.detectors import MaskRCNN
+    from mmdet.models.backbones import ResNet as DetResNet
+    from mmseg.models.backbones import ResNet as SegResNet
+    from mmsoft.models.backbones import SOFT
+    assert type(detector) is MaskRCNN and type(detector.backbone) is SOFT
+    resnet = dict(type='ResNet', depth=18)
+    assert type(apis.build_in_scope('mmdet', resnet)) is DetResNet
+    assert type(apis.build_in_scope('mmseg', resnet)) is SegResNet
+    with pytest.raises(ValueError, match=re.escape(
+            "scope='mmpretrain' is not supported; expected one of")):
+        apis.build_in_scope('mmpretrain', resnet)
+
+
+def test_build_in_scope_without_pretrained_weights(det_cfg, tmp_path):
+    pretrained = dict(type='Pretrained', checkpoint=str(tmp_path / 'absent.pth'))
+    model_cfg = copy.deepcopy(det_cfg.model)
+    model_cfg.backbone.init_cfg = pretrained
+    model = apis.build_in_scope('mmdet', model_cfg, pretrained=False)
+    assert model.backbone.init_cfg is None
+    assert model_cfg.backbone.init_cfg == pretrained  # not changed
+    kept = apis.build_in_scope('mmdet', model_cfg)
+    assert kept.backbone.init_cfg == pretrained
+
+
+# ----------------------------------------------------------- distributed ---
+@needs_cpu_only
+def test_cpu_launchers():
+    with pytest.raises(RuntimeError, match=re.escape(
+            '--launcher slurm needs CUDA devices; on CPU use torchrun')):
+        apis.setup_cpu_distributed(Config(dict(launcher='slurm')))
+    cfg = Config(dict(launcher='none'))
+    apis.setup_cpu_distributed(cfg)
+    assert 'model_wrapper_cfg' not in cfg
+
+
+def test_launcher_options_export_local_rank(monkeypatch):
+    monkeypatch.delenv('LOCAL_RANK', raising=False)
+    args = apis.parse_with_launcher(argparse.ArgumentParser(),
+                                    ['--launcher', 'pytorch', '--local-rank', '3'])
+    assert args.launcher == 'pytorch' and os.environ['LOCAL_RANK'] == '3'
+
+
+# ----------------------------------------------------------- checkpoints ---
+def test_truncated_checkpoint(detector, tmp_path):
+    whole = tmp_path / 'whole.pth'
+    torch.save({'state_dict': detector.state_dict()}, whole)
+    truncated = tmp_path / 'truncated.pth'
+    data = whole.read_bytes()
+    truncated.write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match=re.escape(
+            f'checkpoint file {truncated} could not be read; it is truncated')):
+        check_checkpoint_fits(str(truncated), detector, 'demo.py')
+
+
+def test_foreign_checkpoints(detector, tmp_path):
+    other = tmp_path / 'resnet.pth'
+    torch.save({'state_dict': {'conv1.weight': torch.zeros(64, 3, 7, 7),
+                               'fc.weight': torch.zeros(10, 2048)}}, other)
+    with pytest.raises(ValueError, match=re.escape(
+            f'checkpoint file {other} does not fit the model of demo.py: only 0 of')):
+        check_checkpoint_fits(str(other), detector, 'demo.py')
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ('echo unsafe',))
+
+    unsafe = tmp_path / 'unsafe.pth'
+    torch.save({'state_dict': Payload()}, unsafe)
+    with pytest.raises(ValueError, match=re.escape(
+            f'checkpoint file {unsafe} contains objects outside the allow-list')):
+        check_checkpoint_fits(str(unsafe), detector, 'demo.py')
+
+    text = tmp_path / 'notes.pth'
+    text.write_text(json.dumps({'not': 'a checkpoint'}))
+    with pytest.raises(ValueError, match=re.escape(f'checkpoint file {text}')):
+        check_checkpoint_fits(str(text), detector, 'demo.py')
+    with pytest.raises(FileNotFoundError, match='checkpoint file not found'):
+        check_checkpoint_fits(str(tmp_path / 'absent.pth'), detector, 'demo.py')
+
+    own = tmp_path / 'own.pth'
+    torch.save({'state_dict': detector.state_dict()}, own)
+    check_checkpoint_fits(str(own), detector, 'demo.py')  # fits: no error

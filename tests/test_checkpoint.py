@@ -1,0 +1,178 @@
+"""mmsoft.checkpoint: unwrapping, prefixes, strict comparison, resize hook."""
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmsoft.checkpoint import (compare_state_dict, fit_state_dict,
+                               grid_pos_embed_resizer, key_list, load_strictly,
+                               select_prefix, split_prefix, strip_key_prefixes,
+                               strip_prefixes, unwrap_state_dict)
+from mmsoft.checkpoint.strict import BN_COUNTER_KEYS
+
+
+class Tiny(nn.Module):
+    """A linear layer, a BatchNorm and 2x2 position embeddings after a
+    class-token entry: (1, 1 + 4, 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+        self.bn = nn.BatchNorm1d(2)
+        self.pos = nn.Parameter(torch.zeros(1, 5, 3))
+
+
+def tiny_state() -> dict:
+    gen = torch.Generator().manual_seed(0)
+    return {k: torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+            for k, v in Tiny().state_dict().items()}
+
+
+# --------------------------------------------------------------- unwrap ---
+@pytest.mark.parametrize('wrapper', ['state_dict', 'model'])
+def test_unwrap_state_dict(wrapper):
+    inner = {'a': torch.zeros(1)}
+    state_dict, found = unwrap_state_dict({wrapper: inner, 'meta': {}})
+    assert state_dict is inner and found == wrapper
+    both = {'model': {'m': torch.zeros(1)}, 'state_dict': inner}
+    assert unwrap_state_dict(both) == (inner, 'state_dict')  # state_dict first
+    assert unwrap_state_dict(inner) == (inner, None)
+    with pytest.raises(ValueError, match='must be a mapping.*got list'):
+        unwrap_state_dict([inner])
+
+
+def test_prefixes_are_stripped_and_selected():
+    assert strip_key_prefixes('module.backbone.fc.weight') == ('fc.weight',
+                                                               'module.backbone.')
+    assert strip_key_prefixes('backbone.module.fc.weight')[0] == 'fc.weight'
+    assert strip_key_prefixes('neck.backbone.x') == ('neck.backbone.x', '')
+    assert strip_key_prefixes('module.backbone.x', ('module.', )) == (
+        'backbone.x', 'module.')
+    assert list(strip_prefixes({'module.a': 1, 'b': 2})) == ['a', 'b']
+    detector = {'module.backbone.fc.weight': 1, 'backbone.bn.bias': 2, 'neck.w': 3}
+    assert split_prefix(detector, 'backbone') == ({'fc.weight': 1, 'bn.bias': 2},
+                                                  ['neck.w'])
+    assert select_prefix(detector, 'neck.') == {'w': 3}
+    with pytest.raises(ValueError, match=r"no keys starting with 'head\.'"):
+        select_prefix(detector, 'head.')
+
+
+def test_key_list_counts_what_it_leaves_out():
+    assert key_list(['c', 'a', 'b']) == 'a, b, c'
+    assert key_list(['c', 'a', 'b'], limit=2) == 'a, b, ... (1 more)'
+    assert key_list([]) == '-'
+
+
+# ---------------------------------------------------- strict comparison ---
+def test_fitting_state_dict_is_returned_as_is():
+    state = tiny_state()
+    result = compare_state_dict(state, Tiny().state_dict())
+    assert result.fits() and result.describe() == ''
+    assert all(result.fitted[k] is state[k] for k in state)
+
+
+def test_missing_unexpected_and_mis_shaped_keys_are_listed():
+    state = tiny_state()
+    del state['fc.bias']
+    state['fc.extra'] = torch.zeros(1)
+    state['bn.weight'] = torch.zeros(5)
+    result = compare_state_dict(state, Tiny().state_dict())
+    assert result.missing == ['fc.bias']
+    assert result.unexpected == ['fc.extra']
+    assert result.mismatched == {'bn.weight': ((5, ), (2, ))}
+    assert not result.fits() and not result.fits(allow_unexpected=True)
+    assert result.describe() == ('missing keys: fc.bias; unexpected keys: fc.extra; '
+                                 'shape mismatches: bn.weight: (5,) (expected (2,))')
+    with pytest.raises(ValueError) as err:
+        fit_state_dict(state, Tiny().state_dict(), context='x.pth does not fit Tiny')
+    assert str(err.value) == 'x.pth does not fit Tiny: ' + result.describe() + '.'
+
+
+def test_unexpected_keys_can_be_allowed():
+    state = dict(tiny_state(), **{'head.fc.weight': torch.zeros(4)})
+    result = fit_state_dict(state, Tiny().state_dict(), context='c',
+                            allow_unexpected=True)
+    assert result.unexpected == ['head.fc.weight'] and 'head.fc.weight' not in \
+        result.fitted
+    with pytest.raises(ValueError, match=r'^c: unexpected keys: head\.fc\.weight\.$'):
+        fit_state_dict(state, Tiny().state_dict(), context='c')
+
+
+def test_optional_keys_keep_the_model_values():
+    model_state = Tiny().state_dict()
+    state = tiny_state()
+    del state['bn.num_batches_tracked'], state['fc.bias']
+    result = fit_state_dict(state, model_state, context='c',
+                            optional=lambda k: k == 'fc.bias' or
+                            bool(BN_COUNTER_KEYS.fullmatch(k)))
+    assert result.optional_missing == ['bn.num_batches_tracked', 'fc.bias']
+    assert result.fitted['fc.bias'] is model_state['fc.bias']
+    with pytest.raises(ValueError, match=r'^c: missing keys: fc\.bias\.$'):
+        fit_state_dict(state, model_state, context='c', optional=BN_COUNTER_KEYS)
+
+
+def test_load_strictly_loads_and_names_the_model():
+    model, state = Tiny(), tiny_state()
+    del state['bn.num_batches_tracked']  # a counter, tolerated by default
+    load_strictly(model, state, 'x.pth')
+    assert torch.equal(model.fc.weight, state['fc.weight'])
+    state['pos'] = torch.zeros(1, 4, 3)
+    with pytest.raises(ValueError, match=r'^checkpoint x\.pth does not fit the Tiny '
+                       r'backbone: shape mismatches: pos: \(1, 4, 3\) '
+                       r'\(expected \(1, 5, 3\)\)\.$'):
+        load_strictly(model, state, 'x.pth')
+
+
+# ------------------------------------------------------------ resize hook ---
+def test_pos_embed_hook_resizes_the_grid_and_keeps_the_extra_entry():
+    model_state = Tiny().state_dict()  # pos: (1, 1 + 2*2, 3)
+    state = tiny_state()
+    gen = torch.Generator().manual_seed(1)
+    state['pos'] = torch.randn(1, 1 + 4 * 4, 3, generator=gen)
+    hook = grid_pos_embed_resizer({'pos': ((2, 2), 1)})
+    result = fit_state_dict(state, model_state, context='c', resize=hook)
+    assert result.resized == {'pos': ((1, 17, 3), (1, 5, 3))}
+    # Independent reference: the 4x4 grid bilinearly interpolated to 2x2.
+    grid = state['pos'][:, 1:].reshape(1, 4, 4, 3).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(2, 2), mode='bilinear',
+                             align_corners=False).flatten(2).transpose(1, 2)
+    fitted = result.fitted['pos']
+    assert torch.equal(fitted[:, :1], state['pos'][:, :1])
+    torch.testing.assert_close(fitted[:, 1:], expected)
+
+
+@pytest.mark.parametrize('shape', [(1, 16, 3), (1, 17, 4), (2, 17, 3), (1, 11, 3)])
+def test_pos_embed_hook_refuses_what_it_cannot_resize(shape):
+    # No class-token entry, another width, a batch of two, no square grid.
+    state = dict(tiny_state(), pos=torch.zeros(shape))
+    hook = grid_pos_embed_resizer({'pos': ((2, 2), 1)})
+    with pytest.raises(ValueError, match=r'shape mismatches: pos: '):
+        fit_state_dict(state, Tiny().state_dict(), context='c', resize=hook)
+
+
+def test_hook_ignores_other_keys():
+    hook = grid_pos_embed_resizer({'pos': ((2, 2), 0)})
+    assert hook('fc.weight', torch.zeros(4, 3), torch.zeros(2, 3)) is None
+
+
+# ---------------------------------------------------------------- imports ---
+def test_checkpoint_package_does_not_import_the_models():
+    # The backbones import mmsoft.checkpoint on use; mmsoft.checkpoint must
+    # not need them at import time. Importing the package's modules with the
+    # models made unimportable shows it.
+    code = ('import sys, importlib\n'
+            'import mmsoft\n'
+            'for name in [m for m in sys.modules if m.startswith("mmsoft.")]:\n'
+            '    del sys.modules[name]\n'
+            'sys.modules["mmsoft.models"] = None\n'
+            'for name in ("safe_load", "state_dict", "strict", "pos_embed",\n'
+            '             "soft_official", "backbone_loading", "model_fit"):\n'
+            '    importlib.import_module("mmsoft.checkpoint." + name)\n'
+            'print("ok")\n')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == 'ok'

@@ -1,0 +1,99 @@
+"""The backbones on a CUDA device: fp16 autocast (``tools/train.py --amp``),
+batch independence, the chunked kernel product and one training step of a
+Mask R-CNN and an UperNet. Every test is skipped without a GPU.
+"""
+import pytest
+import torch
+
+from mmsoft.models.backbones import SOFT, UFOViT
+from mmsoft.models.layers import gaussian_kernel
+from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
+from mmsoft.models.layers.soft.kernel_inverse import SOLVERS
+from mmsoft.testing.dense_models import (backbone_grad_norm, build_mask_rcnn,
+                                         build_upernet, detector_train_step,
+                                         segmentor_train_step)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason='needs a CUDA device')
+DEVICE = 'cuda'
+SOFT_TINY_CHANNELS = (64, 128, 320, 512)
+
+
+def soft_tiny(solver='newton_closed_form', **kwargs):
+    """SOFT++-tiny as the configs set it up, with the given solver."""
+    return SOFT(arch='tiny', attention='soft++', solver=solver,
+                max_bottleneck_tokens=256, drop_path_rate=0., **kwargs)
+
+
+def ufo_vit_tiny(**kwargs):
+    return UFOViT(arch='tiny', drop_path_rate=0., **kwargs)
+
+
+BACKBONES = [pytest.param(lambda s=s: soft_tiny(s), id=f'soft++-{s}')
+             for s in SOLVERS] + [pytest.param(ufo_vit_tiny, id='ufo-vit')]
+
+
+@pytest.mark.parametrize('make_backbone', BACKBONES)
+def test_fp16_autocast_forward_and_backward(make_backbone):
+    torch.manual_seed(0)
+    model = make_backbone().to(DEVICE).train()
+    images = torch.randn(2, 3, 256, 320, device=DEVICE)  # (B, 3, H, W)
+    with torch.autocast('cuda', dtype=torch.float16):
+        outs = model(images)
+    assert [o.shape[-2:] for o in outs] == [(256 // s, 320 // s)
+                                            for s in (4, 8, 16, 32)]
+    loss = sum(o.float().square().mean() for o in outs)
+    assert torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize('make_backbone', BACKBONES)
+def test_image_alone_equals_image_in_batch(make_backbone):
+    torch.manual_seed(0)
+    model = make_backbone().to(DEVICE).eval()
+    images = torch.randn(3, 3, 224, 288, device=DEVICE)
+    with torch.no_grad():
+        batched = model(images)
+        alone = model(images[1:2])
+    for got, expected in zip(alone, batched):
+        torch.testing.assert_close(got, expected[1:2], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('dtype, tolerance', [(torch.float64, 1e-10),
+                                              (torch.float32, 1e-4)])
+def test_chunked_kernel_product_equals_plain_product(dtype, tolerance):
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, device=DEVICE, dtype=dtype)
+
+    # (B, heads, N, d) queries and values, (B, heads, m, d) bottleneck
+    # tokens, (B, heads, m, m) middle matrix.
+    queries, bottleneck = 0.5 * rand(2, 3, 1000, 16), 0.5 * rand(2, 3, 64, 16)
+    middle, values = rand(2, 3, 64, 64), rand(2, 3, 1000, 16)
+    kernel = gaussian_kernel(queries, bottleneck)  # (B, heads, N, m)
+    plain = kernel @ (middle @ (kernel.transpose(-1, -2) @ values))
+    for chunk in (1, 128, 1000, 4096):
+        chunked = chunked_kernel_product(queries, bottleneck, middle, values, chunk)
+        torch.testing.assert_close(chunked, plain, rtol=tolerance, atol=tolerance)
+
+
+def test_mask_rcnn_training_step():
+    model = build_mask_rcnn(dict(type='SOFT', arch='tiny', attention='soft++',
+                                 solver='newton_closed_form',
+                                 max_bottleneck_tokens=256),
+                            SOFT_TINY_CHANNELS).to(DEVICE)
+    losses = detector_train_step(model, size=(128, 160), batch_size=2)
+    assert {'loss_rpn_cls', 'loss_cls', 'loss_bbox', 'loss_mask'} <= set(losses)
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
+    assert backbone_grad_norm(model) > 0
+
+
+def test_upernet_training_step():
+    model = build_upernet(dict(type='UFOViT', arch='tiny'), [192] * 4).to(DEVICE)
+    losses = segmentor_train_step(model, size=(128, 128), batch_size=2)
+    assert 'decode.loss_ce' in losses
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
+    assert backbone_grad_norm(model) > 0

@@ -1,0 +1,145 @@
+"""The model zoo metadata: model-index.yml imports every metafile, each
+metafile names configs that exist and build, the papers' numbers are kept
+apart from measured results, and OpenMMLab's ``mim`` reads the index.
+
+Backbones are built from the configs (``Config.fromfile``) without their
+checkpoint; the whole detectors and segmentors are built in
+``tests/test_configs.py``.
+"""
+import functools
+import glob
+import importlib.util
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import yaml
+from mmengine.config import Config
+from mmengine.registry import MODELS
+
+import mmsoft
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+MIM_INSTALLED = importlib.util.find_spec('mim') is not None
+
+
+def read_yaml(path: str) -> dict:
+    with open(osp.join(REPO, path)) as file:
+        return yaml.safe_load(file)
+
+
+def metafiles():
+    return read_yaml('model-index.yml')['Import']
+
+
+def models():
+    """(metafile, model entry) of every model in the zoo."""
+    return [(path, model) for path in metafiles()
+            for model in read_yaml(path)['Models']]
+
+
+MODELS_BY_NAME = {model['Name']: model for _, model in models()}
+
+
+@functools.lru_cache(maxsize=None)
+def backbone_cfg(config: str):
+    """The backbone settings of ``config`` (parsed once: read, never change)."""
+    return Config.fromfile(osp.join(REPO, config)).model.backbone
+
+
+def test_model_index_imports_every_metafile():
+    on_disk = sorted(osp.relpath(path, REPO) for path in
+                     glob.glob(osp.join(REPO, 'configs', '*', 'metafile.yml')))
+    assert sorted(metafiles()) == on_disk
+
+
+@pytest.mark.parametrize('name', sorted(MODELS_BY_NAME))
+def test_config_exists_and_its_backbone_builds(name):
+    model = MODELS_BY_NAME[name]
+    assert osp.isfile(osp.join(REPO, model['Config'])), model['Config']
+    cfg = backbone_cfg(model['Config']).copy()
+    cfg.init_cfg = None
+    backbone = MODELS.build(cfg)
+    size = model['Metadata']['Architecture'][0].rsplit('-', 1)[1]
+    assert type(backbone).__name__ == cfg.type
+    assert cfg.arch == size
+
+
+def test_paper_numbers_are_not_results():
+    for path in metafiles():
+        meta = read_yaml(path)
+        for collection in meta['Collections']:
+            source = collection['Metadata']['Paper Results Source']
+            assert 'not reproduced' in source
+        for model in meta['Models']:
+            # Nothing has been measured with these configs: no Results at all.
+            assert 'Results' not in model, model['Name']
+    paper = MODELS_BY_NAME['mask-rcnn_soft++-tiny_fpn_1x_coco']['Metadata'][
+        'Paper Results']
+    assert paper[0]['Metrics'] == {'box AP': 41.2}
+    assert paper[1]['Metrics'] == {'mask AP': 38.2}
+
+
+def test_flops_are_the_handle_aware_count():
+    for name, model in MODELS_BY_NAME.items():
+        flops = model['Metadata'].get('FLOPs')
+        if flops is None:
+            continue
+        assert isinstance(flops, int) and flops > 1e9, name
+        if '_ms-3x_' in name:  # the same model as its 1x counterpart
+            single = MODELS_BY_NAME[name.replace('_ms-3x_', '_1x_')]
+            assert flops == single['Metadata']['FLOPs'], name
+
+
+@pytest.fixture(scope='module')
+def mim_env(tmp_path_factory):
+    """Environment in which mim sees mmsoft as a regular install.
+
+    mim 0.3.9 finds a package's ``.mim`` folder next to its distribution
+    metadata, which an editable (PEP 660) install keeps in site-packages
+    without the package. A folder ahead on ``PYTHONPATH`` with the metadata
+    and a link to ``mmsoft/`` is the layout of a regular install of this
+    working tree.
+    """
+    root = tmp_path_factory.mktemp('mim_site')
+    info = root / f'mmsoft-{mmsoft.__version__}.dist-info'
+    info.mkdir()
+    (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: mmsoft\n'
+                                   f'Version: {mmsoft.__version__}\n')
+    os.symlink(osp.dirname(mmsoft.__file__), root / 'mmsoft')
+    return dict(os.environ, PYTHONPATH=str(root))
+
+
+def run_mim(env, *args):
+    """``mim ARGS`` from a scratch directory; returns stdout and stderr."""
+    mim = osp.join(osp.dirname(sys.executable), 'mim')
+    done = subprocess.run([mim, *args], env=env, cwd=env['PYTHONPATH'],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not MIM_INSTALLED, reason='openmim is not installed '
+                    '(requirements/mim.txt)')
+def test_mim_search_lists_every_config(mim_env):
+    printed = run_mim(mim_env, 'search', 'mmsoft')
+    for name in MODELS_BY_NAME:
+        assert f'config id: {name}\n' in printed
+
+
+@pytest.mark.skipif(not MIM_INSTALLED, reason='openmim is not installed '
+                    '(requirements/mim.txt)')
+@pytest.mark.parametrize('command', [
+    ['train', 'mmsoft', 'upernet_soft-tiny_demo.py'],
+    ['test', 'mmsoft', 'upernet_soft-tiny_demo.py', '--checkpoint', 'x.pth'],
+])
+def test_mim_train_and_test_find_config_and_script(mim_env, command):
+    # Everything after `--` goes to the script: its help, so nothing runs.
+    printed = run_mim(mim_env, *command, '--launcher', 'none', '-y', '--', '-h')
+    config = osp.join(REPO, 'configs', 'demo', 'upernet_soft-tiny_demo.py')
+    assert f'will use {config} instead' in printed
+    script = osp.join('mmsoft', '.mim', 'tools', f'{command[0]}.py')
+    assert script in printed
+    assert f'usage: {command[0]}.py' in printed
