@@ -11,7 +11,7 @@ import argparse
 import json
 import statistics
 import time
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 
@@ -46,35 +46,73 @@ def run_once(model, images: torch.Tensor, backward: bool) -> None:
         model(images)
 
 
-def peak_memory_bytes(model, images: torch.Tensor, backward: bool) -> int:
-    """Memory held at the peak of one call, above what was held before it."""
-    device = images.device
+def peak_memory_of(call: Callable[[], object], device: torch.device) -> int:
+    """Memory held at the peak of ``call()``, above what was held before it.
+
+    Args:
+        call (callable): The work to measure, without arguments.
+        device (torch.device): Where it runs: CUDA's allocator is asked on a
+            GPU, the process's resident set on CPU.
+
+    Returns:
+        int: Bytes.
+    """
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        run_once(model, images, backward)
+        call()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
     reset_peak_rss()
     before = _status_kib('VmRSS')
-    run_once(model, images, backward)
+    call()
     return (_status_kib('VmHWM') - before) * 1024
+
+
+def call_times(call: Callable[[], object], device: torch.device, warmup: int,
+               repeats: int) -> Tuple[list, list]:
+    """Wall and CPU times of ``repeats`` calls after ``warmup`` calls.
+
+    The CPU time is the process's (all threads); on a machine shared with
+    other jobs it is less disturbed than the wall time.
+
+    Returns:
+        tuple[list, list]: Wall seconds and CPU seconds of each timed call.
+    """
+    for _ in range(warmup):
+        call()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        _synchronize(device)
+        start, start_cpu = time.perf_counter(), time.process_time()
+        call()
+        _synchronize(device)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return wall, cpu
+
+
+def timing_fields(call: Callable[[], object], device: torch.device, warmup: int,
+                  repeats: int) -> Dict:
+    """``seconds`` (median wall), ``all_seconds``, ``cpu_seconds`` (fastest)
+    and ``all_cpu_seconds`` of ``repeats`` calls, for a result dict."""
+    wall, cpu = call_times(call, device, warmup, repeats)
+    return dict(seconds=statistics.median(wall), all_seconds=wall,
+                cpu_seconds=min(cpu), all_cpu_seconds=cpu)
+
+
+def peak_memory_bytes(model, images: torch.Tensor, backward: bool) -> int:
+    """Memory held at the peak of one call, above what was held before it."""
+    return peak_memory_of(lambda: run_once(model, images, backward), images.device)
 
 
 def latency_seconds(model, images: torch.Tensor, backward: bool, warmup: int,
                     repeats: int) -> Tuple[float, list]:
     """Median and all wall times of ``repeats`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        run_once(model, images, backward)
-    times = []
-    for _ in range(repeats):
-        _synchronize(images.device)
-        start = time.perf_counter()
-        run_once(model, images, backward)
-        _synchronize(images.device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), times
+    wall, _ = call_times(lambda: run_once(model, images, backward),
+                         images.device, warmup, repeats)
+    return statistics.median(wall), wall
 
 
 def matmul_throughput(size: int = 2048, repeats: int = 5, device='cpu') -> float:
@@ -94,20 +132,24 @@ def matmul_throughput(size: int = 2048, repeats: int = 5, device='cpu') -> float
 
 def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
             backward: bool = False, warmup: int = 1, repeats: int = 3,
-            flops: bool = False) -> Dict:
+            flops: bool = False, batch: int = 1) -> Dict:
     """Builds the backbone ``spec`` and measures it at ``shape``.
 
     Args:
         spec (str): Backbone spec (see :mod:`mmsoft.analysis.peers`).
-        shape (tuple[int, int]): Input (H, W), batch 1.
+        shape (tuple[int, int]): Input (H, W).
         device (str): ``'cpu'`` or ``'cuda'``. Default: ``'cpu'``.
-        backward (bool): Time forward + backward instead of forward.
+        backward (bool): Time forward + backward (training: the backbone in
+            train mode, the sum of its outputs' means as the loss) instead of
+            forward. Default: False.
         warmup (int): Untimed calls first. Default: 1.
         repeats (int): Timed calls. Default: 3.
         flops (bool): Also count FLOPs (mmsoft's handles). Default: False.
+        batch (int): Images per call. Default: 1.
 
     Returns:
-        dict: ``seconds`` (median), ``all_seconds``, ``peak_bytes``,
+        dict: ``seconds`` (median), ``all_seconds``, ``cpu_seconds``
+        (fastest), ``all_cpu_seconds``, ``peak_bytes``,
         ``params`` and, with ``flops``, ``gflops``.
     """
     from .peers import build_backbone
@@ -115,14 +157,14 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
     model = build_backbone(spec).to(device)
     if backward:
         model.train()
-    images = torch.randn(1, 3, *shape, device=device)
+    images = torch.randn(batch, 3, *shape, device=device)
     result = dict(model=spec, height=shape[0], width=shape[1], device=device,
-                  mode='forward+backward' if backward else 'forward',
+                  mode='forward+backward' if backward else 'forward', batch=batch,
                   threads=torch.get_num_threads(),
                   params=sum(p.numel() for p in model.parameters()))
     result['peak_bytes'] = peak_memory_bytes(model, images, backward)
-    result['seconds'], result['all_seconds'] = latency_seconds(
-        model, images, backward, warmup, repeats)
+    result.update(timing_fields(lambda: run_once(model, images, backward),
+                                images.device, warmup, repeats))
     if flops:
         from .flop_handles import count_flops
         model.eval()
@@ -156,9 +198,11 @@ def main():
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--flops', action='store_true')
+    parser.add_argument('--batch', type=int, default=1)
     args = parser.parse_args()
     result = measure(args.spec, (args.height, args.width), args.device,
-                     args.backward, args.warmup, args.repeats, args.flops)
+                     args.backward, args.warmup, args.repeats, args.flops,
+                     args.batch)
     print('RESULT ' + json.dumps(result))
 
 

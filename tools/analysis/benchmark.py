@@ -5,11 +5,20 @@ that call's own); SOFT and UFO-ViT run next to mmdet's Swin-T and PVTv2-b2
 built in the same environment. Results: ``results.json``, ``results.csv`` and
 ``scaling.png`` (time and memory against the pixel count) in ``--out-dir``.
 
+``--mode train`` measures training: forward plus backward of each backbone
+at ``--batch`` images; ``--detectors`` adds one Mask R-CNN training
+iteration per detector (``detectors.csv``, with the bytes autograd keeps in
+the backbone, neck and heads); ``--capacity-size`` adds the largest training
+batch within ``--memory-limit-gb`` per backbone, extrapolated linearly from
+batches 1 and 2 (``capacity.csv``).
+
 Example::
 
     python tools/analysis/benchmark.py --models soft-tiny soft-small swin-t pvtv2-b2 \
         --sizes 512x512 800x1333 1024x1024 --repeats 3
     python tools/analysis/benchmark.py --models soft-small:solver=newton --sizes 800x1333
+    python tools/analysis/benchmark.py --mode train --models soft-tiny swin-t \
+        --sizes 800x1333 --detectors soft++-tiny swin-t --capacity-size 1024x1024
 """
 import argparse
 import json
@@ -21,6 +30,8 @@ import time
 
 import torch
 
+from mmsoft.analysis.batch_capacity import largest_batch
+from mmsoft.analysis.detector_step import DETECTOR_CONFIGS
 from mmsoft.analysis.measure import matmul_throughput, parse_size
 from mmsoft.analysis.peers import parse_spec
 from mmsoft.analysis.report import write_results
@@ -32,15 +43,33 @@ DEFAULT_SIZES = ['512x512', '800x1333', '1024x1024', '1536x1536', '2048x2048']
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--models', nargs='+', default=DEFAULT_MODELS,
+    parser.add_argument('--models', nargs='*', default=DEFAULT_MODELS,
                         help='backbone specs, NAME[:key=value,...]')
     parser.add_argument('--sizes', nargs='+', type=parse_size,
                         default=[parse_size(s) for s in DEFAULT_SIZES],
                         help='input sizes HxW')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available()
                         else 'cpu')
+    parser.add_argument('--mode', choices=('inference', 'train'),
+                        default='inference',
+                        help='backbone forward without gradients, or forward + '
+                        'backward (training)')
     parser.add_argument('--backward', action='store_true',
-                        help='time forward + backward (training) instead')
+                        help='the same as --mode train')
+    parser.add_argument('--batch', type=int, default=1,
+                        help='images per backbone call')
+    parser.add_argument('--detectors', nargs='*', default=[],
+                        choices=sorted(DETECTOR_CONFIGS),
+                        help='Mask R-CNN 1x detectors to measure one training '
+                        'iteration of')
+    parser.add_argument('--detector-sizes', nargs='+', type=parse_size,
+                        default=[(800, 1333)], help='detector image sizes HxW')
+    parser.add_argument('--detector-batch', type=int, default=2)
+    parser.add_argument('--capacity-size', type=parse_size, default=None,
+                        help='size HxW at which to find each backbone\'s largest '
+                        'training batch')
+    parser.add_argument('--memory-limit-gb', type=float, default=16,
+                        help='memory budget of --capacity-size (GB, 1e9 bytes)')
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--flops', action='store_true',
@@ -51,18 +80,13 @@ def parse_args():
     return parser.parse_args()
 
 
-def run_worker(spec, size, args):
-    """Measures one (spec, size) in a child process; returns its result."""
-    command = [sys.executable, '-m', 'mmsoft.analysis.measure', spec, str(size[0]),
-               str(size[1]), '--device', args.device, '--warmup',
-               str(args.warmup), '--repeats', str(args.repeats)]
-    command += ['--backward'] * args.backward + ['--flops'] * args.flops
-    base = dict(model=spec, height=size[0], width=size[1], device=args.device)
+def run_command(command, base, timeout):
+    """Runs a worker; returns its ``RESULT`` or ``base`` with the error."""
     try:
         done = subprocess.run(command, capture_output=True, text=True,
-                              timeout=args.timeout)
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
-        return dict(base, seconds=None, error=f'timeout after {args.timeout}s')
+        return dict(base, seconds=None, error=f'timeout after {timeout}s')
     for line in done.stdout.splitlines():
         if line.startswith('RESULT '):
             return json.loads(line[len('RESULT '):])
@@ -73,33 +97,93 @@ def run_worker(spec, size, args):
     return dict(base, seconds=None, error=tail[0] if tail else f'exit {done.returncode}')
 
 
+def run_worker(spec, size, args, batch=None):
+    """Measures one (spec, size) in a child process; returns its result."""
+    batch = args.batch if batch is None else batch
+    command = [sys.executable, '-m', 'mmsoft.analysis.measure', spec, str(size[0]),
+               str(size[1]), '--device', args.device, '--warmup',
+               str(args.warmup), '--repeats', str(args.repeats), '--batch',
+               str(batch)]
+    command += ['--backward'] * (args.mode == 'train') + ['--flops'] * args.flops
+    base = dict(model=spec, height=size[0], width=size[1], device=args.device,
+                batch=batch)
+    return run_command(command, base, args.timeout)
+
+
+def run_detector_worker(name, size, args):
+    """Measures one detector training iteration in a child process."""
+    command = [sys.executable, '-m', 'mmsoft.analysis.detector_step', name,
+               str(size[0]), str(size[1]), '--batch', str(args.detector_batch),
+               '--device', args.device, '--warmup', str(args.warmup),
+               '--repeats', str(args.repeats)]
+    base = dict(model=name, height=size[0], width=size[1], device=args.device,
+                mode='train_step', batch=args.detector_batch)
+    return run_command(command, base, args.timeout)
+
+
+def capacity_of(spec, args):
+    """The largest training batch of ``spec`` within the memory limit."""
+    size = args.capacity_size
+    peaks = {}
+    for batch in (1, 2):
+        result = run_worker(spec, size, args, batch=batch)
+        if result.get('seconds') is None:
+            return dict(model=spec, error=result['error'])
+        peaks[batch] = result['peak_bytes']
+    found = largest_batch(peaks, int(args.memory_limit_gb * 1e9))
+    return dict(model=spec, height=size[0], width=size[1],
+                limit_gb=args.memory_limit_gb, method='linear from batches 1 and 2',
+                peaks=peaks, **found)
+
+
+def describe(result):
+    """One line of progress for a measurement."""
+    if result.get('seconds') is None:
+        return f"failed: {result['error']}"
+    return f"{result['seconds']:.3f} s, {result['peak_bytes'] / 2**20:.0f} MiB"
+
+
 def main():
     args = parse_args()
+    if args.backward:
+        args.mode = 'train'
     for spec in args.models:
         parse_spec(spec)  # fail early on unknown names
     meta = dict(device=args.device, torch=torch.__version__,
                 machine=platform.machine(), processor=platform.processor(),
                 threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
-                mode='forward+backward' if args.backward else 'forward',
-                warmup=args.warmup, repeats=args.repeats,
+                mode='forward+backward' if args.mode == 'train' else 'forward',
+                batch=args.batch, warmup=args.warmup, repeats=args.repeats,
                 date=time.strftime('%Y-%m-%d %H:%M'))
     meta['matmul_gmacs'] = matmul_throughput(device=args.device) / 1e9
     print(f"dense matmul throughput: {meta['matmul_gmacs']:.1f} G multiply-adds/s "
           f"({meta['threads']} threads)", flush=True)
-    jobs = [(spec, size) for spec in args.models for size in args.sizes]
-    results = []
-    for index, (spec, size) in enumerate(jobs, 1):
-        print(f'[{index}/{len(jobs)}] {spec} {size[0]}x{size[1]} ...', end=' ',
+    jobs = [('backbone', spec, size) for spec in args.models for size in args.sizes]
+    jobs += [('detector', name, size) for name in args.detectors
+             for size in args.detector_sizes]
+    sections = dict(results=[], detectors=[], capacity=[])
+    for index, (kind, name, size) in enumerate(jobs, 1):
+        print(f'[{index}/{len(jobs)}] {name} {size[0]}x{size[1]} ...', end=' ',
               flush=True)
-        result = run_worker(spec, size, args)
-        results.append(result)
-        if result.get('seconds') is None:
-            print(f"failed: {result['error']}", flush=True)
+        if kind == 'backbone':
+            result = run_worker(name, size, args)
+            sections['results'].append(result)
         else:
-            print(f"{result['seconds']:.3f} s, "
-                  f"{result['peak_bytes'] / 2**20:.0f} MiB", flush=True)
-        write_results(results, meta, args.out_dir)
-    paths = write_results(results, meta, args.out_dir)
+            result = run_detector_worker(name, size, args)
+            sections['detectors'].append(result)
+        print(describe(result), flush=True)
+        write_results(sections['results'], meta, args.out_dir,
+                      sections['detectors'], sections['capacity'])
+    if args.capacity_size is not None:
+        args.mode = 'train'
+        for spec in args.models:
+            found = capacity_of(spec, args)
+            sections['capacity'].append(found)
+            print(f"{spec}: largest batch at {args.capacity_size[0]}x"
+                  f"{args.capacity_size[1]} within {args.memory_limit_gb} GB: "
+                  f"{found.get('largest_batch', found.get('error'))}", flush=True)
+    paths = write_results(sections['results'], meta, args.out_dir,
+                          sections['detectors'], sections['capacity'])
     print('written: ' + ', '.join(paths.values()))
 
 

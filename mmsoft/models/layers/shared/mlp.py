@@ -4,6 +4,9 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from .autograd_state import records_gradient
+from .recomputed_mlp import recomputed_mlp
+
 
 class TanhGELU(nn.GELU):
     """GELU with the tanh approximation (as SOFT's reference blocks use)."""
@@ -14,6 +17,12 @@ class TanhGELU(nn.GELU):
 
 class MLP(nn.Module):
     """``fc2(drop(act(fc1(x))))`` followed by dropout.
+
+    When gradients are recorded and dropout is off (rate 0 or eval mode),
+    backward recomputes the activation (see :mod:`.recomputed_mlp`): same
+    outputs and gradients, without the activation's output, a hidden-width
+    tensor, kept for backward. Otherwise (inference, ONNX
+    export, active dropout) the layers run one after the other.
 
     Args:
         in_dims (int): Input and output width.
@@ -32,4 +41,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., C) -> (..., C)."""
+        if self._recompute_hidden(x):
+            return recomputed_mlp(x, self.fc1, self.act, self.fc2)
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+    def _recompute_hidden(self, x: torch.Tensor) -> bool:
+        """Whether backward should recompute the hidden layer."""
+        dropout_active = self.training and self.drop.p > 0
+        return records_gradient(x, self.fc1.weight) and not dropout_active

@@ -5,7 +5,10 @@ bottleneck tokens; it is the largest tensor of SOFT attention (N x m per head).
 The product only ever needs ``K1^T V`` (m x d) and, per chunk of tokens, that
 chunk's rows of ``K1``, so both the forward and the backward pass recompute
 the kernel chunk by chunk: memory O(chunk * m + m * d) instead of O(N * m),
-for about three extra kernel evaluations in training.
+for about three extra kernel evaluations in training (one when all tokens
+fit in one chunk: backward then evaluates the whole kernel once and uses it
+for both of its passes). SOFT attention takes this path in training at every
+token count, so autograd never keeps the kernel.
 
 Gradients, with ``T = M S``, ``S = K1^T V`` and ``G = dL/d out``:
 
@@ -61,17 +64,24 @@ class ChunkedKernelProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         queries, bottleneck, middle, values, summary, right = ctx.saved_tensors
-        chunk = ctx.chunk
-        grad_right = kernel_summary(queries, bottleneck, grad_out, chunk)  # dT
+        chunks = _chunks(queries.shape[-2], ctx.chunk)
+        # One chunk: its kernel serves both passes, evaluated once.
+        whole_kernel = (gaussian_kernel(queries, bottleneck)
+                        if len(chunks) == 1 else None)  # (B, h, N, m)
+        if whole_kernel is None:
+            grad_right = kernel_summary(queries, bottleneck, grad_out, ctx.chunk)
+        else:
+            grad_right = whole_kernel.transpose(-1, -2) @ grad_out  # dT
         grad_middle = grad_right @ summary.transpose(-1, -2)  # (B, h, m, m)
         grad_summary = middle.transpose(-1, -2) @ grad_right  # (B, h, m, d)
         grad_queries = torch.empty_like(queries)
         grad_values = torch.empty_like(values)
         grad_bottleneck = torch.zeros_like(bottleneck)
         bottleneck_weight = torch.zeros_like(bottleneck[..., :1])  # (B, h, m, 1)
-        for start, end in _chunks(queries.shape[-2], chunk):
+        for start, end in chunks:
             q = queries[..., start:end, :]  # (B, h, c, d)
-            kernel = gaussian_kernel(q, bottleneck)  # (B, h, c, m)
+            kernel = (gaussian_kernel(q, bottleneck) if whole_kernel is None
+                      else whole_kernel)  # (B, h, c, m)
             grad_values[..., start:end, :] = kernel @ grad_summary
             grad_kernel = grad_out[..., start:end, :] @ right.transpose(-1, -2)
             grad_kernel += values[..., start:end, :] @ grad_summary.transpose(-1, -2)

@@ -11,6 +11,7 @@ from .chunked_kernel_product import chunked_kernel_product
 from .gaussian_kernel import gaussian_kernel
 from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
 from ..shared.attention_heads import merge_heads, split_heads
+from ..shared.autograd_state import records_gradient
 from ..shared.precision import full_precision
 
 
@@ -25,7 +26,11 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
     ``D = diag(A 1)`` for ``'soft++'``. The product is evaluated right to left,
     so it costs O(N m d) and never forms an (N, N) matrix. With more than
     ``chunk_tokens`` queries, ``K1`` is not materialised either but computed
-    chunk by chunk (see :mod:`.chunked_kernel_product`).
+    chunk by chunk (see :mod:`.chunked_kernel_product`). When gradients are
+    recorded, the same autograd function runs at every token count (in one
+    chunk when they fit), so backward recomputes ``K1`` instead of keeping
+    it; without gradients, and while exporting to ONNX, ``K1`` is formed
+    whole below ``chunk_tokens``.
 
     Args:
         queries (Tensor): Scaled queries Q (= keys), shape (B, h, N, d).
@@ -46,7 +51,12 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
     if variant == 'soft++':
         inv_sqrt_degree = bottleneck_kernel.sum(-1).rsqrt()  # (B, h, m)
         middle = inv_sqrt_degree.unsqueeze(-1) * middle * inv_sqrt_degree.unsqueeze(-2)
-    if chunk_tokens is not None and queries.shape[-2] > chunk_tokens:
+    tokens = queries.shape[-2]
+    if records_gradient(queries, bottleneck, middle, values):
+        # Training: the kernel is recomputed in backward, never stored.
+        chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
+        return chunked_kernel_product(queries, bottleneck, middle, values, chunk)
+    if chunk_tokens is not None and tokens > chunk_tokens:
         return chunked_kernel_product(queries, bottleneck, middle, values,
                                       chunk_tokens)
     query_kernel = gaussian_kernel(queries, bottleneck)  # (B, h, N, m)

@@ -3,8 +3,11 @@ from typing import Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ....utils import check_positive_int
+from ..shared.autograd_state import records_gradient
 
 
 class LocalPatchInteraction(nn.Module):
@@ -12,6 +15,11 @@ class LocalPatchInteraction(nn.Module):
 
     Mixes every token with its spatial neighbours, channel by channel; the
     convolutions are zero-padded to keep the grid size, so any grid works.
+
+    In training, backward recomputes the three intermediate maps from the
+    input (all depth-wise, hence cheap) instead of keeping them; the
+    recomputation normalises with the same batch statistics and does not
+    update BatchNorm's running statistics a second time.
 
     Args:
         embed_dims (int): Token width C.
@@ -48,5 +56,33 @@ class LocalPatchInteraction(nn.Module):
         """
         batch, _, channels = x.shape
         x = x.transpose(1, 2).reshape(batch, channels, *hw_shape)  # (B, C, H, W)
-        x = self.conv2(self.bn(self.act(self.conv1(x))))  # (B, C, H, W)
+        if records_gradient(x, self.conv1.weight):
+            passes = []  # the first pass is the forward, later ones recompute
+            x = checkpoint(lambda grid: self.mix(grid, first_pass=passes.append(1)
+                                                 or len(passes) == 1),
+                           x, use_reentrant=False)
+        else:
+            x = self.mix(x, first_pass=True)  # (B, C, H, W)
         return x.flatten(2).transpose(1, 2)  # (B, N, C)
+
+    def mix(self, grid: torch.Tensor, first_pass: bool) -> torch.Tensor:
+        """``conv2(bn(act(conv1(grid))))`` on a (B, C, H, W) map.
+
+        Args:
+            grid (Tensor): Shape (B, C, H, W).
+            first_pass (bool): False when backward recomputes the forward:
+                BatchNorm then normalises with the batch statistics without
+                updating its running ones again.
+
+        Returns:
+            Tensor: Shape (B, C, H, W).
+        """
+        hidden = self.act(self.conv1(grid))
+        if first_pass or not self.bn.training:
+            hidden = self.bn(hidden)
+        else:  # the same operation, its statistics updates thrown away
+            bn = self.bn
+            hidden = F.batch_norm(hidden, bn.running_mean.clone(),
+                                  bn.running_var.clone(), bn.weight, bn.bias,
+                                  training=True, eps=bn.eps)
+        return self.conv2(hidden)

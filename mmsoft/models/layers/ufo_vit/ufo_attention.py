@@ -4,9 +4,11 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
+from torch.utils.checkpoint import checkpoint
 
 from ....utils import check_divisible, check_positive_int
 from ..shared.attention_heads import merge_heads, split_heads
+from ..shared.autograd_state import records_gradient
 from ..shared.precision import full_precision
 
 
@@ -91,7 +93,8 @@ class UFOAttention(BaseModule):
     which axis each XNorm normalises and why. Memory and time are linear in
     the token count N. Under ``torch.autocast`` the K^T V product and both
     norms run in float32; the result is cast back to the dtype of V before
-    the output projection.
+    the output projection. In training, backward recomputes the attention
+    from Q, K and V instead of keeping its intermediate tensors.
 
     Args:
         embed_dims (int): Token width C.
@@ -137,8 +140,13 @@ class UFOAttention(BaseModule):
         queries = split_heads(queries, self.num_heads)  # (B, h, N, d)
         keys = split_heads(keys, self.num_heads)  # (B, h, N, d)
         values = split_heads(values, self.num_heads)  # (B, h, N, d)
-        out = ufo_attention(queries, keys, values, self.gamma_q, self.gamma_kv,
-                            self.eps)  # (B, h, N, d)
+        args = (queries, keys, values, self.gamma_q, self.gamma_kv, self.eps)
+        if records_gradient(queries, self.gamma_q):
+            # Backward recomputes the normalised queries and K^T V from Q, K
+            # and V (views of the QKV projection's output, kept anyway).
+            out = checkpoint(ufo_attention, *args, use_reentrant=False)
+        else:
+            out = ufo_attention(*args)  # (B, h, N, d)
         return out.to(values.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,110 @@
+"""What autograd keeps for backward, by the module that was running.
+
+:class:`SavedTensorRecorder` installs saved-tensor hooks
+(``torch.autograd.graph.saved_tensors_hooks``) and forward hooks on every
+submodule, so each tensor an operation saves for backward is recorded with
+the name of the innermost module running at that moment, its shape, dtype
+and the bytes of its storage. A storage is counted once however many
+operations save it (a Linear's input is also the previous layer's output);
+parameters and buffers are not activations and are left out.
+"""
+from collections import defaultdict
+from typing import Dict, List, NamedTuple, Tuple
+
+import torch
+import torch.nn as nn
+
+
+class SavedTensor(NamedTuple):
+    """One storage kept for backward."""
+    module: str  # innermost module running when it was saved ('' = the root)
+    shape: Tuple[int, ...]
+    dtype: str
+    nbytes: int  # bytes of the whole storage
+
+
+class SavedTensorRecorder:
+    """Context manager recording the storages autograd saves in ``model``.
+
+    Args:
+        model (nn.Module): The model whose forward runs inside the context.
+
+    Example::
+
+        with SavedTensorRecorder(model) as recorder:
+            loss = model(images)
+        recorder.bytes_by_prefix(depth=1)  # {'backbone': ..., 'neck': ...}
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.records: List[SavedTensor] = []
+        self._stack: List[str] = ['']
+        self._seen = set()
+        self._handles = []
+        self._hooks = None
+
+    def _state_pointers(self) -> set:
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        return {t.untyped_storage().data_ptr() for t in tensors}
+
+    def _enter_module(self, name: str) -> None:
+        self._stack.append(name)
+
+    def _leave_module(self) -> None:
+        self._stack.pop()
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in self._seen:
+            self._seen.add(pointer)
+            self.records.append(SavedTensor(self._stack[-1], tuple(tensor.shape),
+                                            str(tensor.dtype).replace('torch.', ''),
+                                            storage.nbytes()))
+        return tensor
+
+    def __enter__(self) -> 'SavedTensorRecorder':
+        self._seen = self._state_pointers()
+        for name, module in self.model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(
+                lambda *_, name=name: self._enter_module(name)))
+            self._handles.append(module.register_forward_hook(
+                lambda *_: self._leave_module()))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(
+            self._pack, lambda tensor: tensor)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._hooks.__exit__(*exc_info)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all recorded storages."""
+        return sum(record.nbytes for record in self.records)
+
+    def bytes_by_prefix(self, depth: int) -> Dict[str, int]:
+        """Bytes per module-name prefix of ``depth`` dot-separated parts.
+
+        Args:
+            depth (int): 1 groups by the root's children (``'backbone'``),
+                2 by their children (``'backbone.stages'``), and so on.
+
+        Returns:
+            dict[str, int]: Bytes by prefix, largest first; ``''`` holds what
+            the root module saved outside every child.
+        """
+        totals = defaultdict(int)
+        for record in self.records:
+            totals['.'.join(record.module.split('.')[:depth])] += record.nbytes
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    def records_under(self, prefix: str) -> List[SavedTensor]:
+        """The records of ``prefix`` and its submodules, largest first."""
+        inside = [r for r in self.records
+                  if r.module == prefix or r.module.startswith(prefix + '.')]
+        return sorted(inside, key=lambda record: -record.nbytes)

@@ -1,0 +1,162 @@
+"""Layers that keep less for backward give the plain autograd outputs and
+gradients: SOFT / SOFT++ attention (every solver, chunked and in one chunk),
+UFO attention, the local patch interaction and the MLP.
+
+The plain computation is the same layer with ``records_gradient`` patched to
+False in its module, i.e. every operation recorded by autograd as written.
+"""
+import copy
+import importlib
+
+import pytest
+import torch
+
+import mmsoft.models.layers.shared.mlp as mlp_module
+import mmsoft.models.layers.soft.soft_attention as soft_attention_module
+import mmsoft.models.layers.ufo_vit.local_patch_interaction as lpi_module
+from mmsoft.analysis.saved_tensors import SavedTensorRecorder
+from mmsoft.models.layers import SoftAttention
+from mmsoft.models.layers.shared import MLP, TanhGELU
+from mmsoft.models.layers.shared.recomputed_mlp import recomputed_mlp
+from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
+from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
+
+# The package exports the function ufo_attention under the module's name.
+ufo_attention_module = importlib.import_module(
+    'mmsoft.models.layers.ufo_vit.ufo_attention')
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+def plain_module(module, layer_modules, monkeypatch):
+    """A copy of ``module`` that runs the plain autograd path."""
+    for layer_module in layer_modules:
+        monkeypatch.setattr(layer_module, 'records_gradient', lambda *t: False)
+    return module
+
+
+def outputs_and_gradients(module, inputs, *args):
+    """Output, input gradients and parameter gradients of a weighted sum."""
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    module.zero_grad(set_to_none=True)
+    out = module(*inputs, *args)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    (out * weights).sum().backward()
+    return (out.detach(), [t.grad for t in inputs],
+            {name: p.grad for name, p in module.named_parameters()})
+
+
+def assert_same_as_plain(module, inputs, layer_modules, monkeypatch, *args):
+    reference = copy.deepcopy(module)
+    efficient = outputs_and_gradients(module, inputs, *args)
+    plain_module(reference, layer_modules, monkeypatch)
+    plain = outputs_and_gradients(reference, inputs, *args)
+    torch.testing.assert_close(efficient[0], plain[0], **TOLERANCE)
+    torch.testing.assert_close(efficient[1], plain[1], **TOLERANCE)
+    assert efficient[2].keys() == plain[2].keys()
+    for name in plain[2]:
+        torch.testing.assert_close(efficient[2][name], plain[2][name], **TOLERANCE,
+                                   msg=name)
+    return reference
+
+
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+@pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])
+@pytest.mark.parametrize('chunk', [None, 7, 1000])
+def test_soft_attention_equals_plain_autograd(variant, solver, chunk, monkeypatch):
+    torch.manual_seed(0)
+    attention = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3,
+                              variant=variant, solver=solver, newton_iters=6,
+                              kernel_chunk_tokens=chunk).double()
+    tokens = torch.randn(2, 30, 16, dtype=torch.float64)
+    assert_same_as_plain(attention, [tokens], [soft_attention_module],
+                         monkeypatch, (5, 6))
+
+
+def test_soft_attention_keeps_no_query_kernel():
+    torch.manual_seed(0)
+    attention = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3,
+                              variant='soft++', solver='exact')
+    tokens = torch.randn(1, 30, 16, requires_grad=True)
+    with SavedTensorRecorder(attention) as recorder:
+        attention(tokens, (5, 6))
+    # m = 9 bottleneck tokens (a 3x3 grid), N = 30: no (., 2, 30, 9) kernel.
+    assert all(record.shape[-2:] != (30, 9) for record in recorder.records)
+
+
+def test_one_chunk_backward_equals_several_chunks():
+    generator = torch.Generator().manual_seed(0)
+    inputs = [0.5 * torch.randn(2, 3, n, 4, generator=generator, dtype=torch.float64)
+              for n in (37, 5)]
+    inputs.insert(2, torch.randn(2, 3, 5, 5, generator=generator,
+                                 dtype=torch.float64))
+    inputs.append(torch.randn(2, 3, 37, 4, generator=generator, dtype=torch.float64))
+    grads = []
+    for chunk in (37, 8):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        chunked_kernel_product(*leaves, chunk).pow(2).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for one, several in zip(*grads):
+        torch.testing.assert_close(one, several, rtol=1e-10, atol=1e-10)
+
+
+def test_ufo_attention_equals_plain_autograd(monkeypatch):
+    torch.manual_seed(0)
+    attention = UFOAttention(16, 2).double()
+    with torch.no_grad():
+        attention.gamma_q.uniform_(0.5, 2)
+        attention.gamma_kv.uniform_(0.5, 2)
+    tokens = torch.randn(2, 30, 16, dtype=torch.float64)
+    assert_same_as_plain(attention, [tokens], [ufo_attention_module], monkeypatch)
+
+
+def test_local_patch_interaction_equals_plain_and_updates_stats_once(monkeypatch):
+    torch.manual_seed(0)
+    lpi = LocalPatchInteraction(8).double().train()
+    tokens = torch.randn(2, 30, 8, dtype=torch.float64)
+    reference = assert_same_as_plain(lpi, [tokens], [lpi_module], monkeypatch,
+                                     (5, 6))
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(dict(lpi.named_buffers())[name], buffer,
+                                   rtol=0, atol=0, msg=name)
+    assert int(lpi.bn.num_batches_tracked) == 1
+
+
+@pytest.mark.parametrize('act_layer', [TanhGELU, torch.nn.GELU])
+def test_mlp_equals_plain_autograd(act_layer, monkeypatch):
+    torch.manual_seed(0)
+    mlp = MLP(8, 32, act_layer).double()
+    tokens = torch.randn(2, 30, 8, dtype=torch.float64)
+    assert_same_as_plain(mlp, [tokens], [mlp_module], monkeypatch)
+
+
+@pytest.mark.parametrize('keep_hidden', [True, False])
+def test_recomputed_mlp_gradcheck(keep_hidden):
+    torch.manual_seed(0)
+    mlp = MLP(4, 6, TanhGELU).double()
+    tokens = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    params = [mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias]
+    assert torch.autograd.gradcheck(
+        lambda x, *_: recomputed_mlp(x, mlp.fc1, mlp.act, mlp.fc2, keep_hidden),
+        (tokens, *params))
+
+
+def test_mlp_keeps_no_activation_output():
+    mlp = MLP(8, 32, TanhGELU)
+    tokens = torch.randn(30, 8, requires_grad=True)
+    with SavedTensorRecorder(mlp) as recorder:
+        mlp(tokens)
+    # The input (30 x 8) and fc1's output (30 x 32), not GELU's output.
+    assert sorted(record.shape for record in recorder.records) == [(30, 8), (30, 32)]
+
+
+def test_plain_path_without_gradient_and_with_dropout(monkeypatch):
+    mlp = MLP(8, 32, drop=0.5).train()
+    calls = []
+    monkeypatch.setattr(mlp_module, 'recomputed_mlp',
+                        lambda *args: calls.append(1) or args[0])
+    with torch.no_grad():
+        mlp(torch.randn(4, 8))
+    mlp(torch.randn(4, 8, requires_grad=True))
+    assert calls == []
+    mlp.eval()(torch.randn(4, 8, requires_grad=True))
+    assert calls == [1]

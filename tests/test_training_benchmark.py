@@ -1,0 +1,73 @@
+"""The benchmark tool's training mode: backbones, detectors, batch capacity."""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmsoft.analysis.batch_capacity import largest_batch
+from mmsoft.analysis.detector_step import detector_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_largest_batch_extrapolates_the_line_through_two_peaks():
+    # 1 GB fixed + 3 GB per image: 5 images take 16 GB.
+    found = largest_batch({1: 4 * 10**9, 2: 7 * 10**9}, 16 * 10**9)
+    assert found == dict(largest_batch=5, per_image_bytes=3 * 10**9,
+                         fixed_bytes=10**9, measured_batches=[1, 2])
+    assert largest_batch({1: 4 * 10**9, 3: 10 * 10**9}, 3 * 10**9)['largest_batch'] == 0
+
+
+def test_largest_batch_rejects_unusable_peaks():
+    with pytest.raises(ValueError, match='two or more'):
+        largest_batch({1: 10}, 100)
+    with pytest.raises(ValueError, match='do not grow'):
+        largest_batch({1: 10, 2: 10}, 100)
+
+
+def test_pvtv2_mask_rcnn_is_the_swin_config_with_its_backbone():
+    swin, pvt = detector_config('swin-t'), detector_config('pvtv2-b2')
+    assert pvt.model.backbone.type == 'PyramidVisionTransformerV2'
+    assert pvt.model.neck.in_channels == [64, 128, 320, 512]
+    assert pvt.model.roi_head == swin.model.roi_head
+    with pytest.raises(ValueError, match="detector 'r50' is not known"):
+        detector_config('r50')
+
+
+def test_training_mode_writes_backbones_detectors_and_capacity(tmp_path):
+    out_dir = tmp_path / 'bench'
+    done = subprocess.run(
+        [sys.executable, str(REPO / 'tools/analysis/benchmark.py'), '--mode',
+         'train', '--models', 'soft-tiny', '--sizes', '64x64', '--batch', '2',
+         '--detectors', 'soft++-tiny', '--detector-sizes', '64x64',
+         '--detector-batch', '1', '--capacity-size', '64x64',
+         '--memory-limit-gb', '2', '--repeats', '1', '--warmup', '0',
+         '--device', 'cpu', '--out-dir', str(out_dir)],
+        capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((out_dir / 'results.json').read_text())
+    assert data['meta']['mode'] == 'forward+backward'
+    backbone, = data['results']
+    assert (backbone['mode'], backbone['batch']) == ('forward+backward', 2)
+    assert backbone['cpu_seconds'] > 0 and backbone['peak_bytes'] > 0
+    detector, = data['detectors']
+    assert (detector['model'], detector['mode'], detector['batch']) == (
+        'soft++-tiny', 'train_step', 1)
+    assert set(detector['saved_bytes']) >= {'backbone', 'neck', 'rpn_head',
+                                            'roi_head'}
+    assert all(detector['saved_bytes'][part] > 0 for part in ('backbone', 'neck'))
+    capacity, = data['capacity']
+    peaks = {int(batch): peak for batch, peak in capacity['peaks'].items()}
+    assert capacity['largest_batch'] == largest_batch(
+        peaks, 2 * 10**9)['largest_batch']
+    assert capacity['method'] == 'linear from batches 1 and 2'
+    with open(out_dir / 'detectors.csv') as file:
+        row, = csv.DictReader(file)
+    assert int(row['saved_backbone']) == detector['saved_bytes']['backbone']
+    with open(out_dir / 'capacity.csv') as file:
+        assert int(next(csv.DictReader(file))['largest_batch']) == \
+            capacity['largest_batch']
+    assert 'largest batch at 64x64 within 2.0 GB' in done.stdout
