@@ -129,8 +129,11 @@ def test_classifier_file_under_the_detector_key_path_is_refused(official_tiny,
     torch.save(official_tiny, path)
     model = config_backbone(TINY_CONFIG, str(path))
     model.init_cfg['prefix'] = 'backbone.'
-    with pytest.raises(ValueError, match=r"no keys starting with 'backbone\.'"):
+    with pytest.raises(ValueError, match=r"no keys starting with 'backbone\.'") as err:
         model.init_weights()
+    # The file is named, and what its keys start with instead.
+    assert str(path) in str(err.value)
+    assert 'patch_embed1.' in str(err.value)
 
 
 @pytest.fixture()

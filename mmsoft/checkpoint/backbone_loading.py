@@ -18,10 +18,11 @@ entries under ``prefix`` when one is given, strip leading ``module.`` /
 
 BatchNorm's ``num_batches_tracked`` counters may be missing in both.
 """
+import contextlib
 import logging
 import os.path as osp
 import re
-from typing import Mapping, Optional, Tuple
+from typing import Iterator, Mapping, Optional, Tuple
 
 import torch.nn as nn
 from mmengine.logging import print_log
@@ -67,8 +68,20 @@ def read_pretrained(filename: str, prefix: Optional[str] = None,
     checkpoint = load_checkpoint_file(filename, map_location)
     state_dict, _ = unwrap_state_dict(checkpoint)
     if prefix:
-        state_dict = select_prefix(state_dict, prefix)
+        with naming_file(filename):
+            state_dict = select_prefix(state_dict, prefix)
     return checkpoint, state_dict
+
+
+@contextlib.contextmanager
+def naming_file(filename: str) -> Iterator[None]:
+    """Re-raises a ``ValueError`` of the block with ``filename`` in front."""
+    try:
+        yield
+    except ValueError as err:
+        if filename in str(err):
+            raise
+        raise ValueError(f'checkpoint {filename}: {err}') from err
 
 
 def load_strictly(model: nn.Module, state_dict: Mapping, source: str,
@@ -143,9 +156,10 @@ def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool 
     """
     checkpoint, state_dict = read_pretrained(filename, prefix, map_location)
     if convert_weights:
-        state_dict, info = soft_official_to_mmsoft(
-            checkpoint if not prefix else state_dict, name_hint=osp.basename(filename),
-            check=False)
+        with naming_file(filename):
+            state_dict, info = soft_official_to_mmsoft(
+                checkpoint if not prefix else state_dict,
+                name_hint=osp.basename(filename), check=False)
         print_log(f'converted reference SOFT checkpoint {filename}: '
                   f'arch={info["arch"]}, attention={info["attention"]} '
                   f'({info["attention_source"]}), {info["num_tensors"]} tensors.',

@@ -363,6 +363,12 @@ def rename_official_state_dict(state_dict: Mapping
                 ('patch_embeds.', 'stages.', 'pos_embeds.')) for k in unplaced):
             hint = (' Some keys are in the mmsoft layout already: load such files '
                     'with convert_weights=False.')
+        if any(str(k).startswith(('neck.', 'rpn_head.', 'roi_head.', 'bbox_head.',
+                                  'decode_head.', 'auxiliary_head.'))
+               for k in unplaced):
+            hint += (' The file looks like a detector or segmentor checkpoint: '
+                     "load its backbone with convert_weights=False and "
+                     "init_cfg.prefix='backbone.'.")
         raise ValueError(f'{len(unplaced)} checkpoint entries are not part of a '
                          f'reference SOFT model and cannot be placed: '
                          f'{key_list(unplaced, limit=None)}.{hint}')

@@ -102,7 +102,9 @@ def select_prefix(state_dict: Mapping, prefix: str) -> dict:
     """
     selected, _ = split_prefix(state_dict, prefix)
     if not selected:
-        raise ValueError(f'the checkpoint has no keys starting with {prefix!r}.')
+        groups = {str(key).split('.', 1)[0] + '.' for key in state_dict}
+        raise ValueError(f'the checkpoint has no keys starting with {prefix!r}; '
+                         f'its keys start with {key_list(groups, limit=10)}.')
     return selected
 
 
