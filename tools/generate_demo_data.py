@@ -47,29 +47,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def coco_summary(stats: dict, args: argparse.Namespace) -> str:
+    """One line on the written COCO dataset."""
+    train, val = stats['train'], stats['val']
+    return (f'COCO dataset in {args.coco_root}: train {train["images"]} images / '
+            f'{train["annotations"]} objects, val {val["images"]} images / '
+            f'{val["annotations"]} objects, classes {args.classes}')
+
+
+def ade_summary(stats: dict, args: argparse.Namespace) -> str:
+    """One line on the written ADE20K-layout dataset."""
+    return (f'ADE20K-layout dataset in {args.ade_root}: training '
+            f'{stats["train"]["images"]} images, validation '
+            f'{stats["val"]["images"]} images, labels '
+            f'{["background"] + list(args.classes)}')
+
+
+#: kind -> (generator, argument holding its root, summary line).
+DATASETS = {
+    'coco': (generate_coco_demo, 'coco_root', coco_summary),
+    'ade': (generate_ade_demo, 'ade_root', ade_summary),
+}
+
+
 def main(argv=None) -> None:
     """Generates the requested datasets and prints a summary."""
     args = parse_args(argv)
     size = tuple(args.img_size) * (3 - len(args.img_size))
     common = dict(num_train=args.num_train, num_val=args.num_val, seed=args.seed,
                   classes=args.classes, img_size=size)
-    if args.kind in ('coco', 'all'):
+    for kind, (generate, root_arg, summary) in DATASETS.items():
+        if args.kind not in (kind, 'all'):
+            continue
         start = time.time()
-        stats = generate_coco_demo(args.coco_root, **common)
-        print(f'COCO dataset in {args.coco_root}: '
-              f"train {stats['train']['images']} images / "
-              f"{stats['train']['annotations']} objects, "
-              f"val {stats['val']['images']} images / "
-              f"{stats['val']['annotations']} objects, classes {args.classes} "
-              f'({time.time() - start:.1f} s)')
-    if args.kind in ('ade', 'all'):
-        start = time.time()
-        stats = generate_ade_demo(args.ade_root, **common)
-        print(f'ADE20K-layout dataset in {args.ade_root}: '
-              f"training {stats['train']['images']} images, "
-              f"validation {stats['val']['images']} images, labels "
-              f"{['background'] + list(args.classes)} "
-              f'({time.time() - start:.1f} s)')
+        stats = generate(getattr(args, root_arg), **common)
+        print(f'{summary(stats, args)} ({time.time() - start:.1f} s)')
 
 
 if __name__ == '__main__':
