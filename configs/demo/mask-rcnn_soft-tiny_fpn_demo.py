@@ -27,6 +27,7 @@ max_epochs = 8
 backbone_dims = [32, 64, 160, 256]
 
 model = dict(
+    data_preprocessor=dict(type='ValidRegionDetDataPreprocessor'),
     backbone=dict(
         _delete_=True,
         type='SOFT',

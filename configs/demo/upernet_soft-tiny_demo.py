@@ -41,7 +41,7 @@ weighted_ce = dict(
 backbone_dims = [32, 64, 160, 256]
 
 model = dict(
-    data_preprocessor=dict(size=crop_size),
+    data_preprocessor=dict(type='ValidRegionSegDataPreprocessor', size=crop_size),
     pretrained=None,
     backbone=dict(
         _delete_=True,

@@ -4,6 +4,7 @@
 _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', './soft++.py']
 
 model = dict(
+    data_preprocessor=dict(type='ValidRegionDetDataPreprocessor'),
     backbone=dict(_delete_=True, **_base_.soft_backbone),
     neck=dict(in_channels=[64, 128, 320, 512]))
 

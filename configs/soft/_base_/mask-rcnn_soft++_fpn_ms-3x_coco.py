@@ -8,6 +8,7 @@ _base_ = [
 ]
 
 model = dict(
+    data_preprocessor=dict(type='ValidRegionDetDataPreprocessor'),
     backbone=dict(_delete_=True, **_base_.soft_backbone),
     neck=dict(in_channels=[64, 128, 320, 512]))
 

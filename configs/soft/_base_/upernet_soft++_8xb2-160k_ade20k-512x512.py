@@ -8,7 +8,7 @@ _base_ = [
     './soft++.py'
 ]
 crop_size = (512, 512)
-data_preprocessor = dict(size=crop_size)
+data_preprocessor = dict(type='ValidRegionSegDataPreprocessor', size=crop_size)
 model = dict(
     data_preprocessor=data_preprocessor,
     # The base's ResNet-50 weights; the backbone's init_cfg loads its own.

@@ -3,7 +3,9 @@
 # arch, drop_path_rate and checkpoint and the FPN's in_channels.
 _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', './ufo-vit.py']
 
-model = dict(backbone=dict(_delete_=True, **_base_.ufo_backbone))
+model = dict(
+    data_preprocessor=dict(type='ValidRegionDetDataPreprocessor'),
+    backbone=dict(_delete_=True, **_base_.ufo_backbone))
 
 optim_wrapper = dict(_delete_=True, **_base_.ufo_det_optim_wrapper)
 # 8 GPUs x 2 images.

@@ -7,7 +7,9 @@ _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py', './ufo-vit.py'
 ]
 
-model = dict(backbone=dict(_delete_=True, **_base_.ufo_backbone))
+model = dict(
+    data_preprocessor=dict(type='ValidRegionDetDataPreprocessor'),
+    backbone=dict(_delete_=True, **_base_.ufo_backbone))
 
 optim_wrapper = dict(_delete_=True, **_base_.ufo_det_optim_wrapper)
 # 8 GPUs x 2 images.

@@ -1,5 +1,5 @@
 """What the multi-stage backbones share: freezing, norm_eval, checkpointing."""
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -8,6 +8,8 @@ from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...utils import check_frozen_stages, check_image_batch
+from ..layers.shared.valid_region import ValidShapes, check_valid_shapes
+from ..valid_region import registered_valid_shapes
 
 
 def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
@@ -93,6 +95,42 @@ class MultiStageBackbone(BaseModule):
     def check_input(self, x: torch.Tensor) -> None:
         """Raises ``ValueError`` for a wrong channel count or a too small image."""
         check_image_batch(x, self.in_channels, self.min_input_size)
+
+    def resolve_valid_shapes(self, x: torch.Tensor,
+                             valid_shapes: Optional[Sequence] = None
+                             ) -> Optional[ValidShapes]:
+        """The valid regions the forward pass uses, or None (all valid).
+
+        mmdet and mmseg pad each image of a batch at the bottom and right.
+        Told each image's valid region, the backbones compute its features
+        as if it were alone. Regions come from ``valid_shapes`` or, when it
+        is None, from a valid-region data preprocessor
+        (``type='ValidRegionDetDataPreprocessor'`` or
+        ``'ValidRegionSegDataPreprocessor'``, which every mmsoft config
+        uses). Without either, every pixel of the batch counts as image,
+        padding included: the behaviour of the plain preprocessors.
+
+        Args:
+            x (Tensor): Images, shape (B, C, H, W).
+            valid_shapes (Sequence, optional): One (h, w) per image; None
+                takes those a valid-region data preprocessor recorded for
+                ``x`` (see :mod:`~mmsoft.models.valid_region`), if any.
+
+        Returns:
+            list[tuple[int, int]] | None: None when no region is known or
+            every image fills the batch.
+
+        Raises:
+            ValueError: If ``valid_shapes`` does not fit ``x``.
+        """
+        if valid_shapes is None:
+            valid_shapes = registered_valid_shapes(x)
+        if valid_shapes is None:
+            return None
+        shapes = check_valid_shapes(valid_shapes, x.shape)
+        if all(shape == tuple(x.shape[-2:]) for shape in shapes):
+            return None
+        return shapes
 
     def run_block(self, block: nn.Module, x: torch.Tensor, *args) -> torch.Tensor:
         """Runs ``block(x, *args)``, checkpointed when ``with_cp`` and training."""

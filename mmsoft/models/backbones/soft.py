@@ -12,6 +12,8 @@ from ...utils import (check_choice, check_divisible, check_lengths,
                       resolve_arch)
 from ..layers import (ConvPatchEmbed, SoftBlock, SoftmaxBlock, init_transformer_weights,
                       resize_pos_embed)
+from ..layers.shared.position import resize_pos_embed_to_regions
+from ..layers.shared.valid_region import ValidShapes, mask_map
 from ..layers.soft.kernel_inverse import SOLVERS, canonical_solver
 from .base import MultiStageBackbone, tokens_to_map
 
@@ -50,6 +52,11 @@ class SOFT(MultiStageBackbone):
     the patches, so stage ``i`` (0-based) of an H x W image is
     ``ceil(H / 2**(i + 2)) x ceil(W / 2**(i + 2))``; learned position
     embeddings are bilinearly resized to it at every forward.
+
+    Padded batches: told each image's valid region (``forward``'s
+    ``valid_shapes`` or a valid-region data preprocessor), an image's
+    features do not depend on its batch's padding; without it (the plain
+    mmdet/mmseg preprocessors) padding counts as image content, as before.
 
     The module tree holds the same parameters as the reference ImageNet
     models (classifier excluded), one to one, so their checkpoints map onto it.
@@ -221,42 +228,72 @@ class SOFT(MultiStageBackbone):
                              prefix=cfg.get('prefix'),
                              map_location=cfg.get('map_location', 'cpu'))
 
-    def stage_pos_embed(self, stage: int, hw_shape: Tuple[int, int]) -> torch.Tensor:
+    def stage_pos_embed(self, stage: int, hw_shape: Tuple[int, int],
+                        valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """Position embeddings of stage ``stage`` resized to ``hw_shape``.
 
+        Args:
+            stage (int): 0-3.
+            hw_shape (tuple[int, int]): The stage's token grid (H, W).
+            valid_shapes (list[tuple[int, int]], optional): Each image's
+                valid region of the grid; the embeddings are then resized to
+                each region and zero outside it. Default: None.
+
         Returns:
-            Tensor: (1, H * W, C), or (1, 1 + H * W, C) with the class token's
-            entry first in the last stage.
+            Tensor: (1 or B, H * W, C), or (1 or B, 1 + H * W, C) with the
+            class token's entry first in the last stage.
         """
         pos_embed = self.pos_embeds[stage]
-        if stage < NUM_STAGES - 1:
-            return resize_pos_embed(pos_embed, self.pos_grids[stage], hw_shape)
-        grid = resize_pos_embed(pos_embed[:, 1:], self.pos_grids[stage], hw_shape)
-        return torch.cat((pos_embed[:, :1], grid), dim=1)
+        has_cls = stage == NUM_STAGES - 1
+        grid_embed = pos_embed[:, 1:] if has_cls else pos_embed
+        if valid_shapes is None:
+            grid = resize_pos_embed(grid_embed, self.pos_grids[stage], hw_shape)
+        else:
+            grid = resize_pos_embed_to_regions(grid_embed, self.pos_grids[stage],
+                                               hw_shape, valid_shapes)
+        if not has_cls:
+            return grid
+        return torch.cat((pos_embed[:, :1].expand(grid.shape[0], -1, -1), grid), dim=1)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor,
+                valid_shapes: Optional[Sequence[Tuple[int, int]]] = None
+                ) -> Tuple[torch.Tensor, ...]:
         """Multi-scale features.
+
+        Valid regions are optional (see
+        :meth:`~.base.MultiStageBackbone.resolve_valid_shapes`); with none,
+        padding is image content, as it always was. With them, position
+        embeddings are resized to each image's grid, SOFT and softmax
+        attention ignore padded tokens and convolutions see zeros past the
+        regions, so an image's features are those it has alone; the maps
+        are zero outside the regions.
 
         Args:
             x (Tensor): Images, shape (B, in_channels, H, W), H, W >= 32.
+            valid_shapes (Sequence[tuple[int, int]], optional): Each image's
+                valid (h, w) in pixels, the top-left region of its canvas.
+                Default: None (the record for ``x``, if any; else all valid).
 
         Returns:
             tuple[Tensor]: For each of ``out_indices``, a map of shape
             (B, embed_dims[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2))).
         """
         self.check_input(x)
+        valid_shapes = self.resolve_valid_shapes(x, valid_shapes)
         batch = x.shape[0]
         outs = []
         for i in range(NUM_STAGES):
-            x, hw_shape = self.patch_embeds[i](x)  # (B, N, C)
+            x, hw_shape = self.patch_embeds[i](x, valid_shapes)  # (B, N, C)
+            if valid_shapes is not None:
+                valid_shapes = self.patch_embeds[i].output_shapes(valid_shapes)
             if i == NUM_STAGES - 1:
                 x = torch.cat((self.cls_token.expand(batch, -1, -1), x), dim=1)
-            x = self.pos_drop(x + self.stage_pos_embed(i, hw_shape))
+            x = self.pos_drop(x + self.stage_pos_embed(i, hw_shape, valid_shapes))
             for block in self.stages[i]:
-                x = self.run_block(block, x, hw_shape)
+                x = self.run_block(block, x, hw_shape, valid_shapes)
             if i == NUM_STAGES - 1:
                 x = self.norm(x)[:, 1:]
-            x = tokens_to_map(x, hw_shape)  # (B, C, H, W)
+            x = mask_map(tokens_to_map(x, hw_shape), valid_shapes)  # (B, C, H, W)
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)

@@ -44,6 +44,11 @@ class UFOViT(MultiStageBackbone):
     dropped; the Fourier position encoding is computed for that grid at every
     forward. No weight depends on the input size; images from 32x32 up work.
 
+    Padded batches: told each image's valid region (``forward``'s
+    ``valid_shapes`` or a valid-region data preprocessor), an image's
+    features do not depend on its batch's padding; without it (the plain
+    mmdet/mmseg preprocessors) padding counts as image content, as before.
+
     Outputs: for an H x W image and ``h = ceil(H/16)``, ``w = ceil(W/16)``,
     output 0 is (B, C, 4h, 4w) (stride 4), 1 is (B, C, 2h, 2w) (stride 8),
     2 is (B, C, h, w) (stride 16) and 3 is (B, C, ceil(H/32), ceil(W/32))
@@ -178,11 +183,24 @@ class UFOViT(MultiStageBackbone):
         load_ufo_vit_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'),
                                 map_location=cfg.get('map_location', 'cpu'))
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor,
+                valid_shapes: Optional[Sequence[Tuple[int, int]]] = None
+                ) -> Tuple[torch.Tensor, ...]:
         """Multi-scale features.
+
+        Valid regions are optional (see
+        :meth:`~.base.MultiStageBackbone.resolve_valid_shapes`); with none,
+        padding is image content, as it always was. Given, the Fourier
+        encoding follows each image's own grid, ``K^T V`` sums only its
+        tokens, and the convolutions and the max pool see past its region
+        what they see around it alone: its features are those it has
+        alone, and the maps are zero outside the regions.
 
         Args:
             x (Tensor): Images, shape (B, in_channels, H, W), H, W >= 32.
+            valid_shapes (Sequence[tuple[int, int]], optional): Each image's
+                valid (h, w) in pixels, the top-left region of its canvas.
+                Default: None (the record for ``x``, if any; else all valid).
 
         Returns:
             tuple[Tensor]: For each of ``out_indices``, a map with
@@ -190,14 +208,17 @@ class UFOViT(MultiStageBackbone):
             class docstring).
         """
         self.check_input(x)
+        valid_shapes = self.resolve_valid_shapes(x, valid_shapes)
         batch = x.shape[0]
-        x, hw_shape = self.patch_embed(x)  # (B, N, C), N = h * w
-        pos = self.pos_embed(batch, hw_shape, x.device)  # (B, C, h, w)
+        x, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C), N = h * w
+        if valid_shapes is not None:
+            valid_shapes = self.patch_embed.output_shapes(valid_shapes)
+        pos = self.pos_embed(batch, hw_shape, x.device, valid_shapes)  # (B, C, h, w)
         x = self.pos_drop(x + pos.flatten(2).transpose(1, 2).to(x.dtype))
         read_after = [self.stage_ends[i] - 1 for i in self.out_indices]
         feats = []
         for i, block in enumerate(self.blocks[:read_after[-1] + 1]):
-            x = self.run_block(block, x, hw_shape)  # (B, N, C)
+            x = self.run_block(block, x, hw_shape, valid_shapes)  # (B, N, C)
             if i in read_after:
                 feats.append(tokens_to_map(x, hw_shape))
-        return self.pyramid(feats)
+        return self.pyramid(feats, valid_shapes)

@@ -1,8 +1,10 @@
 """Convolutional patch embedding: a stack of 3x3 conv + BN + activation."""
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+
+from .valid_region import ValidShapes, mask_map, strided_shapes
 
 
 class ConvPatchEmbed(nn.Module):
@@ -38,9 +40,37 @@ class ConvPatchEmbed(nn.Module):
             if last_act or i < len(strides) - 1:
                 layers.append(act_layer())
         self.proj = nn.Sequential(*layers)
+        self.strides = tuple(strides)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """(B, C_in, H, W) -> tokens (B, H' * W', C_out) and (H', W')."""
-        x = self.proj(x)
+    def output_shapes(self, valid_shapes: ValidShapes) -> ValidShapes:
+        """Valid regions of the output grid, given those of the input."""
+        return strided_shapes(valid_shapes, self.strides)
+
+    def forward(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes] = None
+                ) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """(B, C_in, H, W) -> tokens (B, H' * W', C_out) and (H', W').
+
+        Args:
+            x (Tensor): Shape (B, C_in, H, W).
+            valid_shapes (list[tuple[int, int]], optional): Each image's
+                valid region of the input grid. Given, every convolution
+                sees zeros outside the regions (as around an image alone)
+                and the output is zero there. Default: None.
+        """
+        if valid_shapes is None:
+            x = self.proj(x)
+        else:
+            x = self.masked_proj(x, valid_shapes)
         hw_shape = tuple(x.shape[-2:])
         return x.flatten(2).transpose(1, 2), hw_shape
+
+    def masked_proj(self, x: torch.Tensor, valid_shapes: ValidShapes) -> torch.Tensor:
+        """``self.proj`` with the map zeroed outside the regions before each
+        convolution and at the end: (B, C_in, H, W) -> (B, C_out, H', W')."""
+        for layer in self.proj:
+            if isinstance(layer, nn.Conv2d):
+                x = layer(mask_map(x, valid_shapes))
+                valid_shapes = strided_shapes(valid_shapes, layer.stride[:1])
+            else:
+                x = layer(x)
+        return mask_map(x, valid_shapes)

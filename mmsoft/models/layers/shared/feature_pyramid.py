@@ -1,10 +1,11 @@
 """Single-scale to four-scale adapter for isotropic (plain ViT) backbones."""
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 from ....utils import check_out_indices, check_positive_int
+from .valid_region import ValidShapes, mask_map, scaled_shapes, strided_shapes
 
 NUM_SCALES = 4
 
@@ -45,12 +46,17 @@ class FeaturePyramidAdapter(nn.Module):
             return nn.Identity()
         return nn.MaxPool2d(kernel_size=2, stride=2, ceil_mode=True)
 
-    def forward(self, feats: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+    def forward(self, feats: Sequence[torch.Tensor],
+                valid_shapes: Optional[ValidShapes] = None) -> Tuple[torch.Tensor, ...]:
         """Resamples one map per entry of ``out_indices``.
 
         Args:
             feats (Sequence[Tensor]): ``len(out_indices)`` maps, each of shape
                 (B, C, H, W), in the order of ``out_indices``.
+            valid_shapes (list[tuple[int, int]], optional): Each image's
+                valid region of the (H, W) grid. Given, every output is
+                what the image alone gives inside its region (the max pool
+                ignores the padding) and zero outside. Default: None.
 
         Returns:
             tuple[Tensor]: Map ``k`` has shape (B, C, 4H, 4W), (B, C, 2H, 2W),
@@ -60,5 +66,19 @@ class FeaturePyramidAdapter(nn.Module):
         if len(feats) != len(self.out_indices):
             raise ValueError(f'got {len(feats)} maps; expected one per out_indices='
                              f'{self.out_indices}.')
-        return tuple(self.branches[str(i)](feat)
+        if valid_shapes is None:
+            return tuple(self.branches[str(i)](feat)
+                         for i, feat in zip(self.out_indices, feats))
+        return tuple(self.masked_branch(i, feat, valid_shapes)
                      for i, feat in zip(self.out_indices, feats))
+
+    def masked_branch(self, scale: int, feat: torch.Tensor,
+                      valid_shapes: ValidShapes) -> torch.Tensor:
+        """Branch ``scale`` on a map whose padding must not count:
+        (B, C, H, W) -> the branch's output, zero outside the regions."""
+        if scale == 3:  # the max pool must not pick padded cells
+            pooled = self.branches['3'](mask_map(feat, valid_shapes, float('-inf')))
+            return mask_map(pooled, strided_shapes(valid_shapes, (2, )))
+        factor = 2**(2 - scale)
+        return mask_map(self.branches[str(scale)](feat),
+                        scaled_shapes(valid_shapes, factor))

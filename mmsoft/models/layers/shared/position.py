@@ -4,6 +4,8 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from .valid_region import ValidShapes, region_tokens_to_grid
+
 
 def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
                      dst_shape: Tuple[int, int]) -> torch.Tensor:
@@ -26,3 +28,26 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
     grid = pos_embed.reshape(1, *src_shape, channels).permute(0, 3, 1, 2)
     grid = F.interpolate(grid, size=dst_shape, mode='bilinear', align_corners=False)
     return grid.flatten(2).transpose(1, 2)
+
+
+def resize_pos_embed_to_regions(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
+                                hw_shape: Tuple[int, int],
+                                valid_shapes: ValidShapes) -> torch.Tensor:
+    """Position embeddings resized to each image's valid grid, zero outside.
+
+    Every image gets the embeddings it would get alone (resized to its own
+    grid), placed top-left on the batch grid.
+
+    Args:
+        pos_embed (Tensor): Shape (1, Hs * Ws, C).
+        src_shape (tuple[int, int]): The grid (Hs, Ws) it was learned on.
+        hw_shape (tuple[int, int]): The batch grid (H, W).
+        valid_shapes (list[tuple[int, int]]): Each image's valid (h, w).
+
+    Returns:
+        Tensor: Shape (B, H * W, C).
+    """
+    resized = {shape: resize_pos_embed(pos_embed, src_shape, shape)
+               for shape in set(valid_shapes)}  # (1, h * w, C) each
+    return torch.cat([region_tokens_to_grid(resized[shape], shape, hw_shape)
+                      for shape in valid_shapes])

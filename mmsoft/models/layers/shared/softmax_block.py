@@ -8,6 +8,7 @@ from mmcv.cnn.bricks import DropPath
 
 from .attention_heads import merge_heads, split_heads
 from .mlp import MLP
+from .valid_region import ValidShapes, valid_mask
 
 
 class GlobalSoftmaxAttention(nn.Module):
@@ -34,20 +35,24 @@ class GlobalSoftmaxAttention(nn.Module):
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
 
-    def forward(self, x: torch.Tensor,
-                num_queries: Optional[int] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, num_queries: Optional[int] = None,
+                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B, N, C) -> (B, Nq, C), Nq = ``num_queries`` or N.
 
         Args:
             x (Tensor): Tokens, shape (B, N, C).
             num_queries (int, optional): Only the first ``num_queries``
                 tokens issue queries. Default: None (all N).
+            key_mask (Tensor, optional): (B, N) bool, False for tokens that
+                must not be attended to (padding). Default: None (all are).
         """
         queries = split_heads(self.q(x[:, :num_queries]), self.num_heads)  # (B, h, Nq, d)
         keys, values = self.kv(x).chunk(2, dim=-1)
         keys = split_heads(keys, self.num_heads)
         values = split_heads(values, self.num_heads)
-        out = F.scaled_dot_product_attention(queries, keys, values)  # (B, h, Nq, d)
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(  # (B, h, Nq, d)
+            queries, keys, values, attn_mask=attn_mask)
         return self.proj(merge_heads(out))
 
 
@@ -73,7 +78,34 @@ class SoftmaxBlock(nn.Module):
         self.mlp = MLP(embed_dims, int(embed_dims * mlp_ratio))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, hw_shape=None) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C); ``hw_shape`` is unused."""
-        x = x + self.drop_path(self.attn(self.norm1(x)))
+    def forward(self, x: torch.Tensor, hw_shape=None,
+                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C).
+
+        Args:
+            x (Tensor): Tokens, shape (B, N, C): any leading extra tokens
+                (a class token) followed by the H * W grid tokens.
+            hw_shape (tuple[int, int], optional): The grid (H, W); needed
+                only with ``valid_shapes``.
+            valid_shapes (list[tuple[int, int]], optional): Each image's
+                valid region of the grid; the grid tokens outside it are not
+                attended to. Default: None (all are).
+        """
+        key_mask = None
+        if valid_shapes is not None:
+            key_mask = grid_key_mask(x, hw_shape, valid_shapes)
+        x = x + self.drop_path(self.attn(self.norm1(x), key_mask=key_mask))
         return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+def grid_key_mask(x: torch.Tensor, hw_shape, valid_shapes: ValidShapes) -> torch.Tensor:
+    """(B, N) bool: True for the leading extra tokens and the valid grid tokens.
+
+    Args:
+        x (Tensor): Tokens, shape (B, N, C), N = extra + H * W.
+        hw_shape (tuple[int, int]): The grid (H, W).
+        valid_shapes (list[tuple[int, int]]): Valid regions of the grid.
+    """
+    inside = valid_mask(valid_shapes, hw_shape, x.device).flatten(1)  # (B, H*W)
+    extra = x.new_ones(x.shape[0], x.shape[1] - inside.shape[1], dtype=torch.bool)
+    return torch.cat((extra, inside), dim=1)

@@ -13,6 +13,8 @@ from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
 from ..shared.attention_heads import merge_heads, split_heads
 from ..shared.autograd_state import records_gradient
 from ..shared.precision import full_precision
+from ..shared.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
+                                   tokens_of_region)
 
 
 def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
@@ -161,12 +163,69 @@ class SoftAttention(BaseModule):
         return F.conv2d(value_map, weight, padding=self.local_conv.padding,
                         groups=weight.shape[0])
 
-    def forward(self, x: torch.Tensor, hw_shape) -> torch.Tensor:
+    def global_term(self, query_map: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``K1 . M . (K1^T V)`` of one grid of tokens.
+
+        Args:
+            query_map (Tensor): Unscaled queries as a map, shape
+                (B, h * d, H, W).
+            values (Tensor): Values V, shape (B, h, H * W, d).
+
+        Returns:
+            Tensor: Shape (B, h, H * W, d), float32 or float64.
+        """
+        scale = self.head_dims**-0.25
+        # The bottleneck convolution is linear: scaling its input or output
+        # is the same.
+        landmarks = self.bottleneck_tokens(query_map) * scale  # (B, h, m, d)
+        bottleneck = F.gelu(self.bottleneck_norm(landmarks))
+        query_tokens = query_map.flatten(2).transpose(1, 2)  # (B, N, C)
+        queries = split_heads(query_tokens, self.num_heads) * scale  # (B,h,N,d)
+        with torch.autocast(device_type=query_map.device.type, enabled=False):
+            return low_rank_kernel_attention(
+                full_precision(queries), full_precision(bottleneck),
+                full_precision(values), self.variant, self.solver,
+                self.newton_iters, self.kernel_chunk_tokens)
+
+    def global_term_per_image(self, query_map: torch.Tensor, values: torch.Tensor,
+                              valid_shapes: ValidShapes) -> torch.Tensor:
+        """:meth:`global_term` of each image's valid grid alone, zero outside.
+
+        Padded tokens then take no part in the bottleneck tokens, in
+        ``K1^T V``, in the kernel matrix A or in the capping pool; images
+        may have different bottleneck counts, hence one call per image.
+
+        Args:
+            query_map (Tensor): Unscaled queries, shape (B, h * d, H, W).
+            values (Tensor): Values V, shape (B, h, H * W, d).
+            valid_shapes (list[tuple[int, int]]): Valid (h, w) per image.
+
+        Returns:
+            Tensor: Shape (B, h, H * W, d).
+        """
+        hw_shape = query_map.shape[-2:]
+        outs = []
+        for index, (height, width) in enumerate(valid_shapes):
+            region_map = query_map[index:index + 1, :, :height, :width]
+            region_values = tokens_of_region(values[index:index + 1], hw_shape,
+                                             (height, width))  # (1, h, n, d)
+            out = self.global_term(region_map, region_values)  # (1, h, n, d)
+            outs.append(region_tokens_to_grid(out, (height, width), hw_shape))
+        return torch.cat(outs)
+
+    def forward(self, x: torch.Tensor, hw_shape,
+                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """Forward.
 
         Args:
             x (Tensor): Tokens, shape (B, N, C).
             hw_shape (tuple[int, int]): The token grid (H, W), H * W = N.
+            valid_shapes (list[tuple[int, int]], optional): Each image's
+                valid region of the grid. Given, each image attends only
+                within it, as it would alone: the global term runs per image
+                on its region and the local convolution sees zeros outside.
+                The output outside the regions is meaningless. Default: None
+                (every token is valid).
 
         Returns:
             Tensor: Shape (B, N, C).
@@ -178,18 +237,12 @@ class SoftAttention(BaseModule):
         # map: the convolutions read it without a copy.
         query_map = query_tokens.transpose(1, 2).view(batch, channels, *hw_shape)
         value_map = value_tokens.transpose(1, 2).view(batch, channels, *hw_shape)
-        scale = self.head_dims**-0.25
-        # The bottleneck convolution is linear: scaling its input or output
-        # is the same.
-        landmarks = self.bottleneck_tokens(query_map) * scale  # (B, h, m, d)
-        bottleneck = F.gelu(self.bottleneck_norm(landmarks))
-        queries = split_heads(query_tokens, self.num_heads) * scale  # (B,h,N,d)
         values = split_heads(value_tokens, self.num_heads)  # (B, h, N, d)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            out = low_rank_kernel_attention(
-                full_precision(queries), full_precision(bottleneck),
-                full_precision(values), self.variant, self.solver,
-                self.newton_iters, self.kernel_chunk_tokens)
-        local = self.local_term(value_map).flatten(2).transpose(1, 2)  # (B, N, C)
+        if valid_shapes is None:
+            out = self.global_term(query_map, values)
+        else:
+            out = self.global_term_per_image(query_map, values, valid_shapes)
+        local = self.local_term(mask_map(value_map, valid_shapes))
+        local = local.flatten(2).transpose(1, 2)  # (B, N, C)
         out = local + merge_heads(out.to(local.dtype))
         return self.out_proj(out)

@@ -6,6 +6,7 @@ import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 
 from ..shared.mlp import MLP, TanhGELU
+from ..shared.valid_region import ValidShapes
 from .soft_attention import SoftAttention
 
 
@@ -39,7 +40,12 @@ class SoftBlock(nn.Module):
         self.norm2 = nn.LayerNorm(embed_dims)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, hw_shape) -> torch.Tensor:
-        """(B, N, C) on an (H, W) grid -> (B, N, C)."""
-        x = self.norm1(x + self.drop_path(self.attn(x, hw_shape)))
+    def forward(self, x: torch.Tensor, hw_shape,
+                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """(B, N, C) on an (H, W) grid -> (B, N, C).
+
+        ``valid_shapes``: each image's valid region of the grid, or None
+        (see :meth:`SoftAttention.forward`).
+        """
+        x = self.norm1(x + self.drop_path(self.attn(x, hw_shape, valid_shapes)))
         return self.norm2(x + self.drop_path(self.ffn(x)))

@@ -1,9 +1,11 @@
 """UFO-ViT's position encoding: sinusoids of the actual grid's coordinates."""
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
+
+from ..shared.valid_region import ValidShapes, pad_to_grid
 
 
 class FourierPositionEncoding(nn.Module):
@@ -38,13 +40,26 @@ class FourierPositionEncoding(nn.Module):
         return torch.stack((angles[:, 0::2].sin(), angles[:, 1::2].cos()),
                            dim=2).flatten(1)
 
-    def forward(self, batch: int, hw_shape: Tuple[int, int],
-                device=None) -> torch.Tensor:
-        """Encoding of a (H, W) grid: (batch, embed_dims, H, W)."""
+    def forward(self, batch: int, hw_shape: Tuple[int, int], device=None,
+                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """Encoding of a (H, W) grid: (batch, embed_dims, H, W).
+
+        With ``valid_shapes`` (each image's valid (h, w) of the grid), each
+        image gets the encoding of its own grid, zero outside it.
+        """
+        if valid_shapes is None:
+            return self.encode_grid(hw_shape, device).expand(batch, -1, -1, -1)
+        encodings = {shape: self.encode_grid(shape, device)
+                     for shape in set(valid_shapes)}  # (1, C, h, w) each
+        return torch.cat([pad_to_grid(encodings[shape], hw_shape)
+                          for shape in valid_shapes])
+
+    def encode_grid(self, hw_shape: Tuple[int, int], device=None) -> torch.Tensor:
+        """Encoding of one (H, W) grid: (1, embed_dims, H, W)."""
         height, width = hw_shape
         device = device or self.proj.weight.device
         pos_y = self.encode_axis(height, device)[:, None, :].expand(-1, width, -1)
         pos_x = self.encode_axis(width, device)[None, :, :].expand(height, -1, -1)
         pos = torch.cat((pos_y, pos_x), dim=-1).permute(2, 0, 1)  # (2*hidden, H, W)
         pos = pos.to(self.proj.weight.dtype).unsqueeze(0)
-        return self.proj(pos).expand(batch, -1, -1, -1)
+        return self.proj(pos)

@@ -1,5 +1,5 @@
 """Local patch interaction: depth-wise convolutions on the token grid."""
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -8,6 +8,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ....utils import check_positive_int
 from ..shared.autograd_state import records_gradient
+from ..shared.valid_region import ValidShapes, mask_map
 
 
 class LocalPatchInteraction(nn.Module):
@@ -44,12 +45,16 @@ class LocalPatchInteraction(nn.Module):
         self.conv2 = nn.Conv2d(embed_dims, embed_dims, kernel_size,
                                padding=padding, groups=embed_dims)
 
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
+                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """Forward.
 
         Args:
             x (Tensor): Tokens, shape (B, N, C).
             hw_shape (tuple[int, int]): The token grid (H, W), H * W = N.
+            valid_shapes (list[tuple[int, int]], optional): Each image's
+                valid region of the grid: both convolutions then see zeros
+                outside it, as around the image alone. Default: None.
 
         Returns:
             Tensor: Shape (B, N, C).
@@ -59,13 +64,15 @@ class LocalPatchInteraction(nn.Module):
         if records_gradient(x, self.conv1.weight):
             passes = []  # the first pass is the forward, later ones recompute
             x = checkpoint(lambda grid: self.mix(grid, first_pass=passes.append(1)
-                                                 or len(passes) == 1),
+                                                 or len(passes) == 1,
+                                                 valid_shapes=valid_shapes),
                            x, use_reentrant=False)
         else:
-            x = self.mix(x, first_pass=True)  # (B, C, H, W)
+            x = self.mix(x, first_pass=True, valid_shapes=valid_shapes)  # (B, C, H, W)
         return x.flatten(2).transpose(1, 2)  # (B, N, C)
 
-    def mix(self, grid: torch.Tensor, first_pass: bool) -> torch.Tensor:
+    def mix(self, grid: torch.Tensor, first_pass: bool,
+            valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """``conv2(bn(act(conv1(grid))))`` on a (B, C, H, W) map.
 
         Args:
@@ -73,11 +80,14 @@ class LocalPatchInteraction(nn.Module):
             first_pass (bool): False when backward recomputes the forward:
                 BatchNorm then normalises with the batch statistics without
                 updating its running ones again.
+            valid_shapes (list[tuple[int, int]], optional): Valid regions;
+                each convolution's input is zeroed outside them.
+                Default: None.
 
         Returns:
             Tensor: Shape (B, C, H, W).
         """
-        hidden = self.act(self.conv1(grid))
+        hidden = self.act(self.conv1(mask_map(grid, valid_shapes)))
         if first_pass or not self.bn.training:
             hidden = self.bn(hidden)
         else:  # the same operation, its statistics updates thrown away
@@ -85,4 +95,4 @@ class LocalPatchInteraction(nn.Module):
             hidden = F.batch_norm(hidden, bn.running_mean.clone(),
                                   bn.running_var.clone(), bn.weight, bn.bias,
                                   training=True, eps=bn.eps)
-        return self.conv2(hidden)
+        return self.conv2(mask_map(hidden, valid_shapes))

@@ -126,11 +126,15 @@ class UFOAttention(BaseModule):
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def attend(self, x: torch.Tensor) -> torch.Tensor:
+    def attend(self, x: torch.Tensor,
+               key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attention before the output projection.
 
         Args:
             x (Tensor): Tokens, shape (B, N, C).
+            key_mask (Tensor, optional): (B, N) bool, False for tokens left
+                out of the ``K^T V`` sum (padding: their keys are zeroed).
+                Every other step is per token. Default: None (all take part).
 
         Returns:
             Tensor: Shape (B, h, N, C / h), in the dtype of V, every entry
@@ -139,6 +143,8 @@ class UFOAttention(BaseModule):
         queries, keys, values = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, N, C)
         queries = split_heads(queries, self.num_heads)  # (B, h, N, d)
         keys = split_heads(keys, self.num_heads)  # (B, h, N, d)
+        if key_mask is not None:
+            keys = keys.masked_fill(~key_mask[:, None, :, None], 0.)
         values = split_heads(values, self.num_heads)  # (B, h, N, d)
         args = (queries, keys, values, self.gamma_q, self.gamma_kv, self.eps)
         if records_gradient(queries, self.gamma_q):
@@ -149,6 +155,7 @@ class UFOAttention(BaseModule):
             out = ufo_attention(*args)  # (B, h, N, d)
         return out.to(values.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C)."""
-        return self.proj_drop(self.proj(merge_heads(self.attend(x))))
+    def forward(self, x: torch.Tensor,
+                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C); ``key_mask`` as in :meth:`attend`."""
+        return self.proj_drop(self.proj(merge_heads(self.attend(x, key_mask))))

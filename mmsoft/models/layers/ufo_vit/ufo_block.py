@@ -1,5 +1,5 @@
 """The pre-norm UFO-ViT block: UFO attention, local patch interaction, FFN."""
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -7,6 +7,7 @@ from mmcv.cnn.bricks import DropPath
 
 from .local_patch_interaction import LocalPatchInteraction
 from ..shared.mlp import MLP
+from ..shared.valid_region import ValidShapes, valid_mask
 from .ufo_attention import UFOAttention
 
 
@@ -59,8 +60,18 @@ class UFOBlock(nn.Module):
         self.gamma3 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """(B, N, C) on an (H, W) grid -> (B, N, C)."""
-        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x)))
-        x = x + self.drop_path(self.gamma2 * self.lpi(self.norm2(x), hw_shape))
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
+                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """(B, N, C) on an (H, W) grid -> (B, N, C).
+
+        ``valid_shapes``: each image's valid region of the grid, or None.
+        Given, padded tokens are left out of the attention's ``K^T V`` and the
+        local patch interaction sees zeros outside the regions.
+        """
+        key_mask = None
+        if valid_shapes is not None:
+            key_mask = valid_mask(valid_shapes, hw_shape, x.device).flatten(1)
+        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x), key_mask))
+        x = x + self.drop_path(
+            self.gamma2 * self.lpi(self.norm2(x), hw_shape, valid_shapes))
         return x + self.drop_path(self.gamma3 * self.ffn(self.norm3(x)))
