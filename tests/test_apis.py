@@ -1,7 +1,8 @@
 """mmsoft.apis, in this process: the set-up steps of tools/train.py and
 tools/test.py and the errors they report for bad input (a missing config,
 data or checkpoint, a config without mmsoft, options the machine or the
-config cannot take), and ``build_in_scope``.
+config cannot take), ``build_in_scope``, and the handling of ``--tta``,
+``--show`` and the inference options.
 
 The tools' end-to-end runs are in tests/test_tools.py.
 """
@@ -12,6 +13,7 @@ import os
 import os.path as osp
 import re
 
+import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
@@ -283,3 +285,145 @@ def test_foreign_checkpoints(detector, tmp_path):
     own = tmp_path / 'own.pth'
     torch.save({'state_dict': detector.state_dict()}, own)
     check_checkpoint_fits(str(own), detector, 'demo.py')  # fits: no error
+
+
+# ------------------------------------------------ --tta, --show, inference ---
+SEG_CONFIG = osp.join(REPO, 'configs/demo/upernet_soft-tiny_demo.py')
+
+
+def tool_module(name: str):
+    """``tools/<name>.py`` as a module (its ``parse_args``), not run."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        f'mmsoft_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def agg_backend():
+    """matplotlib's non-interactive ``agg`` backend (a machine without a
+    display), the previous backend restored after the test."""
+    import matplotlib
+    previous = matplotlib.get_backend()
+    matplotlib.use('agg')
+    yield
+    matplotlib.use(previous)
+
+
+def test_test_tool_parses_tta_show_and_wait_time():
+    parse_args = tool_module('test').parse_args
+    args = parse_args(['c.py', 'c.pth'])
+    assert (args.tta, args.show, args.wait_time) == (False, False, 2.0)
+    args = parse_args(['c.py', 'c.pth', '--tta', '--show', '--wait-time', '0.5'])
+    assert (args.tta, args.show, args.wait_time) == (True, True, 0.5)
+
+
+def test_tta_of_mmseg_uses_the_config_tta():
+    cfg = apis.load_config(SEG_CONFIG)
+    model, tta_pipeline = copy.deepcopy(cfg.model), copy.deepcopy(cfg.tta_pipeline)
+    apis.enable_tta(cfg, 'mmseg', SEG_CONFIG)
+    assert cfg.model.type == 'SegTTAModel' and cfg.model.module == model
+    assert cfg.test_dataloader.dataset.pipeline == tta_pipeline
+    views = cfg.test_dataloader.dataset.pipeline[1]['transforms']
+    assert [len(step) for step in views[:2]] == [6, 2]  # 6 scales x 2 flips
+    for key in ('tta_model', 'tta_pipeline'):
+        cfg = apis.load_config(SEG_CONFIG)
+        cfg.pop(key)
+        with pytest.raises(ValueError, match=re.escape(
+                f'--tta needs {key} in the config {SEG_CONFIG}')):
+            apis.enable_tta(cfg, 'mmseg', SEG_CONFIG)
+    with pytest.raises(ValueError, match=re.escape(
+            "--tta is for mmdet and mmseg configs; x.py has default_scope='mmengine'")):
+        apis.enable_tta(Config(dict()), 'mmengine', 'x.py')
+
+
+def test_tta_of_mmdet_defaults_to_flips(det_cfg):
+    cfg = copy.deepcopy(det_cfg)
+    with pytest.raises(ValueError, match=re.escape(
+            "--tta: mmdet's DetTTAModel merges boxes only and the model of "
+            f'{DET_CONFIG} predicts masks (model.roi_head.mask_head)')):
+        apis.enable_tta(cfg, 'mmdet', DET_CONFIG)
+    cfg = copy.deepcopy(det_cfg)
+    cfg.model.roi_head.mask_head = None
+    model, test_pipeline = copy.deepcopy(cfg.model), copy.deepcopy(
+        cfg.test_dataloader.dataset.pipeline)
+    with pytest.warns(UserWarning, match='Cannot find ``tta_'):
+        apis.enable_tta(cfg, 'mmdet', DET_CONFIG)
+    assert cfg.model.type == 'DetTTAModel' and cfg.model.module == model
+    assert cfg.model.tta_cfg == dict(nms=dict(type='nms', iou_threshold=0.5),
+                                     max_per_img=100)
+    pipeline = cfg.test_dataloader.dataset.pipeline
+    assert pipeline[:-1] == test_pipeline[:-1]
+    flips, pack = pipeline[-1]['transforms']
+    assert [flip['prob'] for flip in flips] == [1.0, 0.0]
+    assert pack[0]['type'] == 'PackDetInputs'
+    assert {'flip', 'flip_direction'} <= set(pack[0]['meta_keys'])
+
+
+def test_tta_model_is_unwrapped_for_the_checkpoint_check(detector, tmp_path):
+    from mmdet.models import DetTTAModel
+    checkpoint = tmp_path / 'own.pth'
+    torch.save({'state_dict': detector.state_dict()}, checkpoint)
+    from mmsoft.apis.test import innermost_model
+    wrapped = DetTTAModel(module=detector)
+    assert innermost_model(wrapped) is detector
+    check_checkpoint_fits(str(checkpoint), innermost_model(wrapped), 'demo.py')
+
+
+def test_show_sets_the_visualization_hook(agg_backend, tmp_path):
+    cfg = apis.load_config(SEG_CONFIG)
+    args = options_of_test(SEG_CONFIG, 'c.pth', str(tmp_path), show=True,
+                           wait_time=0.5, show_dir=str(tmp_path / 'painted'),
+                           tta=True)
+    with pytest.warns(UserWarning, match=re.escape(
+            "--show: matplotlib's backend 'agg' cannot open windows")):
+        show_dir = apis.apply_test_options(cfg, 'mmseg', args)
+    hook = cfg.default_hooks.visualization
+    assert (hook.draw, hook.interval, hook.show, hook.wait_time) == (
+        True, 1, True, 0.5)
+    assert show_dir == cfg.visualizer.save_dir == str(tmp_path / 'painted')
+    assert cfg.model.type == 'SegTTAModel' and cfg.load_from == 'c.pth'
+
+
+def test_show_wait_time_errors(agg_backend):
+    with pytest.raises(ValueError, match=re.escape(
+            '--wait-time must be >= 0 seconds (0: wait for a key press), got -1')):
+        apis.check_show(-1)
+    with pytest.raises(ValueError, match=re.escape(
+            "--show --wait-time 0 waits for a key press in a window, but "
+            "matplotlib's backend 'agg' opens none")):
+        apis.check_show(0)
+    with pytest.raises(ValueError, match=re.escape(
+            '--show needs default_hooks.visualization')):
+        apis.enable_visualization(Config(dict(default_hooks=dict())), 'mmdet',
+                                  show=True)
+
+
+def test_inference_options():
+    from mmsoft.apis import inference
+    with pytest.raises(ValueError, match=re.escape(
+            "inference takes mmdet or mmseg configs; p.py has "
+            "default_scope='mmengine'")):
+        inference.inferencer_class('mmengine', 'p.py')
+    assert inference.paint_options('mmdet', None) == dict(pred_score_thr=0.3)
+    assert inference.paint_options('mmdet', 0.0) == dict(pred_score_thr=0.0)
+    with pytest.raises(ValueError, match=re.escape(
+            'score_thr must be in [0, 1], got 1.5')):
+        inference.paint_options('mmdet', 1.5)
+    with pytest.raises(ValueError, match=re.escape(
+            'score_thr=0.5 is for detectors')):
+        inference.paint_options('mmseg', 0.5)
+    assert inference.describe_prediction(
+        dict(scores=[0.9, 0.2, 0.5])) == '2 of 3 instances'
+    assert inference.describe_prediction(np.array([[3, 0], [0, 1]])) == \
+        'classes [0, 1, 3]'
+
+
+def test_inference_of_a_config_without_mmsoft(tmp_path):
+    config = tmp_path / 'no_import.py'
+    config.write_text(f"_base_ = ['{DET_CONFIG}']\ncustom_imports = None\n")
+    with pytest.raises(KeyError, match=re.escape(
+            'is not in the mmdet::model registry unless mmsoft is imported')):
+        apis.paint_predictions(str(config), 'c.pth', 'x.png', 'y.png')

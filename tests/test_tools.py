@@ -1,5 +1,6 @@
-"""The command-line tools end to end, each in its own process: train/test,
-kill-and-resume, torchrun, and mmdet's own train.py on the same config.
+"""The command-line tools end to end, each in its own process: train/test
+(``--tta``, ``--show`` too), kill-and-resume, torchrun, mmdet's own train.py
+on the same config, and the inferencers painting one image.
 
 Every run uses a demo config on a small generated dataset with command-line
 overrides: the detector on ``small_coco`` (96x96 images) for one or a few
@@ -16,7 +17,9 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 
@@ -60,10 +63,13 @@ def env() -> dict:
     return out
 
 
-def run(args: list, timeout: int = 240, **kwargs) -> subprocess.CompletedProcess:
-    """Runs a command and returns its result (stdout and stderr as text)."""
+def run(args: list, timeout: int = 240, env_extra: Optional[dict] = None,
+        **kwargs) -> subprocess.CompletedProcess:
+    """Runs a command and returns its result (stdout and stderr as text);
+    ``env_extra`` is added to :func:`env`."""
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                          env=env(), cwd=kwargs.pop('cwd', REPO), **kwargs)
+                          env={**env(), **(env_extra or {})},
+                          cwd=kwargs.pop('cwd', REPO), **kwargs)
 
 
 def check(result: subprocess.CompletedProcess) -> str:
@@ -143,18 +149,27 @@ def test_test_tool_reports_coco_metrics(trained, small_coco, tmp_path):
     assert f'painted predictions: {show_dir}' in output
 
 
-def test_segmentation_train_and_test(small_ade, tmp_path):
-    """The UperNet demo through both tools; non-square images need no padding
-    in training (mmseg's class-weighted loss cannot take the ignore label)."""
+@pytest.fixture(scope='module')
+def trained_segmentor(small_ade, tmp_path_factory):
+    """Four iterations of the demo UperNet and its validation."""
+    work_dir = str(tmp_path_factory.mktemp('train_seg'))
     options = loader_options(small_ade) + [
         'train_cfg.max_iters=4', 'train_cfg.val_interval=4',
         'default_hooks.checkpoint.interval=4']
     output = check(run([sys.executable, TRAIN, SEG_CONFIG, '--work-dir',
-                        str(tmp_path), '--cfg-options', *options]))
+                        work_dir, '--cfg-options', *options]))
+    return dict(work_dir=work_dir, output=output, options=options,
+                checkpoint=osp.join(work_dir, 'iter_4.pth'))
+
+
+def test_segmentation_train_and_test(trained_segmentor, tmp_path):
+    """The UperNet demo through both tools; non-square images need no padding
+    in training (mmseg's class-weighted loss cannot take the ignore label)."""
+    options, output = trained_segmentor['options'], trained_segmentor['output']
     assert re.search(r'Iter\(train\) +\[4/4\].*decode\.loss_ce: [0-9.]+', output)
     val = re.search(r'Iter\(val\) \[2/2\] +aAcc: [0-9.]+ +mIoU: ([0-9.]+)', output)
     assert val, output[-3000:]
-    checkpoint = osp.join(str(tmp_path), 'iter_4.pth')
+    checkpoint = trained_segmentor['checkpoint']
     output = check(run([sys.executable, TEST, SEG_CONFIG, checkpoint,
                         '--work-dir', str(tmp_path / 'test'),
                         '--cfg-options', *options]))
@@ -246,3 +261,95 @@ def test_mmdet_own_train_tool(small_coco, tmp_path):
     assert re.search(r'Epoch\(train\) +\[1\]\[2/2\]', output)
     assert torch.load(str(tmp_path / 'epoch_1.pth'),
                       map_location='cpu')['meta']['iter'] == 2
+
+
+
+# ------------------------------------- --tta, --show and the inferencers ---
+def logged_miou(output: str, loop: str = 'test') -> float:
+    """The mIoU that ``loop`` ('val' or 'test') logged after its 2 batches."""
+    found = re.search(rf'Iter\({loop}\) \[2/2\] +aAcc: [0-9.]+ +mIoU: ([0-9.]+)',
+                      output)
+    assert found, output[-3000:]
+    return float(found.group(1))
+
+
+def scene_image(path: str, seed: int = 5) -> np.ndarray:
+    """Writes a rendered 96x128 shapes scene to ``path``; returns it (BGR)."""
+    import mmcv
+    from mmsoft.demo_data import DEFAULT_CLASSES, SHAPES, render_scene
+    scene = render_scene(np.random.default_rng(seed), 96, 128, len(DEFAULT_CLASSES),
+                         [SHAPES[name] for name in DEFAULT_CLASSES])
+    mmcv.imwrite(scene.image, path)
+    return scene.image
+
+
+def test_segmentation_tta_and_show(trained_segmentor, small_ade, tmp_path):
+    """``--tta --show`` on the demo UperNet: six scales times two flips of the
+    same four validation images; without a display the windows fall back to
+    matplotlib's agg backend with a warning, as in mmseg's tool."""
+    out = tmp_path / 'label_maps'
+    output = check(run([sys.executable, TEST, SEG_CONFIG,
+                        trained_segmentor['checkpoint'], '--tta', '--show',
+                        '--wait-time', '0.01', '--out', str(out),
+                        '--work-dir', str(tmp_path), '--cfg-options',
+                        *trained_segmentor['options']],
+                       env_extra=dict(MPLBACKEND='agg')))
+    tta = logged_miou(output)
+    single_scale = logged_miou(trained_segmentor['output'], 'val')
+    print(f'demo UperNet mIoU: single-scale {single_scale}, --tta {tta}')
+    assert 0.0 <= tta <= 100.0
+    assert "--show: matplotlib's backend 'agg' cannot open windows" in output
+    images = sorted(osp.splitext(name)[0] for name in
+                    os.listdir(osp.join(small_ade, 'images/validation')))
+    label_maps = sorted(osp.splitext(name)[0] for name in os.listdir(out))
+    assert label_maps == images and len(images) == 4
+
+
+def test_detection_tta_with_mmdet_defaults(trained, small_coco, tmp_path):
+    """The demo detector's boxes under ``--tta``: the config has no
+    ``tta_model``/``tta_pipeline``, mmdet's flip defaults are used."""
+    boxes_only = ['model.roi_head.mask_roi_extractor=None',
+                  'model.roi_head.mask_head=None', 'test_evaluator.metric=bbox']
+    output = check(run([sys.executable, TEST, DET_CONFIG, trained['checkpoint'],
+                        '--tta', '--work-dir', str(tmp_path), '--cfg-options',
+                        *tiny_options(small_coco), *boxes_only]))
+    assert 'Cannot find ``tta_model`` in config' in output
+    assert 'Cannot find ``tta_pipeline`` in config' in output
+    table = dict(re.findall(r'^(coco/\w+) +([0-9.]+)$', output, re.M))
+    assert 0.0 <= float(table['coco/bbox_mAP']) <= 1.0
+    assert 'coco/segm_mAP' not in table
+
+
+def test_inference_demo_paints_detections(trained, tmp_path):
+    """tools/inference_demo.py: DetInferencer on the demo checkpoint."""
+    image = scene_image(str(tmp_path / 'scene.png'))
+    painted_file = str(tmp_path / 'painted' / 'scene.png')
+    output = check(run([sys.executable, osp.join(REPO, 'tools/inference_demo.py'),
+                        DET_CONFIG, trained['checkpoint'],
+                        str(tmp_path / 'scene.png'), '--out-file', painted_file,
+                        '--score-thr', '0']))
+    shown, total = map(int, re.search(r'painted (\d+) of (\d+) instances: ',
+                                      output).groups())
+    assert shown == total > 0  # every instance is painted at threshold 0
+    import mmcv
+    painted = mmcv.imread(painted_file)
+    assert painted.shape == image.shape and (painted != image).any()
+
+
+def test_paint_predictions_of_the_segmentor(trained_segmentor, tmp_path):
+    """MMSegInferencer on the demo checkpoint: each pixel is the image blended
+    with the palette colour of its predicted class (opacity 0.8), except
+    under the class names written on the image."""
+    from mmsoft.apis import paint_predictions
+    image = scene_image(str(tmp_path / 'scene.png'))
+    painted_file = str(tmp_path / 'painted.png')
+    classes = paint_predictions(SEG_CONFIG, trained_segmentor['checkpoint'],
+                                str(tmp_path / 'scene.png'), painted_file)
+    assert classes.shape == image.shape[:2]
+    import mmcv
+    from mmengine.config import Config
+    palette = np.array(Config.fromfile(SEG_CONFIG).metainfo['palette'])
+    expected = (image[..., ::-1] * 0.2 + palette[classes] * 0.8).astype(np.uint8)
+    painted = mmcv.imread(painted_file, channel_order='rgb')
+    close = np.abs(painted.astype(int) - expected).max(axis=-1) <= 1
+    assert close.mean() > 0.8, close.mean()

@@ -4,12 +4,17 @@ The library is chosen from the config's ``default_scope``; options follow
 mmdet's and mmseg's ``tools/test.py``::
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE_OR_DIR]
-        [--show-dir DIR] [--cfg-options k=v ...] [--launcher none|pytorch|slurm]
+        [--show-dir DIR] [--show] [--wait-time SECONDS] [--tta]
+        [--cfg-options k=v ...] [--launcher none|pytorch|slurm]
 
 ``--out``: mmdet: a ``.pkl`` file of the raw predictions; mmseg: a folder of
 predicted label maps. ``--show-dir``: a folder for images painted with the
 predictions by the library's visualizer (relative paths are taken from the
-current directory). The metrics are logged and printed as a table at the end.
+current directory). ``--show``: each painted image in a window for
+``--wait-time`` seconds (without a display: a warning, nothing shown).
+``--tta``: test-time augmentation with the config's ``tta_model`` and
+``tta_pipeline`` (mmdet supplies a flip default). The metrics are logged and
+printed as a table at the end.
 
 Before the runner is built, the test data paths are checked; after, the
 checkpoint is loaded with ``weights_only=True`` and compared with the model, so
@@ -29,9 +34,9 @@ REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(1, REPO_ROOT)
 
-from mmengine.config import DictAction  # noqa: E402
 
-from mmsoft.apis import parse_with_launcher, test  # noqa: E402
+from mmsoft.apis import add_cfg_options, parse_with_launcher, test  # noqa: E402
+from mmsoft.apis.visualization import DEFAULT_WAIT_TIME  # noqa: E402
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -46,9 +51,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'the predicted label maps')
     parser.add_argument('--show-dir',
                         help='folder for images painted with the predictions')
-    parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override config settings, e.g. test_dataloader.batch_size=2')
+    parser.add_argument('--show', action='store_true',
+                        help='show each painted prediction in a window')
+    parser.add_argument('--wait-time', type=float, default=DEFAULT_WAIT_TIME,
+                        help='seconds each --show window stays (0: until a key '
+                        'press)')
+    parser.add_argument('--tta', action='store_true',
+                        help="test-time augmentation (the config's tta_model "
+                        'and tta_pipeline)')
+    add_cfg_options(parser, 'test_dataloader.batch_size=2')
     return parse_with_launcher(parser, argv)
 
 

@@ -35,9 +35,7 @@ REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(1, REPO_ROOT)
 
-from mmengine.config import DictAction  # noqa: E402
-
-from mmsoft.apis import parse_with_launcher, train  # noqa: E402
+from mmsoft.apis import add_cfg_options, parse_with_launcher, train  # noqa: E402
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -54,10 +52,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='automatic mixed precision (needs a CUDA device)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the learning rate by the total batch size')
-    parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override config settings, e.g. train_cfg.max_epochs=2 '
-        "'optim_wrapper.optimizer.lr=1e-4'; lists as key=\"[a,b]\"")
+    add_cfg_options(parser, "train_cfg.max_epochs=2 'optim_wrapper.optimizer.lr=1e-4'")
     return parse_with_launcher(parser, argv)
 
 

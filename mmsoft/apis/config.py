@@ -3,13 +3,26 @@ import argparse
 import os.path as osp
 from typing import Optional
 
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 
 from .checkpoints import require_checkpoint
 
 #: Libraries the tools run, by ``default_scope``.
 LIBRARIES = ('mmdet', 'mmseg', 'mmengine')
+
+
+def add_cfg_options(parser: argparse.ArgumentParser,
+                    example: str = 'model.backbone.drop_path_rate=0.2') -> None:
+    """Adds the OpenMMLab tools' ``--cfg-options KEY=VALUE ...`` override.
+
+    Args:
+        parser (ArgumentParser): The tool's parser.
+        example (str): An override shown in the help.
+    """
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help=f'override config settings, e.g. {example}; lists as key="[a,b]"')
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:

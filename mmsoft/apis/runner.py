@@ -8,7 +8,7 @@ config run by the libraries' own tools must import mmsoft itself
 import copy
 import importlib
 import re
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch.nn as nn
 from mmengine.config import Config
@@ -73,11 +73,13 @@ def config_types(node) -> Iterator[str]:
             yield from config_types(value)
 
 
-def mmsoft_model_types() -> List[str]:
-    """The model types that mmsoft registers (its backbones)."""
+def mmsoft_model_types() -> Dict[str, str]:
+    """The model types that mmsoft registers, with what each is
+    (``'backbone'``, or ``'model'`` for data preprocessors and heads)."""
     from mmengine.registry import MODELS
-    return sorted(name for name, cls in MODELS.module_dict.items()
-                  if cls.__module__.split('.')[0] == 'mmsoft')
+    return {name: 'backbone' if '.backbones.' in cls.__module__ else 'model'
+            for name, cls in MODELS.module_dict.items()
+            if cls.__module__.split('.')[0] == 'mmsoft'}
 
 
 def imported_modules(cfg: Config) -> List[str]:
@@ -96,13 +98,15 @@ def check_imports_mmsoft(cfg: Config, config_path: str) -> None:
     imports = imported_modules(cfg)
     if any(name.split('.')[0] == 'mmsoft' for name in imports):
         return
-    used = [name for name in config_types(cfg.get('model'))
-            if name in mmsoft_model_types()]
+    kinds = mmsoft_model_types()
+    # The backbone first: it is what a reader of the config looks for.
+    used = sorted((name for name in config_types(cfg.get('model')) if name in kinds),
+                  key=lambda name: kinds[name] != 'backbone')
     if used:
         name, scope = used[0], library_of(cfg, config_path)
         raise KeyError(
             f'{name} is not in the {scope}::model registry unless mmsoft is '
-            f'imported\nHint: {name} is an mmsoft backbone and the config does '
+            f'imported\nHint: {name} is an mmsoft {kinds[name]} and the config does '
             f'not import mmsoft (custom_imports: {imports or "none"}); '
             f'{IMPORT_HINT} {config_path}')
 

@@ -3,6 +3,7 @@ import argparse
 import os.path as osp
 from typing import Optional
 
+import torch.nn as nn
 from mmengine.config import Config
 
 from mmsoft.checkpoint import check_checkpoint_fits
@@ -12,26 +13,8 @@ from .config import library_of, load_config, set_work_dir
 from .data_paths import check_dataset_paths
 from .distributed import setup_cpu_distributed
 from .runner import build_runner
-
-
-def enable_visualization(cfg: Config, library: str, show_dir: str) -> None:
-    """``--show-dir``: the visualization hook paints every test image into
-    ``show_dir``.
-
-    Raises:
-        ValueError: The config has no ``default_hooks.visualization``.
-    """
-    hooks = cfg.get('default_hooks') or {}
-    if 'visualization' not in hooks:
-        raise ValueError('--show-dir needs default_hooks.visualization (the '
-                         "library's VisualizationHook) in the config")
-    hooks['visualization']['draw'] = True
-    hooks['visualization']['interval'] = 1
-    if library == 'mmdet':
-        # An absolute path: DetVisualizationHook joins it to work_dir/timestamp.
-        hooks['visualization']['test_out_dir'] = show_dir
-    else:
-        cfg.visualizer['save_dir'] = show_dir
+from .tta import enable_tta
+from .visualization import DEFAULT_WAIT_TIME, enable_visualization
 
 
 def set_output(cfg: Config, library: str, out: str) -> None:
@@ -65,33 +48,60 @@ def print_metrics(metrics: dict, show_dir: Optional[str]) -> None:
         print(f'painted predictions: {show_dir}', flush=True)
 
 
+def innermost_model(model: nn.Module) -> nn.Module:
+    """The model inside its wrappers (DDP, a TTA model, or both)."""
+    while hasattr(model, 'module'):
+        model = model.module
+    return model
+
+
+def apply_test_options(cfg: Config, library: str,
+                       args: argparse.Namespace) -> Optional[str]:
+    """Applies the options of ``tools/test.py`` to ``cfg``: launcher, work
+    directory, checkpoint, ``--show``/``--show-dir``, ``--tta`` and ``--out``
+    (in mmdet's and mmseg's order).
+
+    Returns:
+        str or None: The absolute ``--show-dir``.
+    """
+    cfg.launcher = args.launcher
+    set_work_dir(cfg, args)
+    cfg.load_from = args.checkpoint
+    show = getattr(args, 'show', False)
+    show_dir = osp.abspath(args.show_dir) if args.show_dir else None
+    if show or show_dir:
+        enable_visualization(cfg, library, show_dir, show,
+                             getattr(args, 'wait_time', DEFAULT_WAIT_TIME))
+    if getattr(args, 'tta', False):
+        enable_tta(cfg, library, args.config)
+    if args.out:
+        set_output(cfg, library, args.out)
+    return show_dir
+
+
 def test(args: argparse.Namespace) -> dict:
     """Builds the runner, checks the checkpoint and runs the test loop.
 
     Args:
         args (argparse.Namespace): The options of ``tools/test.py``:
             ``config``, ``checkpoint``, ``work_dir``, ``out``, ``show_dir``,
-            ``cfg_options`` and ``launcher``.
+            ``show``, ``wait_time``, ``tta``, ``cfg_options`` and
+            ``launcher`` (``show``, ``wait_time`` and ``tta`` may be absent:
+            off, 2 s).
 
     Returns:
         dict: The metrics.
     """
     cfg = load_config(args.config, args.cfg_options)
     library = library_of(cfg, args.config)
-    cfg.launcher = args.launcher
-    set_work_dir(cfg, args)
     check_dataset_paths(cfg, ('test', ), args.config)
     require_checkpoint(args.checkpoint)
-    cfg.load_from = args.checkpoint
-    show_dir = osp.abspath(args.show_dir) if args.show_dir else None
-    if show_dir:
-        enable_visualization(cfg, library, show_dir)
-    if args.out:
-        set_output(cfg, library, args.out)
+    show_dir = apply_test_options(cfg, library, args)
 
     setup_cpu_distributed(cfg)
     runner = build_runner(cfg, args.config)
-    check_checkpoint_fits(args.checkpoint, runner.model, args.config)
+    check_checkpoint_fits(args.checkpoint, innermost_model(runner.model),
+                          args.config)
     if args.out and library == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(

@@ -15,9 +15,10 @@ import argparse
 import json
 
 import torch
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 
 from mmsoft.analysis import count_flops
+from mmsoft.apis import add_cfg_options
 from mmsoft.analysis.config_models import (DEFAULT_SHAPES, TensorModeModel,
                                           build_model_from_config, config_scope)
 
@@ -33,8 +34,7 @@ def parse_args():
     parser.add_argument('--mmengine-only', action='store_true',
                         help="mmengine's plain count, without mmsoft's handles")
     parser.add_argument('--json', help='also write the figures to this JSON file')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, key=value')
+    add_cfg_options(parser)
     return parser.parse_args()
 
 

@@ -19,9 +19,10 @@ which is enough to try the export.
 import argparse
 import sys
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 
 from mmsoft.analysis.measure import parse_size
+from mmsoft.apis import add_cfg_options
 from mmsoft.deployment import onnx_export
 
 
@@ -55,8 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--profile', action='store_true',
                         help="with --benchmark: onnxruntime's time per operator type")
     parser.add_argument('--opset', type=int, default=onnx_export.DEFAULT_OPSET)
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, key=value')
+    add_cfg_options(parser)
     return parser.parse_args(argv)
 
 
