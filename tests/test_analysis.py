@@ -158,3 +158,33 @@ def test_bottleneck_pooling_tool_reports_grids_and_differences(tmp_path):
     # 128x128: 4x4 grids pooled to 3x3, which changes every stage's output.
     assert large['grids'] == [[[4, 4], [3, 3]]] * 3
     assert all(d > 1e-3 for d in large['relative_difference'])
+
+
+def test_chunked_kernel_product_is_counted():
+    from mmsoft.models.layers import gaussian_kernel
+    from mmsoft.models.layers.soft import chunked_kernel_product
+
+    class Product(torch.nn.Module):
+
+        def __init__(self, chunk):
+            super().__init__()
+            self.chunk = chunk
+
+        def forward(self, queries, bottleneck, middle, values):
+            return chunked_kernel_product(queries, bottleneck, middle, values,
+                                          self.chunk)
+
+    queries, values = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+    bottleneck, middle = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 5)
+    inputs = (queries, bottleneck, middle, values)
+    total, analyzer = count_flops(Product(16), inputs)
+    assert not analyzer.unsupported_ops()
+    # Traced, the product is counted; in chunks it costs the one-chunk count
+    # plus the per-chunk work on the bottleneck (its squared norms) and the
+    # summary's accumulation.
+    one_chunk, _ = count_flops(Product(40), inputs)
+    assert one_chunk < total < 1.1 * one_chunk
+    kernel = gaussian_kernel(queries, bottleneck)
+    expected = kernel @ (middle @ (kernel.transpose(-1, -2) @ values))
+    assert torch.allclose(torch.jit.trace(Product(16), inputs)(*inputs), expected,
+                          atol=1e-5)

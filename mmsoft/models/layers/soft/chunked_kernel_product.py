@@ -109,4 +109,10 @@ def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
     Returns:
         Tensor: Shape (B, h, N, d).
     """
+    if torch.jit.is_tracing():
+        # Tracers (FLOP counting) record the operations themselves, and the
+        # kernel is evaluated twice, as it is here.
+        right = middle @ kernel_summary(queries, bottleneck, values, chunk)
+        return torch.cat([gaussian_kernel(queries[..., start:end, :], bottleneck) @ right
+                          for start, end in _chunks(queries.shape[-2], chunk)], dim=-2)
     return ChunkedKernelProduct.apply(queries, bottleneck, middle, values, chunk)
