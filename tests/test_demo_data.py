@@ -223,3 +223,14 @@ def test_cli_rejects_bad_arguments(tmp_path, repo_root, capsys):
     with pytest.raises(ValueError, match='at least 3 distinct'):
         generate_coco_demo(str(tmp_path), num_train=1, num_val=1,
                            classes=('circle', 'square'))
+
+
+def test_default_sizes_write_the_pinned_files(tmp_path):
+    from mmsoft.testing.dataset_digest import dataset_digest
+
+    # Pinned from the generator before per-image sizes existed: without
+    # img_side_range every image is img_size and the random streams are
+    # untouched, so the files stay the same.
+    generate_coco_demo(str(tmp_path), num_train=6, num_val=2, seed=0)
+    assert dataset_digest(str(tmp_path)) == (
+        '1a309ed3ea278b825d9ea41e399cda411765bbf9dfbf5615a3b5baa56a366c49')

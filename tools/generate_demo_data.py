@@ -6,6 +6,7 @@ Examples::
     python tools/generate_demo_data.py                  # both, default paths
     python tools/generate_demo_data.py coco --num-train 200 --seed 3
     python tools/generate_demo_data.py ade --ade-root /tmp/ade --img-size 128
+    python tools/generate_demo_data.py coco --mixed-sizes  # data/demo_coco_mixed/
 """
 import argparse
 import os.path as osp
@@ -16,6 +17,13 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmsoft.demo_data import (DEFAULT_CLASSES, SHAPES,  # noqa: E402
                              generate_ade_demo, generate_coco_demo)
+from mmsoft.demo_data.coco_generator import check_side_range  # noqa: E402
+
+
+#: Default COCO root, without and with --mixed-sizes.
+COCO_ROOTS = {False: 'data/demo_coco/', True: 'data/demo_coco_mixed/'}
+#: Default (min, max) image side of --mixed-sizes: aspect ratios 1:2 to 2:1.
+MIXED_SIDE_RANGE = (96, 192)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -25,8 +33,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('kind', nargs='?', default='all',
                         choices=['coco', 'ade', 'all'],
                         help='which dataset to write (default: all)')
-    parser.add_argument('--coco-root', default='data/demo_coco/',
-                        help='COCO-format dataset root')
+    parser.add_argument('--coco-root', default=None,
+                        help='COCO-format dataset root (default: '
+                        f'{COCO_ROOTS[False]}, or {COCO_ROOTS[True]} with '
+                        '--mixed-sizes)')
     parser.add_argument('--ade-root', default='data/demo_ade/',
                         help='ADE20K-layout dataset root')
     parser.add_argument('--num-train', type=int, default=600,
@@ -36,6 +46,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--seed', type=int, default=0, help='random seed')
     parser.add_argument('--img-size', type=int, nargs='+', default=[160],
                         help='image side, or height and width')
+    parser.add_argument('--mixed-sizes', action='store_true',
+                        help='COCO only: draw each image\'s height and width '
+                        'from --side-range instead of using --img-size')
+    parser.add_argument('--side-range', type=int, nargs=2,
+                        default=list(MIXED_SIDE_RANGE), metavar=('MIN', 'MAX'),
+                        help='side range of --mixed-sizes (default: '
+                        f'{MIXED_SIDE_RANGE[0]} {MIXED_SIDE_RANGE[1]})')
     parser.add_argument('--classes', nargs='+', default=list(DEFAULT_CLASSES),
                         choices=sorted(SHAPES),
                         help='shape classes (at least 3)')
@@ -44,6 +61,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error('--img-size takes one or two values, each >= 32')
     if args.num_train < 1 or args.num_val < 1:
         parser.error('--num-train and --num-val must be >= 1')
+    if args.mixed_sizes and args.kind != 'coco':
+        parser.error(f'--mixed-sizes applies to the coco dataset only, got kind '
+                     f'{args.kind!r}; run "generate_demo_data.py coco '
+                     '--mixed-sizes"')
+    try:
+        check_side_range(args.side_range)
+    except ValueError as error:
+        parser.error(f'--side-range: {error}')
+    if args.coco_root is None:
+        args.coco_root = COCO_ROOTS[args.mixed_sizes]
     return args
 
 
@@ -76,6 +103,8 @@ def main(argv=None) -> None:
     size = tuple(args.img_size) * (3 - len(args.img_size))
     common = dict(num_train=args.num_train, num_val=args.num_val, seed=args.seed,
                   classes=args.classes, img_size=size)
+    if args.mixed_sizes:
+        common['img_side_range'] = tuple(args.side_range)
     for kind, (generate, root_arg, summary) in DATASETS.items():
         if args.kind not in (kind, 'all'):
             continue

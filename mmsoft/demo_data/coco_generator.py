@@ -77,6 +77,49 @@ def _annotations(scene: Scene, image_id: int, first_ann_id: int, height: int,
     return anns
 
 
+def check_side_range(img_side_range: Sequence[int]) -> None:
+    """Raises ValueError unless ``img_side_range`` is ``(min, max)`` with
+    ``32 <= min <= max``."""
+    if len(img_side_range) != 2 or not 32 <= img_side_range[0] <= img_side_range[1]:
+        raise ValueError(f'img_side_range={tuple(img_side_range)} is not a valid '
+                         'range; expected (min_side, max_side) with 32 <= '
+                         'min_side <= max_side.')
+
+
+def image_sizes(num_images: int,
+                seed: int,
+                img_size: Tuple[int, int] = (160, 160),
+                img_side_range: Optional[Tuple[int, int]] = None
+                ) -> List[Tuple[int, int]]:
+    """The (height, width) of each image of a split.
+
+    Args:
+        num_images (int): Number of images.
+        seed (int): Seed of the split; the sizes are drawn from their own
+            stream of it, so they leave the scenes' random stream untouched.
+        img_size (tuple[int, int]): (height, width) of every image when
+            ``img_side_range`` is None.
+        img_side_range (tuple[int, int], optional): Inclusive (min, max) of
+            an image side. Height and width are drawn independently and
+            uniformly from it, so aspect ratios range from ``min:max`` to
+            ``max:min``. Default: None (every image is ``img_size``).
+
+    Returns:
+        list[tuple[int, int]]: One (height, width) per image.
+
+    Raises:
+        ValueError: If ``img_side_range`` is not two sides with
+            ``32 <= min <= max``.
+    """
+    if img_side_range is None:
+        return [tuple(img_size)] * num_images
+    check_side_range(img_side_range)
+    rng = np.random.default_rng([seed, 1])
+    sides = rng.integers(img_side_range[0], img_side_range[1] + 1,
+                         size=(num_images, 2))  # (N, 2): height, width
+    return [(int(height), int(width)) for height, width in sides]
+
+
 def generate_coco_split(root: str,
                         split: str,
                         num_images: int,
@@ -84,6 +127,7 @@ def generate_coco_split(root: str,
                         classes: Sequence[str] = DEFAULT_CLASSES,
                         img_size: Tuple[int, int] = (160, 160),
                         first_image_id: int = 1,
+                        img_side_range: Optional[Tuple[int, int]] = None,
                         **scene_kwargs) -> Dict[str, int]:
     """Writes one split: its images and its annotation file.
 
@@ -97,13 +141,16 @@ def generate_coco_split(root: str,
         img_size (tuple[int, int]): (height, width).
         first_image_id (int): Id of the first image (ids are unique across
             splits when the caller offsets them).
+        img_side_range (tuple[int, int], optional): Draws each image's
+            height and width from this inclusive range instead of using
+            ``img_size`` (see :func:`image_sizes`). Default: None.
         **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
 
     Returns:
         dict: ``images`` and ``annotations`` counts.
     """
     classes = check_classes(classes)
-    height, width = img_size
+    sizes = image_sizes(num_images, seed, img_size, img_side_range)
     rng = np.random.default_rng(seed)
     img_dir = osp.join(root, COCO_IMG_DIRS[split])
     os.makedirs(img_dir, exist_ok=True)
@@ -113,7 +160,7 @@ def generate_coco_split(root: str,
             os.remove(osp.join(img_dir, name))
     shape_fns = [SHAPES[name] for name in classes]
     images, annotations = [], []
-    for index in range(num_images):
+    for index, (height, width) in enumerate(sizes):
         image_id = first_image_id + index
         scene = render_scene(rng, height, width, len(classes), shape_fns,
                              **scene_kwargs)
@@ -144,6 +191,7 @@ def generate_coco_demo(root: str,
                        seed: int = 0,
                        classes: Sequence[str] = DEFAULT_CLASSES,
                        img_size: Tuple[int, int] = (160, 160),
+                       img_side_range: Optional[Tuple[int, int]] = None,
                        **scene_kwargs) -> Dict[str, Dict[str, int]]:
     """Writes the train and val splits of the generated COCO dataset.
 
@@ -158,6 +206,11 @@ def generate_coco_demo(root: str,
         classes (Sequence[str]): Shape classes. Default:
             :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
         img_size (tuple[int, int]): (height, width). Default: (160, 160).
+        img_side_range (tuple[int, int], optional): Inclusive (min, max) of
+            the sides: each image's height and width are drawn from it, so
+            sizes and aspect ratios vary (see :func:`image_sizes`); the
+            ``mixed`` demo uses (96, 192). Default: None (every image is
+            ``img_size``).
         **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
 
     Returns:
@@ -166,9 +219,11 @@ def generate_coco_demo(root: str,
     train_seed, val_seed = split_seeds(seed)
     return dict(
         train=generate_coco_split(root, 'train', num_train, train_seed,
-                                  classes, img_size, 1, **scene_kwargs),
+                                  classes, img_size, 1, img_side_range,
+                                  **scene_kwargs),
         val=generate_coco_split(root, 'val', num_val, val_seed, classes,
-                                img_size, num_train + 1, **scene_kwargs))
+                                img_size, num_train + 1, img_side_range,
+                                **scene_kwargs))
 
 
 def coco_metainfo(classes: Optional[Sequence[str]] = None) -> dict:
