@@ -22,6 +22,17 @@ def small_coco(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope='session')
+def mixed_coco(tmp_path_factory) -> str:
+    """Like :func:`small_coco` with sides drawn from 48-96 pixels, so that
+    every batch is padded."""
+    from mmsoft.demo_data import generate_coco_demo
+    root = str(tmp_path_factory.mktemp('demo_coco_mixed'))
+    generate_coco_demo(root, num_train=16, num_val=4, seed=1, img_size=(96, 96),
+                       img_side_range=(48, 96))
+    return root
+
+
+@pytest.fixture(scope='session')
 def small_ade(tmp_path_factory) -> str:
     """A generated ADE20K-layout dataset: 12 training, 4 validation images."""
     from mmsoft.demo_data import generate_ade_demo

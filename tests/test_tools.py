@@ -230,11 +230,13 @@ def test_kill_and_resume_continues(small_coco, tmp_path):
     assert final['message_hub']['runtime_info']['iter'] == 23
 
 
-def test_torchrun_two_processes(small_coco, tmp_path):
+def test_torchrun_two_processes(mixed_coco, tmp_path):
+    # Images of mixed sizes: every batch is padded, and each process hands
+    # its own batch's valid regions to the backbone.
     env_port = dict(PORT=str(free_port()))
     result = subprocess.run(
         ['bash', osp.join(REPO, 'tools/dist_train.sh'), DET_CONFIG, '2',
-         '--work-dir', str(tmp_path), '--cfg-options', *tiny_options(small_coco),
+         '--work-dir', str(tmp_path), '--cfg-options', *tiny_options(mixed_coco),
          'train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
         capture_output=True, text=True, timeout=300, cwd=REPO,
         env={**env(), **env_port, 'PYTHON': sys.executable})
