@@ -11,9 +11,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from mmengine.registry import MODELS, TRANSFORMS
+from mmengine.registry import MODELS, TRANSFORMS, DefaultScope
 
 import mmsoft.pretrain  # noqa: F401  (registers the transforms)
+
+
+def build_in_mmengine_scope(registry, cfg: dict):
+    """Builds ``cfg`` as the pre-training configs do (``default_scope=
+    'mmengine'``), whatever scope earlier tests left current: mmdet and mmseg
+    have their own ``RandAugment`` and ``CrossEntropyLoss``."""
+    with DefaultScope.overwrite_default_scope('mmengine'):
+        return registry.build(cfg)
 from mmsoft.models.layers import GlobalSoftmaxAttention
 from mmsoft.pretrain import (Accuracy, LabelSmoothLoss, PackInputs, RandAugment,
                              RandomErasing, RandomResizedCrop, ResizeEdge)
@@ -184,10 +192,10 @@ def test_rand_augment_arguments():
     once = RandAugment(['Invert'], num_policies=1, magnitude_level=9,
                        hparams=dict(prob=1.0))
     assert np.array_equal(once(dict(img=img.copy()))['img'], 255 - img)
-    built = TRANSFORMS.build(dict(type='RandAugment', policies='timm_increasing',
-                                  num_policies=2, total_level=10, magnitude_level=9,
-                                  magnitude_std=0.5, hparams=dict(pad_val=[104, 116,
-                                                                           124])))
+    built = build_in_mmengine_scope(TRANSFORMS, dict(
+        type='RandAugment', policies='timm_increasing', num_policies=2,
+        total_level=10, magnitude_level=9, magnitude_std=0.5,
+        hparams=dict(pad_val=[104, 116, 124])))
     assert len(built.policies) == 15 and built.prob == 0.5
     with pytest.raises(ValueError, match='policy dicts are not supported'):
         RandAugment([dict(type='Rotate')], num_policies=1, magnitude_level=1)
@@ -282,8 +290,9 @@ def test_batch_augment_options():
         with pytest.raises(ValueError):
             mix_options(bad)
     with pytest.raises(ValueError, match='num_classes=None'):
-        MODELS.build(dict(type='ClsDataPreprocessor', batch_augments=dict(
-            augments=[dict(type='Mixup', alpha=0.8)])))
+        build_in_mmengine_scope(MODELS, dict(
+            type='ClsDataPreprocessor',
+            batch_augments=dict(augments=[dict(type='Mixup', alpha=0.8)])))
 
 
 def test_label_smooth_loss_and_accuracy():
@@ -292,8 +301,8 @@ def test_label_smooth_loss_and_accuracy():
     loss = LabelSmoothLoss(label_smooth_val=0.1, mode='original', loss_weight=2.)
     expected = F.cross_entropy(logits, labels, label_smoothing=0.1)
     assert torch.allclose(loss(logits, labels), 2 * expected)
-    plain = MODELS.build(dict(type='CrossEntropyLoss', use_soft=True,
-                              reduction='none'))
+    plain = build_in_mmengine_scope(
+        MODELS, dict(type='CrossEntropyLoss', use_soft=True, reduction='none'))
     assert torch.allclose(plain(logits, F.one_hot(labels, 5).float()),
                           F.cross_entropy(logits, labels, reduction='none'))
     with pytest.raises(ValueError, match="mode='classy_vision'"):
