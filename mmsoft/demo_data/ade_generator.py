@@ -76,24 +76,16 @@ def generate_ade_split(root: str,
     return dict(images=num_images, pixels=pixels.tolist())
 
 
-def generate_ade_demo(root: str,
-                      num_train: int = 600,
-                      num_val: int = 100,
-                      seed: int = 0,
-                      classes: Sequence[str] = DEFAULT_CLASSES,
+def generate_ade_demo(root: str, num_train: int = 600, num_val: int = 100,
+                      seed: int = 0, classes: Sequence[str] = DEFAULT_CLASSES,
                       img_size: Tuple[int, int] = (160, 160),
                       **scene_kwargs) -> Dict[str, dict]:
     """Writes the training and validation splits of the generated ADE data.
 
     Args:
-        root (str): Dataset root, created if missing.
-        num_train (int): Training images. Default: 600.
-        num_val (int): Validation images. Default: 100.
-        seed (int): Random seed. Default: 0.
-        classes (Sequence[str]): Shape classes. Default:
-            :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
-        img_size (tuple[int, int]): (height, width). Default: (160, 160).
-        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
+        root, num_train, num_val, seed, classes, img_size, **scene_kwargs: As
+            for :func:`~mmsoft.demo_data.coco_generator.generate_coco_demo`
+            (its default image size, without its mixed sizes).
 
     Returns:
         dict: Per split, the ``images`` count and ``pixels`` per label value.

@@ -96,23 +96,18 @@ def generate_classification_split(root: str, split: str, num_images: int,
     return dict(images=num_images, per_class=counts)
 
 
-def generate_classification_demo(root: str,
-                                 num_train: int = 400,
-                                 num_val: int = 100,
-                                 seed: int = 0,
-                                 classes: Sequence[str] = DEFAULT_CLASSES,
+def generate_classification_demo(root: str, num_train: int = 400, num_val: int = 100,
+                                 seed: int = 0, classes: Sequence[str] = DEFAULT_CLASSES,
                                  img_size: Tuple[int, int] = (64, 64),
                                  **shape_kwargs) -> Dict[str, Dict[str, int]]:
     """Writes the train and val splits of the generated classification dataset.
 
-    The splits use different streams of the same seed, so they share no image;
-    the same arguments always produce the same files.
+    As :func:`~mmsoft.demo_data.coco_generator.generate_coco_demo`, the splits
+    come from separate streams of ``seed`` and the output is deterministic.
 
     Args:
-        root (str): Dataset root, created if missing.
-        num_train (int): Training images. Default: 400.
-        num_val (int): Validation images. Default: 100.
-        seed (int): Random seed. Default: 0.
+        root, num_train, num_val, seed: As for ``generate_coco_demo``
+            (400 training images by default).
         classes (Sequence[str]): At least 3 distinct shape names; they are
             sorted (label order = folder order). Default:
             :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
