@@ -111,7 +111,9 @@ def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
     """
     if torch.jit.is_tracing():
         # Tracers (FLOP counting) record the operations themselves, and the
-        # kernel is evaluated twice, as it is here.
+        # kernel is evaluated twice, as it is here. ``kernel_apply`` writes
+        # through ``matmul(out=...)``, which mmengine's matmul handle cannot
+        # read, hence the concatenation.
         right = middle @ kernel_summary(queries, bottleneck, values, chunk)
         return torch.cat([gaussian_kernel(queries[..., start:end, :], bottleneck) @ right
                           for start, end in _chunks(queries.shape[-2], chunk)], dim=-2)
