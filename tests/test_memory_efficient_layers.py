@@ -5,8 +5,9 @@ UFO attention, the local patch interaction and the MLP.
 The plain computation is the same layer with ``records_gradient`` patched to
 False in its module, i.e. every operation recorded by autograd as written.
 """
-import copy
 import importlib
+import os.path as osp
+import runpy
 
 import pytest
 import torch
@@ -24,39 +25,11 @@ from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
 # The package exports the function ufo_attention under the module's name.
 ufo_attention_module = importlib.import_module(
     'mmsoft.models.layers.ufo_vit.ufo_attention')
-TOLERANCE = dict(rtol=1e-5, atol=1e-5)
-
-
-def plain_module(module, layer_modules, monkeypatch):
-    """A copy of ``module`` that runs the plain autograd path."""
-    for layer_module in layer_modules:
-        monkeypatch.setattr(layer_module, 'records_gradient', lambda *t: False)
-    return module
-
-
-def outputs_and_gradients(module, inputs, *args):
-    """Output, input gradients and parameter gradients of a weighted sum."""
-    inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    module.zero_grad(set_to_none=True)
-    out = module(*inputs, *args)
-    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
-    (out * weights).sum().backward()
-    return (out.detach(), [t.grad for t in inputs],
-            {name: p.grad for name, p in module.named_parameters()})
-
-
-def assert_same_as_plain(module, inputs, layer_modules, monkeypatch, *args):
-    reference = copy.deepcopy(module)
-    efficient = outputs_and_gradients(module, inputs, *args)
-    plain_module(reference, layer_modules, monkeypatch)
-    plain = outputs_and_gradients(reference, inputs, *args)
-    torch.testing.assert_close(efficient[0], plain[0], **TOLERANCE)
-    torch.testing.assert_close(efficient[1], plain[1], **TOLERANCE)
-    assert efficient[2].keys() == plain[2].keys()
-    for name in plain[2]:
-        torch.testing.assert_close(efficient[2][name], plain[2][name], **TOLERANCE,
-                                   msg=name)
-    return reference
+HERE = osp.dirname(osp.abspath(__file__))
+_helpers = runpy.run_path(osp.join(HERE, 'plain_autograd.py'))
+TOLERANCE = _helpers['TOLERANCE']
+outputs_and_gradients = _helpers['outputs_and_gradients']
+assert_same_as_plain = _helpers['assert_same_as_plain']
 
 
 @pytest.mark.parametrize('variant', ['soft', 'soft++'])
@@ -136,7 +109,8 @@ def test_recomputed_mlp_gradcheck(keep_hidden):
     tokens = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     params = [mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias]
     assert torch.autograd.gradcheck(
-        lambda x, *_: recomputed_mlp(x, mlp.fc1, mlp.act, mlp.fc2, keep_hidden),
+        lambda x, *_: recomputed_mlp(x, mlp.fc1, mlp.act, mlp.fc2.weight,
+                                     mlp.fc2.bias, keep_hidden),
         (tokens, *params))
 
 

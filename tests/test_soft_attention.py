@@ -85,8 +85,8 @@ def test_autocast_runs_kernel_in_float32(monkeypatch):
     seen = []
     original = soft_attention.low_rank_kernel_attention
 
-    def spy(queries, bottleneck, values, *args):
-        out = original(queries, bottleneck, values, *args)
+    def spy(queries, bottleneck, values, *args, **kwargs):
+        out = original(queries, bottleneck, values, *args, **kwargs)
         seen.append((queries.dtype, bottleneck.dtype, values.dtype, out.dtype))
         return out
 

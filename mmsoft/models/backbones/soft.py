@@ -12,6 +12,7 @@ from ...utils import (check_choice, check_divisible, check_lengths,
                       resolve_arch)
 from ..layers import (ConvPatchEmbed, SoftBlock, SoftmaxBlock, init_transformer_weights,
                       resize_pos_embed)
+from ..layers.shared.layer_norm import LayerNormSavingOutput
 from ..layers.shared.position import resize_pos_embed_to_regions
 from ..layers.shared.valid_region import ValidShapes, mask_map
 from ..layers.soft.kernel_inverse import SOLVERS, canonical_solver
@@ -180,7 +181,7 @@ class SOFT(MultiStageBackbone):
             rates = drop_path_rates[sum(depths[:i]):sum(depths[:i + 1])]
             self.stages.append(nn.ModuleList(
                 self._block(i, rate, attn_kwargs) for rate in rates))
-        self.norm = nn.LayerNorm(self.embed_dims[3], eps=1e-6)
+        self.norm = LayerNormSavingOutput(self.embed_dims[3], eps=1e-6)
 
     def _patch_embed(self, stage: int) -> ConvPatchEmbed:
         """Stage 1: three convs (strides 2, 1, 2); later stages: one stride-2 conv."""

@@ -4,7 +4,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .valid_region import ValidShapes, mask_map, strided_shapes
+from .norm_act_conv import run_conv_stack
+from .valid_region import ValidShapes, strided_shapes
 
 
 class ConvPatchEmbed(nn.Module):
@@ -56,21 +57,10 @@ class ConvPatchEmbed(nn.Module):
                 valid region of the input grid. Given, every convolution
                 sees zeros outside the regions (as around an image alone)
                 and the output is zero there. Default: None.
+
+        In training, each ``BatchNorm -> activation -> conv`` keeps only
+        BatchNorm's input for backward (see :mod:`.norm_act_conv`).
         """
-        if valid_shapes is None:
-            x = self.proj(x)
-        else:
-            x = self.masked_proj(x, valid_shapes)
+        x = run_conv_stack(self.proj, x, valid_shapes)
         hw_shape = tuple(x.shape[-2:])
         return x.flatten(2).transpose(1, 2), hw_shape
-
-    def masked_proj(self, x: torch.Tensor, valid_shapes: ValidShapes) -> torch.Tensor:
-        """``self.proj`` with the map zeroed outside the regions before each
-        convolution and at the end: (B, C_in, H, W) -> (B, C_out, H', W')."""
-        for layer in self.proj:
-            if isinstance(layer, nn.Conv2d):
-                x = layer(mask_map(x, valid_shapes))
-                valid_shapes = strided_shapes(valid_shapes, layer.stride[:1])
-            else:
-                x = layer(x)
-        return mask_map(x, valid_shapes)

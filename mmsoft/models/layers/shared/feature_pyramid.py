@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 
 from ....utils import check_out_indices, check_positive_int
+from .norm_act_conv import run_conv_stack
 from .valid_region import ValidShapes, mask_map, scaled_shapes, strided_shapes
 
 NUM_SCALES = 4
@@ -67,7 +68,7 @@ class FeaturePyramidAdapter(nn.Module):
             raise ValueError(f'got {len(feats)} maps; expected one per out_indices='
                              f'{self.out_indices}.')
         if valid_shapes is None:
-            return tuple(self.branches[str(i)](feat)
+            return tuple(self.run_branch(i, feat)
                          for i, feat in zip(self.out_indices, feats))
         return tuple(self.masked_branch(i, feat, valid_shapes)
                      for i, feat in zip(self.out_indices, feats))
@@ -80,5 +81,13 @@ class FeaturePyramidAdapter(nn.Module):
             pooled = self.branches['3'](mask_map(feat, valid_shapes, float('-inf')))
             return mask_map(pooled, strided_shapes(valid_shapes, (2, )))
         factor = 2**(2 - scale)
-        return mask_map(self.branches[str(scale)](feat),
-                        scaled_shapes(valid_shapes, factor))
+        return mask_map(self.run_branch(scale, feat), scaled_shapes(valid_shapes, factor))
+
+    def run_branch(self, scale: int, feat: torch.Tensor) -> torch.Tensor:
+        """Branch ``scale`` on ``feat``; the x4 branch's ``BatchNorm -> GELU ->
+        deconvolution`` keeps only BatchNorm's input for backward (see
+        :mod:`.norm_act_conv`)."""
+        branch = self.branches[str(scale)]
+        if scale == 0:
+            return run_conv_stack(branch, feat)
+        return branch(feat)

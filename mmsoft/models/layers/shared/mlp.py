@@ -3,8 +3,10 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .autograd_state import records_gradient
+from .layer_scale import scaled_parameters
 from .recomputed_mlp import recomputed_mlp
 
 
@@ -39,11 +41,18 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(hidden_dims, in_dims)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., C) -> (..., C)."""
+    def forward(self, x: torch.Tensor,
+                out_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(..., C) -> (..., C).
+
+        ``out_scale`` (C, ): a LayerScale, folded into ``fc2`` (see
+        :mod:`.layer_scale`). Default: None.
+        """
+        weight2, bias2 = scaled_parameters(self.fc2, out_scale)
         if self._recompute_hidden(x):
-            return recomputed_mlp(x, self.fc1, self.act, self.fc2)
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+            return recomputed_mlp(x, self.fc1, self.act, weight2, bias2)
+        hidden = self.drop(self.act(self.fc1(x)))
+        return self.drop(F.linear(hidden, weight2, bias2))
 
     def _recompute_hidden(self, x: torch.Tensor) -> bool:
         """Whether backward should recompute the hidden layer."""

@@ -57,14 +57,16 @@ class RecomputedMLP(torch.autograd.Function):
 
 
 def recomputed_mlp(x: torch.Tensor, fc1: nn.Linear, act: nn.Module,
-                   fc2: nn.Linear, keep_hidden: bool = True) -> torch.Tensor:
+                   weight2: torch.Tensor, bias2: Optional[torch.Tensor],
+                   keep_hidden: bool = True) -> torch.Tensor:
     """``fc2(act(fc1(x)))`` without keeping the activation's output.
 
     Args:
         x (Tensor): Tokens, shape (..., C).
         fc1 (nn.Linear): C -> hidden.
         act (nn.Module): Element-wise activation without state.
-        fc2 (nn.Linear): hidden -> C.
+        weight2 (Tensor): fc2's weight, shape (C, hidden).
+        bias2 (Tensor, optional): fc2's bias, shape (C, ).
         keep_hidden (bool): Keep ``fc1``'s output for backward (True) or
             recompute it from ``x`` (False: less memory, one more matmul).
             Default: True.
@@ -72,5 +74,5 @@ def recomputed_mlp(x: torch.Tensor, fc1: nn.Linear, act: nn.Module,
     Returns:
         Tensor: Shape (..., C).
     """
-    return RecomputedMLP.apply(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, act,
+    return RecomputedMLP.apply(x, fc1.weight, fc1.bias, weight2, bias2, act,
                                keep_hidden)

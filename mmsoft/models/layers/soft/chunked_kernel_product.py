@@ -6,9 +6,12 @@ The product only ever needs ``K1^T V`` (m x d) and, per chunk of tokens, that
 chunk's rows of ``K1``, so both the forward and the backward pass recompute
 the kernel chunk by chunk: memory O(chunk * m + m * d) instead of O(N * m),
 for about three extra kernel evaluations in training (one when all tokens
-fit in one chunk: backward then evaluates the whole kernel once and uses it
-for both of its passes). SOFT attention takes this path in training at every
-token count, so autograd never keeps the kernel.
+fit in one chunk: forward and backward then evaluate the whole kernel once
+each, and it is not kept in between). SOFT attention takes this path in training at every
+token count, so autograd never keeps the kernel. The queries may come
+unscaled with their scale ``s`` (``Q = s Q0``): the function then keeps
+``Q0``, which the query projection's consumers keep anyway, and scales each
+chunk as it goes.
 
 Gradients, with ``T = M S``, ``S = K1^T V`` and ``G = dL/d out``:
 
@@ -16,7 +19,7 @@ Gradients, with ``T = M S``, ``S = K1^T V`` and ``G = dL/d out``:
 * per chunk: ``dK1 = G T^T + V dS^T``; ``dV = K1 dS``;
 * through ``K1 = exp(E)``, ``E = Q L^T - |Q|^2/2 - |L|^2/2``: with
   ``dE = dK1 * K1``: ``dQ = dE L - rowsum(dE) Q`` and
-  ``dL = dE^T Q - colsum(dE) L``.
+  ``dL = dE^T Q - colsum(dE) L``; ``dQ0 = s dQ``.
 """
 from typing import Tuple
 
@@ -30,22 +33,26 @@ def _chunks(tokens: int, chunk: int):
 
 
 def kernel_summary(queries: torch.Tensor, bottleneck: torch.Tensor,
-                   values: torch.Tensor, chunk: int) -> torch.Tensor:
+                   values: torch.Tensor, chunk: int,
+                   query_scale: float = 1.) -> torch.Tensor:
     """``S = K1^T V`` accumulated chunk by chunk: (B, h, m, d)."""
     summary = None
     for start, end in _chunks(queries.shape[-2], chunk):
-        kernel = gaussian_kernel(queries[..., start:end, :], bottleneck)  # (B,h,c,m)
+        kernel = gaussian_kernel(queries[..., start:end, :] * query_scale,
+                                 bottleneck)  # (B, h, c, m)
         part = kernel.transpose(-1, -2) @ values[..., start:end, :]
         summary = part if summary is None else summary.add_(part)
     return summary
 
 
 def kernel_apply(queries: torch.Tensor, bottleneck: torch.Tensor,
-                 right: torch.Tensor, chunk: int) -> torch.Tensor:
+                 right: torch.Tensor, chunk: int,
+                 query_scale: float = 1.) -> torch.Tensor:
     """``K1 . R`` computed chunk by chunk: (B, h, N, d)."""
     out = queries.new_empty(*queries.shape[:-1], right.shape[-1])
     for start, end in _chunks(queries.shape[-2], chunk):
-        kernel = gaussian_kernel(queries[..., start:end, :], bottleneck)
+        kernel = gaussian_kernel(queries[..., start:end, :] * query_scale,
+                                 bottleneck)
         torch.matmul(kernel, right, out=out[..., start:end, :])
     return out
 
@@ -54,22 +61,34 @@ class ChunkedKernelProduct(torch.autograd.Function):
     """Autograd function of :func:`chunked_kernel_product`."""
 
     @staticmethod
-    def forward(ctx, queries, bottleneck, middle, values, chunk):
-        summary = kernel_summary(queries, bottleneck, values, chunk)  # (B,h,m,d)
-        right = middle @ summary  # (B, h, m, d)
+    def forward(ctx, queries, bottleneck, middle, values, chunk, query_scale):
+        if queries.shape[-2] <= chunk:
+            # One chunk: the kernel serves both products, evaluated once and
+            # dropped.
+            kernel = gaussian_kernel(queries * query_scale, bottleneck)  # (B,h,N,m)
+            summary = kernel.transpose(-1, -2) @ values  # (B, h, m, d)
+            right = middle @ summary  # (B, h, m, d)
+            out = kernel @ right  # (B, h, N, d)
+        else:
+            summary = kernel_summary(queries, bottleneck, values, chunk, query_scale)
+            right = middle @ summary
+            out = kernel_apply(queries, bottleneck, right, chunk, query_scale)
         ctx.save_for_backward(queries, bottleneck, middle, values, summary, right)
         ctx.chunk = chunk
-        return kernel_apply(queries, bottleneck, right, chunk)
+        ctx.query_scale = query_scale
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
         queries, bottleneck, middle, values, summary, right = ctx.saved_tensors
+        scale = ctx.query_scale
         chunks = _chunks(queries.shape[-2], ctx.chunk)
         # One chunk: its kernel serves both passes, evaluated once.
-        whole_kernel = (gaussian_kernel(queries, bottleneck)
+        whole_kernel = (gaussian_kernel(queries * scale, bottleneck)
                         if len(chunks) == 1 else None)  # (B, h, N, m)
         if whole_kernel is None:
-            grad_right = kernel_summary(queries, bottleneck, grad_out, ctx.chunk)
+            grad_right = kernel_summary(queries, bottleneck, grad_out, ctx.chunk,
+                                        scale)
         else:
             grad_right = whole_kernel.transpose(-1, -2) @ grad_out  # dT
         grad_middle = grad_right @ summary.transpose(-1, -2)  # (B, h, m, m)
@@ -79,32 +98,34 @@ class ChunkedKernelProduct(torch.autograd.Function):
         grad_bottleneck = torch.zeros_like(bottleneck)
         bottleneck_weight = torch.zeros_like(bottleneck[..., :1])  # (B, h, m, 1)
         for start, end in chunks:
-            q = queries[..., start:end, :]  # (B, h, c, d)
+            q = queries[..., start:end, :] * scale  # (B, h, c, d)
             kernel = (gaussian_kernel(q, bottleneck) if whole_kernel is None
                       else whole_kernel)  # (B, h, c, m)
             grad_values[..., start:end, :] = kernel @ grad_summary
             grad_kernel = grad_out[..., start:end, :] @ right.transpose(-1, -2)
             grad_kernel += values[..., start:end, :] @ grad_summary.transpose(-1, -2)
             grad_exponent = grad_kernel.mul_(kernel)  # (B, h, c, m)
-            grad_queries[..., start:end, :] = (
+            grad_queries[..., start:end, :] = scale * (
                 grad_exponent @ bottleneck - grad_exponent.sum(-1, keepdim=True) * q)
             grad_bottleneck += grad_exponent.transpose(-1, -2) @ q
             bottleneck_weight += grad_exponent.sum(-2).unsqueeze(-1)
         grad_bottleneck -= bottleneck_weight * bottleneck
-        return grad_queries, grad_bottleneck, grad_middle, grad_values, None
+        return grad_queries, grad_bottleneck, grad_middle, grad_values, None, None
 
 
 def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
                            middle: torch.Tensor, values: torch.Tensor,
-                           chunk: int) -> torch.Tensor:
+                           chunk: int, query_scale: float = 1.) -> torch.Tensor:
     """``k(Q, L) . (M . (k(Q, L)^T V))`` without materialising ``k(Q, L)``.
 
     Args:
-        queries (Tensor): Q, shape (B, h, N, d).
+        queries (Tensor): Q0, shape (B, h, N, d); the queries are
+            ``Q = query_scale * Q0``.
         bottleneck (Tensor): L, shape (B, h, m, d).
         middle (Tensor): M, shape (B, h, m, m).
         values (Tensor): V, shape (B, h, N, d).
         chunk (int): Tokens per chunk.
+        query_scale (float): s. Default: 1.
 
     Returns:
         Tensor: Shape (B, h, N, d).
@@ -114,7 +135,9 @@ def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
         # kernel is evaluated twice, as it is here. ``kernel_apply`` writes
         # through ``matmul(out=...)``, which mmengine's matmul handle cannot
         # read, hence the concatenation.
+        queries = queries * query_scale
         right = middle @ kernel_summary(queries, bottleneck, values, chunk)
         return torch.cat([gaussian_kernel(queries[..., start:end, :], bottleneck) @ right
                           for start, end in _chunks(queries.shape[-2], chunk)], dim=-2)
-    return ChunkedKernelProduct.apply(queries, bottleneck, middle, values, chunk)
+    return ChunkedKernelProduct.apply(queries, bottleneck, middle, values, chunk,
+                                      query_scale)

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
+from torch.utils.checkpoint import checkpoint
 
 from .bottleneck_pool import cap_bottleneck_grid
 from .chunked_kernel_product import chunked_kernel_product
@@ -20,7 +21,8 @@ from ..shared.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
 def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
                               values: torch.Tensor, variant: str, solver: str,
                               newton_iters: int,
-                              chunk_tokens: Optional[int] = None) -> torch.Tensor:
+                              chunk_tokens: Optional[int] = None,
+                              query_scale: float = 1.) -> torch.Tensor:
     """``K1 . M . (K1^T V)``: the low-rank part of SOFT attention.
 
     ``K1 = k(Q, L)``, ``A = k(L, L)`` with the Gaussian kernel ``k``;
@@ -35,7 +37,8 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
     whole below ``chunk_tokens``.
 
     Args:
-        queries (Tensor): Scaled queries Q (= keys), shape (B, h, N, d).
+        queries (Tensor): Queries Q0 before their scale, shape (B, h, N, d):
+            the queries (= keys) are ``Q = query_scale * Q0``.
         bottleneck (Tensor): Bottleneck tokens L, shape (B, h, m, d).
         values (Tensor): Values V, shape (B, h, N, d).
         variant (str): ``'soft'`` or ``'soft++'``.
@@ -44,26 +47,73 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
         newton_iters (int): Newton iterations.
         chunk_tokens (int, optional): Chunk size above which ``K1`` is
             recomputed per chunk instead of stored. Default: None (never).
+        query_scale (float): Scale of the queries. In training the
+            unscaled queries are kept for backward, and scaled chunk by
+            chunk. Default: 1.
 
     Returns:
         Tensor: Shape (B, h, N, d).
     """
-    bottleneck_kernel = gaussian_kernel(bottleneck, bottleneck)  # (B, h, m, m)
+    training = records_gradient(queries, bottleneck, values)
+    if training:  # backward recomputes A from L instead of keeping it
+        bottleneck_kernel = checkpoint(gaussian_kernel, bottleneck, bottleneck,
+                                       use_reentrant=False)  # (B, h, m, m)
+    else:
+        bottleneck_kernel = gaussian_kernel(bottleneck, bottleneck)  # (B, h, m, m)
     middle = kernel_inverse(bottleneck_kernel, variant, solver, newton_iters)
     if variant == 'soft++':
         inv_sqrt_degree = bottleneck_kernel.sum(-1).rsqrt()  # (B, h, m)
-        middle = inv_sqrt_degree.unsqueeze(-1) * middle * inv_sqrt_degree.unsqueeze(-2)
+        middle = symmetric_scale(middle, inv_sqrt_degree)
     tokens = queries.shape[-2]
-    if records_gradient(queries, bottleneck, middle, values):
+    if training:
         # Training: the kernel is recomputed in backward, never stored.
         chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
-        return chunked_kernel_product(queries, bottleneck, middle, values, chunk)
+        return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
+                                      query_scale)
+    queries = queries * query_scale
     if chunk_tokens is not None and tokens > chunk_tokens:
         return chunked_kernel_product(queries, bottleneck, middle, values,
                                       chunk_tokens)
     query_kernel = gaussian_kernel(queries, bottleneck)  # (B, h, N, m)
     summary = query_kernel.transpose(-1, -2) @ values  # (B, h, m, d)
     return query_kernel @ (middle @ summary)  # (B, h, N, d)
+
+
+class SymmetricScale(torch.autograd.Function):
+    """Autograd function of :func:`symmetric_scale`: keeps P and d only.
+
+    With ``G = dL/dout``: ``dP = G o (d d^T)``;
+    ``dd = (G o P) d + (G o P)^T d``.
+    """
+
+    @staticmethod
+    def forward(ctx, mat, scale):
+        ctx.save_for_backward(mat, scale)
+        return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        mat, scale = ctx.saved_tensors
+        weighted = grad_out * mat  # (..., m, m)
+        column, row = scale.unsqueeze(-1), scale.unsqueeze(-2)
+        grad_mat = grad_out * column * row
+        grad_scale = (weighted @ column + weighted.transpose(-1, -2) @ column)
+        return grad_mat, grad_scale.squeeze(-1)
+
+
+def symmetric_scale(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``diag(d) P diag(d)`` without keeping an intermediate m x m product.
+
+    Args:
+        mat (Tensor): P, shape (..., m, m).
+        scale (Tensor): d, shape (..., m).
+
+    Returns:
+        Tensor: Shape (..., m, m).
+    """
+    if not records_gradient(mat, scale):
+        return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
+    return SymmetricScale.apply(mat, scale)
 
 
 class SoftAttention(BaseModule):
@@ -180,12 +230,12 @@ class SoftAttention(BaseModule):
         landmarks = self.bottleneck_tokens(query_map) * scale  # (B, h, m, d)
         bottleneck = F.gelu(self.bottleneck_norm(landmarks))
         query_tokens = query_map.flatten(2).transpose(1, 2)  # (B, N, C)
-        queries = split_heads(query_tokens, self.num_heads) * scale  # (B,h,N,d)
+        queries = split_heads(query_tokens, self.num_heads)  # (B, h, N, d)
         with torch.autocast(device_type=query_map.device.type, enabled=False):
             return low_rank_kernel_attention(
                 full_precision(queries), full_precision(bottleneck),
                 full_precision(values), self.variant, self.solver,
-                self.newton_iters, self.kernel_chunk_tokens)
+                self.newton_iters, self.kernel_chunk_tokens, query_scale=scale)
 
     def global_term_per_image(self, query_map: torch.Tensor, values: torch.Tensor,
                               valid_shapes: ValidShapes) -> torch.Tensor:

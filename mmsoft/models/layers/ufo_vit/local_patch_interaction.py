@@ -8,6 +8,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ....utils import check_positive_int
 from ..shared.autograd_state import records_gradient
+from ..shared.layer_scale import scaled_parameters
 from ..shared.valid_region import ValidShapes, mask_map
 
 
@@ -46,7 +47,8 @@ class LocalPatchInteraction(nn.Module):
                                padding=padding, groups=embed_dims)
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
-                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+                valid_shapes: Optional[ValidShapes] = None,
+                out_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Forward.
 
         Args:
@@ -55,24 +57,31 @@ class LocalPatchInteraction(nn.Module):
             valid_shapes (list[tuple[int, int]], optional): Each image's
                 valid region of the grid: both convolutions then see zeros
                 outside it, as around the image alone. Default: None.
+            out_scale (Tensor, optional): A LayerScale (C, ), folded into
+                ``conv2`` (see :mod:`~mmsoft.models.layers.shared.layer_scale`).
+                Default: None.
 
         Returns:
             Tensor: Shape (B, N, C).
         """
         batch, _, channels = x.shape
         x = x.transpose(1, 2).reshape(batch, channels, *hw_shape)  # (B, C, H, W)
+        out_params = scaled_parameters(self.conv2, out_scale)
         if records_gradient(x, self.conv1.weight):
             passes = []  # the first pass is the forward, later ones recompute
             x = checkpoint(lambda grid: self.mix(grid, first_pass=passes.append(1)
                                                  or len(passes) == 1,
-                                                 valid_shapes=valid_shapes),
+                                                 valid_shapes=valid_shapes,
+                                                 out_params=out_params),
                            x, use_reentrant=False)
         else:
-            x = self.mix(x, first_pass=True, valid_shapes=valid_shapes)  # (B, C, H, W)
+            x = self.mix(x, first_pass=True, valid_shapes=valid_shapes,
+                         out_params=out_params)  # (B, C, H, W)
         return x.flatten(2).transpose(1, 2)  # (B, N, C)
 
     def mix(self, grid: torch.Tensor, first_pass: bool,
-            valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+            valid_shapes: Optional[ValidShapes] = None,
+            out_params: Optional[tuple] = None) -> torch.Tensor:
         """``conv2(bn(act(conv1(grid))))`` on a (B, C, H, W) map.
 
         Args:
@@ -83,6 +92,8 @@ class LocalPatchInteraction(nn.Module):
             valid_shapes (list[tuple[int, int]], optional): Valid regions;
                 each convolution's input is zeroed outside them.
                 Default: None.
+            out_params (tuple[Tensor, Tensor], optional): Weight and bias
+                to use for ``conv2``. Default: None (its own).
 
         Returns:
             Tensor: Shape (B, C, H, W).
@@ -95,4 +106,6 @@ class LocalPatchInteraction(nn.Module):
             hidden = F.batch_norm(hidden, bn.running_mean.clone(),
                                   bn.running_var.clone(), bn.weight, bn.bias,
                                   training=True, eps=bn.eps)
-        return self.conv2(mask_map(hidden, valid_shapes))
+        weight, bias = out_params or (self.conv2.weight, self.conv2.bias)
+        return F.conv2d(mask_map(hidden, valid_shapes), weight, bias,
+                        padding=self.conv2.padding, groups=self.conv2.groups)

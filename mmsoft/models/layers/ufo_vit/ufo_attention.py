@@ -3,12 +3,14 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch.utils.checkpoint import checkpoint
 
 from ....utils import check_divisible, check_positive_int
 from ..shared.attention_heads import merge_heads, split_heads
 from ..shared.autograd_state import records_gradient
+from ..shared.layer_scale import scaled_parameters
 from ..shared.precision import full_precision
 
 
@@ -155,7 +157,13 @@ class UFOAttention(BaseModule):
             out = ufo_attention(*args)  # (B, h, N, d)
         return out.to(values.dtype)
 
-    def forward(self, x: torch.Tensor,
-                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C); ``key_mask`` as in :meth:`attend`."""
-        return self.proj_drop(self.proj(merge_heads(self.attend(x, key_mask))))
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
+                out_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C); ``key_mask`` as in :meth:`attend`.
+
+        ``out_scale`` (C, ): a LayerScale, folded into the output projection
+        (see :mod:`~mmsoft.models.layers.shared.layer_scale`). Default: None.
+        """
+        weight, bias = scaled_parameters(self.proj, out_scale)
+        return self.proj_drop(F.linear(merge_heads(self.attend(x, key_mask)),
+                                       weight, bias))

@@ -6,6 +6,7 @@ import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 
 from .local_patch_interaction import LocalPatchInteraction
+from ..shared.layer_norm import LayerNormSavingOutput
 from ..shared.mlp import MLP
 from ..shared.valid_region import ValidShapes, valid_mask
 from .ufo_attention import UFOAttention
@@ -49,13 +50,13 @@ class UFOBlock(nn.Module):
                  lpi_kernel_size: int = 3,
                  norm_eps: float = 1e-6):
         super().__init__()
-        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm1 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
         self.attn = UFOAttention(embed_dims, num_heads, qkv_bias, proj_drop=drop)
         self.gamma1 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
-        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm2 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
         self.lpi = LocalPatchInteraction(embed_dims, lpi_kernel_size)
         self.gamma2 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
-        self.norm3 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.norm3 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
         self.ffn = MLP(embed_dims, int(embed_dims * mlp_ratio), nn.GELU, drop)
         self.gamma3 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -71,7 +72,9 @@ class UFOBlock(nn.Module):
         key_mask = None
         if valid_shapes is not None:
             key_mask = valid_mask(valid_shapes, hw_shape, x.device).flatten(1)
-        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x), key_mask))
-        x = x + self.drop_path(
-            self.gamma2 * self.lpi(self.norm2(x), hw_shape, valid_shapes))
-        return x + self.drop_path(self.gamma3 * self.ffn(self.norm3(x)))
+        # Each LayerScale gamma is folded into its branch's last layer, so
+        # the branch output is not kept for gamma's gradient.
+        x = x + self.drop_path(self.attn(self.norm1(x), key_mask, out_scale=self.gamma1))
+        x = x + self.drop_path(self.lpi(self.norm2(x), hw_shape, valid_shapes,
+                                        out_scale=self.gamma2))
+        return x + self.drop_path(self.ffn(self.norm3(x), out_scale=self.gamma3))

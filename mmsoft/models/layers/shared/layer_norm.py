@@ -1,0 +1,105 @@
+"""LayerNorm whose backward reads its output instead of its input.
+
+Autograd's LayerNorm keeps its input x for backward. In a transformer block
+the output y is kept anyway, by the Linear or convolution that consumes it,
+so keeping x as well costs one token-width tensor per norm. Here backward
+recovers the normalised tensor from the output, ``x_hat = (y - beta) /
+gamma``, and keeps only y and the per-token ``rstd``: the same gradients,
+one token-width tensor fewer per norm, in pre-norm blocks (x is the residual
+stream, kept by nobody else) and in post-norm blocks (x is the residual sum)
+alike.
+
+Gradients, with ``G = dL/dy`` and ``g = G * gamma`` over the C channels:
+``dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))``,
+``dgamma = sum G * x_hat``, ``dbeta = sum G``.
+
+Dividing by ``gamma`` loses precision where ``|gamma|`` is tiny and is
+impossible where it is zero, so a norm with any ``|gamma| < MIN_ABS_WEIGHT``
+falls back to autograd's LayerNorm (correct, keeping its input).
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .autograd_state import records_gradient
+
+MIN_ABS_WEIGHT = 1e-3
+
+
+def _leading_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """(..., C) -> (C, ): the sum over every leading dimension."""
+    return tensor.reshape(-1, tensor.shape[-1]).sum(0)
+
+
+class LayerNormFromOutput(torch.autograd.Function):
+    """Autograd function of :func:`layer_norm_from_output`."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        out, _, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
+        ctx.save_for_backward(out, weight, bias, rstd)  # rstd: (..., 1)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        out, weight, bias, rstd = ctx.saved_tensors
+        normalised = out if bias is None else out - bias  # (..., C)
+        if weight is not None:
+            normalised = normalised / weight
+            scaled_grad = grad_out * weight  # g
+        else:
+            scaled_grad = grad_out
+        mean_grad = scaled_grad.mean(-1, keepdim=True)  # (..., 1)
+        mean_projection = (scaled_grad * normalised).mean(-1, keepdim=True)
+        grad_x = rstd * (scaled_grad - mean_grad - normalised * mean_projection)
+        grad_weight = (_leading_sum(grad_out * normalised)
+                       if ctx.needs_input_grad[1] else None)
+        grad_bias = _leading_sum(grad_out) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, None
+
+
+def layer_norm_from_output(x: torch.Tensor, weight: Optional[torch.Tensor],
+                           bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """``F.layer_norm`` over the last dimension, keeping its output for backward.
+
+    Args:
+        x (Tensor): Shape (..., C).
+        weight (Tensor, optional): gamma, shape (C, ), every entry nonzero.
+        bias (Tensor, optional): beta, shape (C, ).
+        eps (float): Added to the variance.
+
+    Returns:
+        Tensor: Shape (..., C).
+    """
+    return LayerNormFromOutput.apply(x, weight, bias, eps)
+
+
+class LayerNormSavingOutput(nn.LayerNorm):
+    """:class:`torch.nn.LayerNorm` over the last dimension that keeps its
+    output, not its input, for backward (see this module's docstring).
+
+    Same parameters, state-dict keys and outputs as ``nn.LayerNorm``. The
+    memory-saving function runs when autograd records, autocast is off and
+    every ``|weight| >= MIN_ABS_WEIGHT``; otherwise (inference, tracing,
+    ONNX export, mixed precision, a near-zero gamma) the plain LayerNorm
+    does.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., C) -> (..., C)."""
+        if len(self.normalized_shape) == 1 and self._backward_from_output(x):
+            return layer_norm_from_output(x, self.weight, self.bias, self.eps)
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def _backward_from_output(self, x: torch.Tensor) -> bool:
+        """Whether autograd records in full precision and gamma can be
+        divided out."""
+        params = [p for p in (self.weight, self.bias) if p is not None]
+        if (not records_gradient(x, *params)
+                or torch.is_autocast_enabled(x.device.type)
+                or any(p.dtype != x.dtype for p in params)):
+            return False
+        return self.weight is None or bool(self.weight.detach().abs().min()
+                                           >= MIN_ABS_WEIGHT)

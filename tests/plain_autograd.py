@@ -1,0 +1,43 @@
+"""Comparing a memory-saving layer with the plain autograd computation.
+
+The plain computation is the same layer with ``records_gradient`` patched to
+False in its modules, i.e. every operation recorded by autograd as written.
+Loaded by path (``runpy``) from the memory-efficiency tests.
+"""
+import copy
+
+import torch
+
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+def plain_module(module, layer_modules, monkeypatch):
+    """A copy of ``module`` that runs the plain autograd path."""
+    for layer_module in layer_modules:
+        monkeypatch.setattr(layer_module, 'records_gradient', lambda *t: False)
+    return module
+
+
+def outputs_and_gradients(module, inputs, *args):
+    """Output, input gradients and parameter gradients of a weighted sum."""
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    module.zero_grad(set_to_none=True)
+    out = module(*inputs, *args)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    (out * weights).sum().backward()
+    return (out.detach(), [t.grad for t in inputs],
+            {name: p.grad for name, p in module.named_parameters()})
+
+
+def assert_same_as_plain(module, inputs, layer_modules, monkeypatch, *args):
+    reference = copy.deepcopy(module)
+    efficient = outputs_and_gradients(module, inputs, *args)
+    plain_module(reference, layer_modules, monkeypatch)
+    plain = outputs_and_gradients(reference, inputs, *args)
+    torch.testing.assert_close(efficient[0], plain[0], **TOLERANCE)
+    torch.testing.assert_close(efficient[1], plain[1], **TOLERANCE)
+    assert efficient[2].keys() == plain[2].keys()
+    for name in plain[2]:
+        torch.testing.assert_close(efficient[2][name], plain[2][name], **TOLERANCE,
+                                   msg=name)
+    return reference

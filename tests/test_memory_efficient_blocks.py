@@ -1,0 +1,224 @@
+"""Norms, LayerScale, stems and whole backbones that keep less for backward
+give the plain autograd outputs and gradients, and keep what they say.
+
+The plain computation patches ``records_gradient`` to False in the layers'
+modules (every operation then recorded by autograd as written); LayerScale
+folding is compared with ``gamma * branch(x)`` written out.
+"""
+import copy
+import importlib
+import os.path as osp
+import runpy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import mmsoft.models.layers.shared.layer_norm as layer_norm_module
+import mmsoft.models.layers.shared.mlp as mlp_module
+import mmsoft.models.layers.shared.norm_act_conv as norm_act_conv_module
+import mmsoft.models.layers.soft.soft_attention as soft_attention_module
+import mmsoft.models.layers.ufo_vit.local_patch_interaction as lpi_module
+from mmsoft.analysis.saved_tensors import SavedTensorRecorder
+from mmsoft.models.backbones import SOFT, UFOViT
+from mmsoft.models.layers.shared import ConvPatchEmbed, FeaturePyramidAdapter
+from mmsoft.models.layers.shared.layer_norm import (MIN_ABS_WEIGHT,
+                                                    LayerNormSavingOutput)
+from mmsoft.models.layers.soft.soft_attention import symmetric_scale
+from mmsoft.models.layers.ufo_vit.ufo_block import UFOBlock
+
+# The package exports the function ufo_attention under the module's name.
+ufo_attention_module = importlib.import_module(
+    'mmsoft.models.layers.ufo_vit.ufo_attention')
+HERE = osp.dirname(osp.abspath(__file__))
+_helpers = runpy.run_path(osp.join(HERE, 'plain_autograd.py'))
+TOLERANCE = _helpers['TOLERANCE']
+outputs_and_gradients = _helpers['outputs_and_gradients']
+assert_same_as_plain = _helpers['assert_same_as_plain']
+
+MEMORY_SAVING_MODULES = [layer_norm_module, mlp_module, norm_act_conv_module,
+                         soft_attention_module, lpi_module, ufo_attention_module]
+
+
+def randomise_affine(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Norm weights in [0.5, 1.5] and small biases, so that neither is trivial."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if param.dim() == 1 and ('norm' in name or 'bn' in name or 'gamma' in name):
+                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+            elif name.endswith('bias'):
+                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+    return module
+
+
+@pytest.mark.parametrize('affine', [True, False])
+def test_layer_norm_saving_output_equals_layer_norm(affine, monkeypatch):
+    norm = randomise_affine(LayerNormSavingOutput(16, elementwise_affine=affine)).double()
+    tokens = torch.randn(2, 30, 16, dtype=torch.float64)
+    assert_same_as_plain(norm, [tokens], [layer_norm_module], monkeypatch)
+    leaf = tokens.clone().requires_grad_()
+    assert torch.autograd.gradcheck(norm, (leaf, ))
+
+
+def test_layer_norm_keeps_its_output_not_its_input():
+    norm = randomise_affine(LayerNormSavingOutput(16))
+    tokens = torch.randn(30, 16, requires_grad=True)
+    with SavedTensorRecorder(norm) as recorder:
+        out = norm(tokens * 2)  # the input is a fresh tensor
+    kept = {record.shape: record.nbytes for record in recorder.records}
+    # The output (30 x 16) and rstd (30 x 1): nothing else token-sized.
+    assert sorted(kept) == [(30, 1), (30, 16)]
+    assert out.untyped_storage().nbytes() == kept[(30, 16)]
+
+
+def test_layer_norm_with_a_zero_gamma_falls_back_to_autograd(monkeypatch):
+    norm = randomise_affine(LayerNormSavingOutput(16)).double()
+    with torch.no_grad():
+        norm.weight[3] = MIN_ABS_WEIGHT / 2
+    assert not norm._backward_from_output(torch.randn(2, 16, requires_grad=True))
+    tokens = torch.randn(2, 30, 16, dtype=torch.float64)
+    assert_same_as_plain(norm, [tokens], [layer_norm_module], monkeypatch)
+
+
+def test_symmetric_scale_gradcheck():
+    generator = torch.Generator().manual_seed(0)
+    mat = torch.randn(2, 3, 5, 5, generator=generator, dtype=torch.float64)
+    scale = torch.rand(2, 3, 5, generator=generator, dtype=torch.float64) + 0.5
+    assert torch.autograd.gradcheck(
+        symmetric_scale, (mat.requires_grad_(), scale.requires_grad_()))
+
+
+class _WrittenOutUFOBlock(nn.Module):
+    """A UFO block computing ``x + gamma * branch(x)`` literally."""
+
+    def __init__(self, block: UFOBlock):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, hw_shape):
+        block = self.block
+        x = x + block.gamma1 * block.attn(block.norm1(x))
+        x = x + block.gamma2 * block.lpi(block.norm2(x), hw_shape)
+        return x + block.gamma3 * block.ffn(block.norm3(x))
+
+
+def test_layer_scale_folding_equals_gamma_times_branch():
+    torch.manual_seed(0)
+    block = randomise_affine(UFOBlock(16, num_heads=2)).double()
+    tokens = torch.randn(2, 30, 16, dtype=torch.float64)
+    reference = _WrittenOutUFOBlock(copy.deepcopy(block))
+    folded = outputs_and_gradients(block, [tokens], (5, 6))
+    plain = outputs_and_gradients(reference, [tokens], (5, 6))
+    torch.testing.assert_close(folded[0], plain[0], **TOLERANCE)
+    torch.testing.assert_close(folded[1], plain[1], **TOLERANCE)
+    for name, grad in folded[2].items():
+        torch.testing.assert_close(grad, plain[2]['block.' + name], **TOLERANCE,
+                                   msg=name)
+
+
+def test_ufo_block_keeps_no_branch_output_for_gamma():
+    torch.manual_seed(0)
+    block = UFOBlock(16, num_heads=2).train()
+    tokens = torch.randn(2, 30, 16, requires_grad=True)
+    with SavedTensorRecorder(block) as recorder:
+        block(tokens * 1, (5, 6))
+    kept_by_block = [r for r in recorder.records if r.module == '']
+    # What the block itself keeps (outside its layers) is at most DropPath's
+    # mask: no (2, 30, 16) branch output for the three gammas.
+    assert all(record.shape != (2, 30, 16) for record in kept_by_block)
+
+
+class _StemTokens(nn.Module):
+    """A stem's tokens on given valid regions, for the helpers above."""
+
+    def __init__(self, stem, valid_shapes):
+        super().__init__()
+        self.stem = stem
+        self.valid_shapes = valid_shapes
+
+    def forward(self, x):
+        return self.stem(x, self.valid_shapes)[0]
+
+
+@pytest.mark.parametrize('valid_shapes', [None, [(20, 24), (13, 9)]])
+def test_conv_stem_equals_plain_and_updates_stats_once(valid_shapes, monkeypatch):
+    torch.manual_seed(0)
+    stem = randomise_affine(ConvPatchEmbed([3, 8, 8, 12], [2, 1, 2])).double().train()
+    image = torch.randn(2, 3, 20, 24, dtype=torch.float64)
+    efficient = _StemTokens(stem, valid_shapes)
+    reference = assert_same_as_plain(efficient, [image], [norm_act_conv_module],
+                                     monkeypatch)
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(dict(efficient.named_buffers())[name], buffer,
+                                   rtol=0, atol=0, msg=name)
+    assert all(int(b) == 1 for n, b in efficient.named_buffers()
+               if n.endswith('num_batches_tracked'))
+
+
+def test_conv_stem_keeps_only_batchnorm_inputs():
+    stem = ConvPatchEmbed([3, 8, 8, 12], [2, 1, 2]).train()
+    image = torch.randn(1, 3, 20, 24, requires_grad=True)
+    with SavedTensorRecorder(stem) as recorder:
+        stem(image * 1)
+    maps = sorted(r.shape for r in recorder.records if len(r.shape) == 4
+                  and r.shape[0] == 1)
+    # The image (kept by the first conv) and each BatchNorm's input: no
+    # activation output, no second copy at any resolution.
+    assert maps == [(1, 3, 20, 24), (1, 8, 10, 12), (1, 8, 10, 12), (1, 12, 5, 6)]
+
+
+def test_conv_stem_with_sync_batchnorm_runs_plainly():
+    stem = ConvPatchEmbed([3, 8, 12], [2, 2])
+    stem.proj[1] = nn.SyncBatchNorm(8)
+    assert not norm_act_conv_module._fusable(list(stem.proj), 1)
+    assert norm_act_conv_module._fusable(list(stem.proj), 4)
+
+
+def test_pyramid_upsampling_branch_equals_plain(monkeypatch):
+    torch.manual_seed(0)
+    pyramid = randomise_affine(FeaturePyramidAdapter(8, out_indices=(0, ))).double()
+    feat = torch.randn(2, 8, 3, 4, dtype=torch.float64)
+    assert_same_as_plain(
+        _SingleOutput(pyramid), [feat], [norm_act_conv_module], monkeypatch)
+
+
+class _SingleOutput(nn.Module):
+    """The first map of a module that returns a tuple, for the helpers above."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module([x])[0]
+
+
+class _SummedBackbone(nn.Module):
+    """A backbone's maps, flattened into one tensor."""
+
+    def __init__(self, backbone, valid_shapes):
+        super().__init__()
+        self.backbone = backbone
+        self.valid_shapes = valid_shapes
+
+    def forward(self, x):
+        return torch.cat([out.flatten() for out in self.backbone(x, self.valid_shapes)])
+
+
+@pytest.mark.parametrize('valid_shapes', [None, [(64, 96), (40, 70)]])
+@pytest.mark.parametrize('build', [
+    lambda: SOFT('tiny', solver='newton_closed_form', drop_path_rate=0.,
+                 kernel_chunk_tokens=100),
+    lambda: SOFT('tiny', attention='soft', solver='newton', drop_path_rate=0.),
+    lambda: UFOViT('tiny', drop_path_rate=0.),
+], ids=['soft++-closed-form-chunked', 'soft-newton', 'ufo-vit'])
+def test_backbones_equal_plain_autograd(build, valid_shapes, monkeypatch):
+    torch.manual_seed(0)
+    backbone = randomise_affine(build()).double().train()
+    image = torch.randn(2, 3, 64, 96, dtype=torch.float64)
+    reference = assert_same_as_plain(_SummedBackbone(backbone, valid_shapes), [image],
+                                     MEMORY_SAVING_MODULES, monkeypatch)
+    buffers = dict(backbone.named_buffers(prefix='backbone'))
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(buffers[name], buffer, rtol=0, atol=0, msg=name)
