@@ -42,7 +42,8 @@ def test_training_mode_writes_backbones_detectors_and_capacity(tmp_path):
     done = subprocess.run(
         [sys.executable, str(REPO / 'tools/analysis/benchmark.py'), '--mode',
          'train', '--models', 'soft-tiny', '--sizes', '64x64', '--batch', '2',
-         '--detectors', 'soft++-tiny', '--detector-sizes', '64x64',
+         '--peak-sizes', '64x96', '--detectors', 'soft++-tiny',
+         '--detector-sizes', '64x64',
          '--detector-batch', '1', '--capacity-size', '64x64',
          '--memory-limit-gb', '2', '--repeats', '1', '--warmup', '0',
          '--device', 'cpu', '--out-dir', str(out_dir)],
@@ -53,21 +54,50 @@ def test_training_mode_writes_backbones_detectors_and_capacity(tmp_path):
     backbone, = data['results']
     assert (backbone['mode'], backbone['batch']) == ('forward+backward', 2)
     assert backbone['cpu_seconds'] > 0 and backbone['peak_bytes'] > 0
+    assert 0 < backbone['live_peak_bytes']
     detector, = data['detectors']
     assert (detector['model'], detector['mode'], detector['batch']) == (
         'soft++-tiny', 'train_step', 1)
     assert set(detector['saved_bytes']) >= {'backbone', 'neck', 'rpn_head',
                                             'roi_head'}
     assert all(detector['saved_bytes'][part] > 0 for part in ('backbone', 'neck'))
+    assert detector['live_peak_bytes'] > 0
+    peak, = data['peaks']
+    assert (peak['model'], peak['height'], peak['width']) == ('soft-tiny', 64, 96)
+    assert peak['peak_bytes'] > 0 and 'seconds' not in peak
+    with open(out_dir / 'peaks.csv') as file:
+        assert int(next(csv.DictReader(file))['peak_bytes']) == peak['peak_bytes']
     capacity, = data['capacity']
     peaks = {int(batch): peak for batch, peak in capacity['peaks'].items()}
     assert capacity['largest_batch'] == largest_batch(
         peaks, 2 * 10**9)['largest_batch']
-    assert capacity['method'] == 'linear from batches 1 and 2'
+    assert capacity['method'] == 'linear from the live peaks of batches 1 and 2'
     with open(out_dir / 'detectors.csv') as file:
         row, = csv.DictReader(file)
     assert int(row['saved_backbone']) == detector['saved_bytes']['backbone']
+    assert int(row['live_peak_bytes']) == detector['live_peak_bytes']
     with open(out_dir / 'capacity.csv') as file:
         assert int(next(csv.DictReader(file))['largest_batch']) == \
             capacity['largest_batch']
     assert 'largest batch at 64x64 within 2.0 GB' in done.stdout
+
+
+LIVE_MEMORY_PROBE = """
+import torch
+from mmsoft.analysis.measure import _status_kib, track_live_memory
+track_live_memory()
+before = _status_kib('VmRSS')
+blocks = [torch.ones(2**20) for _ in range(64)]  # 64 x 4 MiB
+held = _status_kib('VmRSS')
+del blocks
+print(held - before, _status_kib('VmRSS') - before)
+"""
+
+
+def test_live_memory_returns_freed_blocks_at_once():
+    done = subprocess.run([sys.executable, '-c', LIVE_MEMORY_PROBE],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    held, after_free = (int(v) for v in done.stdout.split())
+    assert held >= 250 * 1024  # KiB: the 256 MiB were resident
+    assert after_free < 8 * 1024  # and went back to the system when freed

@@ -22,7 +22,8 @@ import torch.nn as nn
 from mmengine.config import Config
 
 from .config_models import build_model_from_config
-from .measure import peak_memory_of, timing_fields
+from .measure import (add_live_memory_flag, peak_memory_of, start_worker,
+                      timing_fields)
 from .saved_tensors import SavedTensorRecorder
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / 'configs'
@@ -122,7 +123,8 @@ def measure_detector(name: str, shape: Tuple[int, int], batch: int = 2,
         device (str): ``'cpu'`` or ``'cuda'``. Default: ``'cpu'``.
         warmup (int): Untimed iterations after the memory-measuring one.
             Default: 0.
-        repeats (int): Timed iterations. Default: 1.
+        repeats (int): Timed iterations; 0 measures the peak only.
+            Default: 1.
 
     Returns:
         dict: ``seconds`` (median), ``all_seconds``, ``cpu_seconds``
@@ -138,6 +140,8 @@ def measure_detector(name: str, shape: Tuple[int, int], batch: int = 2,
                   threads=torch.get_num_threads(),
                   params=sum(p.numel() for p in model.parameters()))
     result['peak_bytes'] = peak_memory_of(step, torch.device(device))
+    if repeats == 0:  # memory only
+        return result
     result.update(timing_fields(step, torch.device(device), warmup, repeats))
     result['saved_bytes'] = saved_bytes_by_component(model, data)
     return result
@@ -153,7 +157,9 @@ def main():
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--warmup', type=int, default=0)
     parser.add_argument('--repeats', type=int, default=1)
+    add_live_memory_flag(parser)
     args = parser.parse_args()
+    start_worker(args)
     result = measure_detector(args.name, (args.height, args.width), args.batch,
                               args.device, args.warmup, args.repeats)
     print('RESULT ' + json.dumps(result))

@@ -6,14 +6,46 @@ the peak. On CPU the peak is the growth of the process's resident set
 high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``) during one
 forward (or forward + backward); on CUDA it is
 ``torch.cuda.max_memory_allocated`` above the memory held before the call.
+
+The resident set also holds memory glibc's allocator keeps after it is
+freed (it raises its mmap threshold as large blocks are freed and keeps heap
+memory mapped), so on CPU it overstates what the tensors need, by however
+much the allocation pattern fragments the heap. With ``--live-memory`` the
+worker first fixes glibc's mmap threshold (:func:`track_live_memory`): every
+allocation of 64 KiB or more is then its own mapping, returned on free, and
+the high-water mark is the peak of live memory, the figure CUDA's
+``max_memory_allocated`` gives on a GPU. That worker measures memory only:
+the extra mappings slow it down.
 """
 import argparse
+import ctypes
+import ctypes.util
 import json
 import statistics
 import time
 from typing import Callable, Dict, Tuple
 
 import torch
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+LIVE_MEMORY_THRESHOLD = 64 * 1024
+
+
+def track_live_memory() -> None:
+    """Makes this process's resident set follow its live allocations.
+
+    Fixes glibc's mmap threshold at 64 KiB, which also turns off its dynamic
+    raising: larger blocks are mapped on allocation and unmapped on free.
+
+    Raises:
+        RuntimeError: When the C library does not accept the setting (not
+            glibc).
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library('c'))
+    if libc.mallopt(M_MMAP_THRESHOLD, LIVE_MEMORY_THRESHOLD) != 1:
+        raise RuntimeError('mallopt(M_MMAP_THRESHOLD) failed: --live-memory needs '
+                           'glibc on Linux.')
 
 
 def _status_kib(field: str) -> int:
@@ -143,7 +175,7 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
             train mode, the sum of its outputs' means as the loss) instead of
             forward. Default: False.
         warmup (int): Untimed calls first. Default: 1.
-        repeats (int): Timed calls. Default: 3.
+        repeats (int): Timed calls; 0 measures memory only. Default: 3.
         flops (bool): Also count FLOPs (mmsoft's handles). Default: False.
         batch (int): Images per call. Default: 1.
 
@@ -163,8 +195,9 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
                   threads=torch.get_num_threads(),
                   params=sum(p.numel() for p in model.parameters()))
     result['peak_bytes'] = peak_memory_bytes(model, images, backward)
-    result.update(timing_fields(lambda: run_once(model, images, backward),
-                                images.device, warmup, repeats))
+    if repeats > 0:
+        result.update(timing_fields(lambda: run_once(model, images, backward),
+                                    images.device, warmup, repeats))
     if flops:
         from .flop_handles import count_flops
         model.eval()
@@ -172,6 +205,20 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
             total, _ = count_flops(model, (images, ))
         result['gflops'] = total / 1e9
     return result
+
+
+def add_live_memory_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds a worker's ``--live-memory`` flag."""
+    parser.add_argument('--live-memory', action='store_true',
+                        help='measure the peak of live memory only (see '
+                        'track_live_memory); no timing')
+
+
+def start_worker(args: argparse.Namespace) -> None:
+    """With ``--live-memory``: tracks live memory and times nothing."""
+    if args.live_memory:
+        track_live_memory()
+        args.warmup, args.repeats = 0, 0
 
 
 def parse_size(text: str) -> Tuple[int, int]:
@@ -199,7 +246,9 @@ def main():
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--flops', action='store_true')
     parser.add_argument('--batch', type=int, default=1)
+    add_live_memory_flag(parser)
     args = parser.parse_args()
+    start_worker(args)
     result = measure(args.spec, (args.height, args.width), args.device,
                      args.backward, args.warmup, args.repeats, args.flops,
                      args.batch)

@@ -8,9 +8,16 @@ built in the same environment. Results: ``results.json``, ``results.csv`` and
 ``--mode train`` measures training: forward plus backward of each backbone
 at ``--batch`` images; ``--detectors`` adds one Mask R-CNN training
 iteration per detector (``detectors.csv``, with the bytes autograd keeps in
-the backbone, neck and heads); ``--capacity-size`` adds the largest training
+the backbone, neck and heads); ``--peak-sizes`` adds untimed training peaks at more
+sizes (``peaks.csv``); ``--capacity-size`` adds the largest training
 batch within ``--memory-limit-gb`` per backbone, extrapolated linearly from
 batches 1 and 2 (``capacity.csv``).
+
+On CPU every measurement runs twice: once for time and the peak resident
+set (``peak_bytes``), once more in a process whose allocator returns freed
+memory at once, for the peak of live memory (``live_peak_bytes``, what a
+GPU's ``max_memory_allocated`` reports; see :mod:`mmsoft.analysis.measure`).
+The batch capacity uses the live peaks. ``--no-live-memory`` skips it.
 
 Example::
 
@@ -65,6 +72,9 @@ def parse_args():
     parser.add_argument('--detector-sizes', nargs='+', type=parse_size,
                         default=[(800, 1333)], help='detector image sizes HxW')
     parser.add_argument('--detector-batch', type=int, default=2)
+    parser.add_argument('--peak-sizes', nargs='*', type=parse_size, default=[],
+                        help='sizes HxW at which only the training peak of each '
+                        'backbone is measured, untimed (peaks.csv)')
     parser.add_argument('--capacity-size', type=parse_size, default=None,
                         help='size HxW at which to find each backbone\'s largest '
                         'training batch')
@@ -74,6 +84,9 @@ def parse_args():
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--flops', action='store_true',
                         help='also count FLOPs of each run')
+    parser.add_argument('--no-live-memory', action='store_true',
+                        help='on CPU, skip the second run of each measurement '
+                        'that finds the peak of live memory')
     parser.add_argument('--timeout', type=float, default=900,
                         help='seconds allowed per measurement')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
@@ -97,8 +110,25 @@ def run_command(command, base, timeout):
     return dict(base, seconds=None, error=tail[0] if tail else f'exit {done.returncode}')
 
 
+def measures_live_memory(args) -> bool:
+    """Whether each measurement gets a second, live-memory run."""
+    return args.device == 'cpu' and not args.no_live_memory
+
+
+def with_live_peak(command, base, args):
+    """Runs a worker, then (on CPU) the same with ``--live-memory``, and
+    returns the first result with ``live_peak_bytes`` from the second."""
+    result = run_command(command, base, args.timeout)
+    if result.get('seconds') is None or not measures_live_memory(args):
+        return result
+    live = run_command(command + ['--live-memory'], base, args.timeout)
+    if 'peak_bytes' not in live:
+        return dict(result, error=f"live memory: {live.get('error')}")
+    return dict(result, live_peak_bytes=live['peak_bytes'])
+
+
 def run_worker(spec, size, args, batch=None):
-    """Measures one (spec, size) in a child process; returns its result."""
+    """Measures one (spec, size) in child processes; returns its result."""
     batch = args.batch if batch is None else batch
     command = [sys.executable, '-m', 'mmsoft.analysis.measure', spec, str(size[0]),
                str(size[1]), '--device', args.device, '--warmup',
@@ -107,17 +137,29 @@ def run_worker(spec, size, args, batch=None):
     command += ['--backward'] * (args.mode == 'train') + ['--flops'] * args.flops
     base = dict(model=spec, height=size[0], width=size[1], device=args.device,
                 batch=batch)
-    return run_command(command, base, args.timeout)
+    return with_live_peak(command, base, args)
 
 
 def run_detector_worker(name, size, args):
-    """Measures one detector training iteration in a child process."""
+    """Measures one detector training iteration in child processes."""
     command = [sys.executable, '-m', 'mmsoft.analysis.detector_step', name,
                str(size[0]), str(size[1]), '--batch', str(args.detector_batch),
                '--device', args.device, '--warmup', str(args.warmup),
                '--repeats', str(args.repeats)]
     base = dict(model=name, height=size[0], width=size[1], device=args.device,
                 mode='train_step', batch=args.detector_batch)
+    return with_live_peak(command, base, args)
+
+
+def peak_only(spec, size, args, batch):
+    """The training peak of one (spec, size, batch), untimed: the live peak
+    on CPU (unless ``--no-live-memory``), the device's peak otherwise."""
+    command = [sys.executable, '-m', 'mmsoft.analysis.measure', spec, str(size[0]),
+               str(size[1]), '--device', args.device, '--backward', '--batch',
+               str(batch), '--warmup', '0', '--repeats', '0']
+    command += ['--live-memory'] * measures_live_memory(args)
+    base = dict(model=spec, height=size[0], width=size[1], device=args.device,
+                batch=batch)
     return run_command(command, base, args.timeout)
 
 
@@ -126,13 +168,15 @@ def capacity_of(spec, args):
     size = args.capacity_size
     peaks = {}
     for batch in (1, 2):
-        result = run_worker(spec, size, args, batch=batch)
-        if result.get('seconds') is None:
+        result = peak_only(spec, size, args, batch)
+        if 'peak_bytes' not in result:
             return dict(model=spec, error=result['error'])
         peaks[batch] = result['peak_bytes']
     found = largest_batch(peaks, int(args.memory_limit_gb * 1e9))
+    kind = 'live peaks' if measures_live_memory(args) else 'peaks'
     return dict(model=spec, height=size[0], width=size[1],
-                limit_gb=args.memory_limit_gb, method='linear from batches 1 and 2',
+                limit_gb=args.memory_limit_gb,
+                method=f'linear from the {kind} of batches 1 and 2',
                 peaks=peaks, **found)
 
 
@@ -140,7 +184,10 @@ def describe(result):
     """One line of progress for a measurement."""
     if result.get('seconds') is None:
         return f"failed: {result['error']}"
-    return f"{result['seconds']:.3f} s, {result['peak_bytes'] / 2**20:.0f} MiB"
+    line = f"{result['seconds']:.3f} s, {result['peak_bytes'] / 2**20:.0f} MiB"
+    if 'live_peak_bytes' in result:
+        line += f" ({result['live_peak_bytes'] / 2**20:.0f} MiB live)"
+    return line
 
 
 def main():
@@ -161,7 +208,7 @@ def main():
     jobs = [('backbone', spec, size) for spec in args.models for size in args.sizes]
     jobs += [('detector', name, size) for name in args.detectors
              for size in args.detector_sizes]
-    sections = dict(results=[], detectors=[], capacity=[])
+    sections = dict(results=[], detectors=[], capacity=[], peaks=[])
     for index, (kind, name, size) in enumerate(jobs, 1):
         print(f'[{index}/{len(jobs)}] {name} {size[0]}x{size[1]} ...', end=' ',
               flush=True)
@@ -174,6 +221,13 @@ def main():
         print(describe(result), flush=True)
         write_results(sections['results'], meta, args.out_dir,
                       sections['detectors'], sections['capacity'])
+    for spec in args.models:
+        for size in args.peak_sizes:
+            result = peak_only(spec, size, args, args.batch)
+            sections['peaks'].append(result)
+            print(f'{spec} {size[0]}x{size[1]}: training peak ' + (
+                f"{result['peak_bytes'] / 2**20:.0f} MiB" if 'peak_bytes' in result
+                else f"failed: {result['error']}"), flush=True)
     if args.capacity_size is not None:
         args.mode = 'train'
         for spec in args.models:
@@ -183,7 +237,8 @@ def main():
                   f"{args.capacity_size[1]} within {args.memory_limit_gb} GB: "
                   f"{found.get('largest_batch', found.get('error'))}", flush=True)
     paths = write_results(sections['results'], meta, args.out_dir,
-                          sections['detectors'], sections['capacity'])
+                          sections['detectors'], sections['capacity'],
+                          sections['peaks'])
     print('written: ' + ', '.join(paths.values()))
 
 

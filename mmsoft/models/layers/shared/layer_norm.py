@@ -2,16 +2,13 @@
 
 Autograd's LayerNorm keeps its input x for backward. In a transformer block
 the output y is kept anyway, by the Linear or convolution that consumes it,
-so keeping x as well costs one token-width tensor per norm. Here backward
-recovers the normalised tensor from the output, ``x_hat = (y - beta) /
-gamma``, and keeps only y and the per-token ``rstd``: the same gradients,
-one token-width tensor fewer per norm, in pre-norm blocks (x is the residual
+so keeping x as well costs one token-width tensor per norm. Here forward
+keeps y and the per-token mean and ``rstd`` only, and backward rebuilds the
+input, ``x = x_hat / rstd + mean`` with ``x_hat = (y - beta) / gamma``, and
+runs PyTorch's own LayerNorm backward on it: the same gradients, one
+token-width tensor fewer per norm, in pre-norm blocks (x is the residual
 stream, kept by nobody else) and in post-norm blocks (x is the residual sum)
-alike.
-
-Gradients, with ``G = dL/dy`` and ``g = G * gamma`` over the C channels:
-``dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))``,
-``dgamma = sum G * x_hat``, ``dbeta = sum G``.
+alike. The rebuilt x is as precise as a stored float x would be.
 
 Dividing by ``gamma`` loses precision where ``|gamma|`` is tiny and is
 impossible where it is zero, so a norm with any ``|gamma| < MIN_ABS_WEIGHT``
@@ -28,36 +25,36 @@ from .autograd_state import records_gradient
 MIN_ABS_WEIGHT = 1e-3
 
 
-def _leading_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """(..., C) -> (C, ): the sum over every leading dimension."""
-    return tensor.reshape(-1, tensor.shape[-1]).sum(0)
-
-
 class LayerNormFromOutput(torch.autograd.Function):
     """Autograd function of :func:`layer_norm_from_output`."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        out, _, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
-        ctx.save_for_backward(out, weight, bias, rstd)  # rstd: (..., 1)
+        out, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
+        ctx.save_for_backward(out, weight, bias, mean, rstd)  # mean, rstd: (..., 1)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        out, weight, bias, rstd = ctx.saved_tensors
-        normalised = out if bias is None else out - bias  # (..., C)
-        if weight is not None:
-            normalised = normalised / weight
-            scaled_grad = grad_out * weight  # g
-        else:
-            scaled_grad = grad_out
-        mean_grad = scaled_grad.mean(-1, keepdim=True)  # (..., 1)
-        mean_projection = (scaled_grad * normalised).mean(-1, keepdim=True)
-        grad_x = rstd * (scaled_grad - mean_grad - normalised * mean_projection)
-        grad_weight = (_leading_sum(grad_out * normalised)
-                       if ctx.needs_input_grad[1] else None)
-        grad_bias = _leading_sum(grad_out) if ctx.needs_input_grad[2] else None
+        out, weight, bias, mean, rstd = ctx.saved_tensors
+        x = input_from_output(out, weight, bias, mean, rstd)  # (..., C)
+        grad_x, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
+            grad_out, x, x.shape[-1:], mean, rstd, weight, bias,
+            [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+             ctx.needs_input_grad[2]])
         return grad_x, grad_weight, grad_bias, None
+
+
+def input_from_output(out: torch.Tensor, weight: Optional[torch.Tensor],
+                      bias: Optional[torch.Tensor], mean: torch.Tensor,
+                      rstd: torch.Tensor) -> torch.Tensor:
+    """The LayerNorm input that gave ``out``: ``x_hat / rstd + mean`` with
+    ``x_hat = (out - beta) / gamma``. Shapes (..., C), (C, ), (C, ),
+    (..., 1), (..., 1) -> (..., C)."""
+    normalised = out if bias is None else out - bias
+    if weight is not None:
+        normalised = normalised.div_(weight) if bias is not None else normalised / weight
+    return torch.addcdiv(mean, normalised, rstd)
 
 
 def layer_norm_from_output(x: torch.Tensor, weight: Optional[torch.Tensor],

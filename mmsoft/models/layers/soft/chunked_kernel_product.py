@@ -95,22 +95,34 @@ class ChunkedKernelProduct(torch.autograd.Function):
         grad_summary = middle.transpose(-1, -2) @ grad_right  # (B, h, m, d)
         grad_queries = torch.empty_like(queries)
         grad_values = torch.empty_like(values)
-        grad_bottleneck = torch.zeros_like(bottleneck)
-        bottleneck_weight = torch.zeros_like(bottleneck[..., :1])  # (B, h, m, 1)
+        dims = queries.shape[-1]
+        # One product gives both dK1 terms: [G, V] [T, dS]^T.
+        right_and_grad = torch.cat((right, grad_summary), -1)  # (B, h, m, 2d)
+        # A column of ones makes each product also return the row or column
+        # sums of dE: [L, 1] and [Q, 1].
+        bottleneck_ones = _with_ones(bottleneck)  # (B, h, m, d + 1)
+        bottleneck_grad = torch.zeros_like(bottleneck_ones)  # [dE^T Q, colsum dE]
         for start, end in chunks:
             q = queries[..., start:end, :] * scale  # (B, h, c, d)
             kernel = (gaussian_kernel(q, bottleneck) if whole_kernel is None
                       else whole_kernel)  # (B, h, c, m)
             grad_values[..., start:end, :] = kernel @ grad_summary
-            grad_kernel = grad_out[..., start:end, :] @ right.transpose(-1, -2)
-            grad_kernel += values[..., start:end, :] @ grad_summary.transpose(-1, -2)
-            grad_exponent = grad_kernel.mul_(kernel)  # (B, h, c, m)
+            grad_and_values = torch.cat((grad_out[..., start:end, :],
+                                         values[..., start:end, :]), -1)  # (B,h,c,2d)
+            grad_kernel = grad_and_values @ right_and_grad.transpose(-1, -2)
+            grad_exponent = grad_kernel.mul_(kernel)  # dE, (B, h, c, m)
+            query_grad = grad_exponent @ bottleneck_ones  # [dE L, rowsum dE]
             grad_queries[..., start:end, :] = scale * (
-                grad_exponent @ bottleneck - grad_exponent.sum(-1, keepdim=True) * q)
-            grad_bottleneck += grad_exponent.transpose(-1, -2) @ q
-            bottleneck_weight += grad_exponent.sum(-2).unsqueeze(-1)
-        grad_bottleneck -= bottleneck_weight * bottleneck
+                query_grad[..., :dims] - query_grad[..., dims:] * q)
+            bottleneck_grad += grad_exponent.transpose(-1, -2) @ _with_ones(q)
+        grad_bottleneck = (bottleneck_grad[..., :dims]
+                           - bottleneck_grad[..., dims:] * bottleneck)
         return grad_queries, grad_bottleneck, grad_middle, grad_values, None, None
+
+
+def _with_ones(points: torch.Tensor) -> torch.Tensor:
+    """(..., n, d) -> (..., n, d + 1) with a last column of ones."""
+    return torch.cat((points, torch.ones_like(points[..., :1])), -1)
 
 
 def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
