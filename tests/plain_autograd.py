@@ -5,9 +5,13 @@ False in its modules, i.e. every operation recorded by autograd as written.
 Loaded by path (``runpy``) from the memory-efficiency tests.
 """
 import copy
+import importlib
 
 import torch
 
+# The package exports the function ufo_attention under the module's name.
+ufo_attention_module = importlib.import_module(
+    'mmsoft.models.layers.ufo_vit.ufo_attention')
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 

@@ -6,7 +6,6 @@ modules (every operation then recorded by autograd as written); LayerScale
 folding is compared with ``gamma * branch(x)`` written out.
 """
 import copy
-import importlib
 import os.path as osp
 import runpy
 
@@ -21,21 +20,20 @@ import mmsoft.models.layers.soft.soft_attention as soft_attention_module
 import mmsoft.models.layers.ufo_vit.local_patch_interaction as lpi_module
 from mmsoft.analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.models.backbones import SOFT, UFOViT
-from mmsoft.models.layers.shared import ConvPatchEmbed, FeaturePyramidAdapter
+from mmsoft.models.layers.shared import MLP, ConvPatchEmbed, FeaturePyramidAdapter
 from mmsoft.models.layers.shared.layer_norm import (MIN_ABS_WEIGHT,
                                                     LayerNormSavingOutput)
 from mmsoft.models.layers.soft.soft_attention import symmetric_scale
 from mmsoft.models.layers.ufo_vit.ufo_block import UFOBlock
 
-# The package exports the function ufo_attention under the module's name.
-ufo_attention_module = importlib.import_module(
-    'mmsoft.models.layers.ufo_vit.ufo_attention')
-HERE = osp.dirname(osp.abspath(__file__))
-_helpers = runpy.run_path(osp.join(HERE, 'plain_autograd.py'))
-TOLERANCE = _helpers['TOLERANCE']
-outputs_and_gradients = _helpers['outputs_and_gradients']
-assert_same_as_plain = _helpers['assert_same_as_plain']
+_PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
+                                 'plain_autograd.py'))
+TOLERANCE, outputs_and_gradients, assert_same_as_plain, ufo_attention_module = (
+    _PLAIN[name] for name in ('TOLERANCE', 'outputs_and_gradients',
+                              'assert_same_as_plain', 'ufo_attention_module'))
 
+# FFN hidden widths of SOFT-tiny (4 x 64, 128, 320, 512) and UFO-ViT-tiny (4 x 192).
+HIDDEN_WIDTHS = (256, 512, 1280, 2048, 768)
 MEMORY_SAVING_MODULES = [layer_norm_module, mlp_module, norm_act_conv_module,
                          soft_attention_module, lpi_module, ufo_attention_module]
 
@@ -212,7 +210,11 @@ class _SummedBackbone(nn.Module):
                  kernel_chunk_tokens=100),
     lambda: SOFT('tiny', attention='soft', solver='newton', drop_path_rate=0.),
     lambda: UFOViT('tiny', drop_path_rate=0.),
-], ids=['soft++-closed-form-chunked', 'soft-newton', 'ufo-vit'])
+    lambda: SOFT('tiny', solver='newton_closed_form', drop_path_rate=0.,
+                 recompute_ffn=True),
+    lambda: UFOViT('tiny', drop_path_rate=0., recompute_ffn=True),
+], ids=['soft++-closed-form-chunked', 'soft-newton', 'ufo-vit',
+        'soft++-recompute-ffn', 'ufo-vit-recompute-ffn'])
 def test_backbones_equal_plain_autograd(build, valid_shapes, monkeypatch):
     torch.manual_seed(0)
     backbone = randomise_affine(build()).double().train()
@@ -222,3 +224,23 @@ def test_backbones_equal_plain_autograd(build, valid_shapes, monkeypatch):
     buffers = dict(backbone.named_buffers(prefix='backbone'))
     for name, buffer in reference.named_buffers():
         torch.testing.assert_close(buffers[name], buffer, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize('build', [
+    lambda **kw: SOFT('tiny', drop_path_rate=0., **kw),
+    lambda **kw: UFOViT('tiny', drop_path_rate=0., **kw),
+], ids=['soft', 'ufo-vit'])
+def test_recompute_ffn_keeps_no_hidden_layer(build):
+    image = torch.randn(1, 3, 64, 64)
+    kept_hidden = {}
+    for recompute in (False, True):
+        backbone = build(recompute_ffn=recompute).train()
+        assert all(mlp.keep_hidden is not recompute for mlp in backbone.modules()
+                   if isinstance(mlp, MLP))
+        with SavedTensorRecorder(backbone) as recorder:
+            backbone(image)
+        kept_hidden[recompute] = [
+            r for r in recorder.records
+            if r.module.endswith(('ffn', 'mlp')) and len(r.shape) == 3
+            and r.shape[-1] in HIDDEN_WIDTHS]  # (B, N, 4C) token tensors
+    assert kept_hidden[False] and not kept_hidden[True]

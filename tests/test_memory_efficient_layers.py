@@ -22,14 +22,15 @@ from mmsoft.models.layers.shared.recomputed_mlp import recomputed_mlp
 from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
 from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
 
-# The package exports the function ufo_attention under the module's name.
-ufo_attention_module = importlib.import_module(
-    'mmsoft.models.layers.ufo_vit.ufo_attention')
-HERE = osp.dirname(osp.abspath(__file__))
-_helpers = runpy.run_path(osp.join(HERE, 'plain_autograd.py'))
-TOLERANCE = _helpers['TOLERANCE']
-outputs_and_gradients = _helpers['outputs_and_gradients']
-assert_same_as_plain = _helpers['assert_same_as_plain']
+# The package exports the function under the module's name.
+chunked_kernel_product_module = importlib.import_module(
+    'mmsoft.models.layers.soft.chunked_kernel_product')
+
+_PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
+                                 'plain_autograd.py'))
+TOLERANCE, outputs_and_gradients, assert_same_as_plain, ufo_attention_module = (
+    _PLAIN[name] for name in ('TOLERANCE', 'outputs_and_gradients',
+                              'assert_same_as_plain', 'ufo_attention_module'))
 
 
 @pytest.mark.parametrize('variant', ['soft', 'soft++'])
@@ -56,7 +57,12 @@ def test_soft_attention_keeps_no_query_kernel():
     assert all(record.shape[-2:] != (30, 9) for record in recorder.records)
 
 
-def test_one_chunk_backward_equals_several_chunks():
+@pytest.mark.parametrize('backward_chunk', [1024, 6])
+def test_one_chunk_backward_equals_several_chunks(backward_chunk, monkeypatch):
+    # backward_chunk 6: backward slices the one chunk's kernel (and the
+    # several chunks) into 6-token pieces.
+    monkeypatch.setattr(chunked_kernel_product_module, 'BACKWARD_CHUNK',
+                        backward_chunk)
     generator = torch.Generator().manual_seed(0)
     inputs = [0.5 * torch.randn(2, 3, n, 4, generator=generator, dtype=torch.float64)
               for n in (37, 5)]

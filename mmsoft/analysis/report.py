@@ -110,7 +110,8 @@ def plot_scaling(results: List[Dict], path: str, mode: str = 'forward',
         axis.set_xlabel('megapixels per image')
         axis.set_ylabel(label)
         axis.grid(True, which='both', alpha=0.3)
-    time_axis.legend(fontsize=8)
+    if time_axis.lines:
+        time_axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

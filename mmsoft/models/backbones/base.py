@@ -8,6 +8,7 @@ from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...utils import check_frozen_stages, check_image_batch
+from ..layers.shared.mlp import MLP
 from ..layers.shared.valid_region import ValidShapes, check_valid_shapes
 from ..valid_region import registered_valid_shapes
 
@@ -61,6 +62,19 @@ class MultiStageBackbone(BaseModule):
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.min_input_size = min_input_size
+
+    def recompute_ffn_hidden(self, recompute: bool) -> None:
+        """Whether each FFN's backward recomputes its hidden layer.
+
+        With True, training keeps only the FFN's input (C per token) instead
+        of also its hidden layer (4C per token), for one more ``fc1`` matmul
+        per FFN in backward; outputs and gradients are unchanged (see
+        :class:`~mmsoft.models.layers.shared.MLP`). Unlike ``with_cp``,
+        nothing else is recomputed.
+        """
+        for module in self.modules():
+            if isinstance(module, MLP):
+                module.keep_hidden = not recompute
 
     def stage_parts(self, stage: int) -> List:
         """Modules and parameters frozen by ``frozen_stages``.

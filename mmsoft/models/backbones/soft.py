@@ -106,6 +106,10 @@ class SOFT(MultiStageBackbone):
             k >= 1 stages 1..k. Default: -1.
         norm_eval (bool): Keep BatchNorm in eval mode. Default: False.
         with_cp (bool): Gradient checkpointing of blocks. Default: False.
+        recompute_ffn (bool): In training, each FFN's backward recomputes its
+            hidden layer (4C wide) from its input instead of keeping it, for
+            one more matmul per FFN; nothing else is recomputed and outputs
+            and gradients are unchanged. Default: False.
         convert_weights (bool): ``init_cfg=dict(type='Pretrained',
             checkpoint=...)`` names a reference (official) SOFT / SOFT++
             ImageNet checkpoint, converted while loading (see
@@ -132,6 +136,7 @@ class SOFT(MultiStageBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 recompute_ffn: bool = False,
                  convert_weights: bool = False,
                  init_cfg: Optional[dict] = None):
         super().__init__(in_channels, NUM_STAGES, frozen_stages, norm_eval,
@@ -182,6 +187,7 @@ class SOFT(MultiStageBackbone):
             self.stages.append(nn.ModuleList(
                 self._block(i, rate, attn_kwargs) for rate in rates))
         self.norm = LayerNormSavingOutput(self.embed_dims[3], eps=1e-6)
+        self.recompute_ffn_hidden(recompute_ffn)
 
     def _patch_embed(self, stage: int) -> ConvPatchEmbed:
         """Stage 1: three convs (strides 2, 1, 2); later stages: one stride-2 conv."""

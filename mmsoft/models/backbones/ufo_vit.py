@@ -86,6 +86,10 @@ class UFOViT(MultiStageBackbone):
             and their resampling branches. Default: -1.
         norm_eval (bool): Keep BatchNorm layers in eval mode. Default: False.
         with_cp (bool): Gradient checkpointing of blocks. Default: False.
+        recompute_ffn (bool): In training, each FFN's backward recomputes its
+            hidden layer (4C wide) from its input instead of keeping it, for
+            one more matmul per FFN; nothing else is recomputed and outputs
+            and gradients are unchanged. Default: False.
         init_cfg (dict, optional): Initialization config. With
             ``type='Pretrained'`` the checkpoint (optionally only the entries
             under ``prefix``) is loaded strictly: any missing (other than the
@@ -104,6 +108,7 @@ class UFOViT(MultiStageBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 recompute_ffn: bool = False,
                  init_cfg: Optional[dict] = None):
         super().__init__(in_channels, NUM_STAGES, frozen_stages, norm_eval,
                          with_cp, min_input_size=32, init_cfg=init_cfg)
@@ -136,6 +141,7 @@ class UFOViT(MultiStageBackbone):
                      drop_rate, rate, layer_scale_init_value,
                      settings['lpi_kernel_size']) for rate in drop_path_rates)
         self.pyramid = FeaturePyramidAdapter(dims, self.out_indices)
+        self.recompute_ffn_hidden(recompute_ffn)
 
     @staticmethod
     def _check_arch(settings: dict) -> None:

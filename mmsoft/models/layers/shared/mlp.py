@@ -31,11 +31,16 @@ class MLP(nn.Module):
         hidden_dims (int): Hidden width.
         act_layer (type): Activation class. Default: ``nn.GELU``.
         drop (float): Dropout after the activation and the output. Default: 0.
+        keep_hidden (bool): Keep ``fc1``'s output for backward (True) or
+            recompute it from the input as well (False: a hidden-width
+            tensor less for one more ``fc1`` matmul). Default: True.
     """
 
     def __init__(self, in_dims: int, hidden_dims: int,
-                 act_layer: type = nn.GELU, drop: Optional[float] = 0.):
+                 act_layer: type = nn.GELU, drop: Optional[float] = 0.,
+                 keep_hidden: bool = True):
         super().__init__()
+        self.keep_hidden = keep_hidden
         self.fc1 = nn.Linear(in_dims, hidden_dims)
         self.act = act_layer()
         self.fc2 = nn.Linear(hidden_dims, in_dims)
@@ -50,7 +55,8 @@ class MLP(nn.Module):
         """
         weight2, bias2 = scaled_parameters(self.fc2, out_scale)
         if self._recompute_hidden(x):
-            return recomputed_mlp(x, self.fc1, self.act, weight2, bias2)
+            return recomputed_mlp(x, self.fc1, self.act, weight2, bias2,
+                                  self.keep_hidden)
         hidden = self.drop(self.act(self.fc1(x)))
         return self.drop(F.linear(hidden, weight2, bias2))
 

@@ -27,6 +27,8 @@ import torch
 
 from .gaussian_kernel import gaussian_kernel
 
+BACKWARD_CHUNK = 1024  # tokens per slice of backward's N x m temporaries
+
 
 def _chunks(tokens: int, chunk: int):
     return [(start, min(start + chunk, tokens)) for start in range(0, tokens, chunk)]
@@ -82,13 +84,16 @@ class ChunkedKernelProduct(torch.autograd.Function):
     def backward(ctx, grad_out):
         queries, bottleneck, middle, values, summary, right = ctx.saved_tensors
         scale = ctx.query_scale
-        chunks = _chunks(queries.shape[-2], ctx.chunk)
+        tokens = queries.shape[-2]
+        # Backward's N x m temporaries (the kernel's rows and their gradient)
+        # come in slices of at most BACKWARD_CHUNK tokens: same products,
+        # smaller peak.
+        step = min(ctx.chunk, BACKWARD_CHUNK)
         # One chunk: its kernel serves both passes, evaluated once.
         whole_kernel = (gaussian_kernel(queries * scale, bottleneck)
-                        if len(chunks) == 1 else None)  # (B, h, N, m)
+                        if tokens <= ctx.chunk else None)  # (B, h, N, m)
         if whole_kernel is None:
-            grad_right = kernel_summary(queries, bottleneck, grad_out, ctx.chunk,
-                                        scale)
+            grad_right = kernel_summary(queries, bottleneck, grad_out, step, scale)
         else:
             grad_right = whole_kernel.transpose(-1, -2) @ grad_out  # dT
         grad_middle = grad_right @ summary.transpose(-1, -2)  # (B, h, m, m)
@@ -102,10 +107,10 @@ class ChunkedKernelProduct(torch.autograd.Function):
         # sums of dE: [L, 1] and [Q, 1].
         bottleneck_ones = _with_ones(bottleneck)  # (B, h, m, d + 1)
         bottleneck_grad = torch.zeros_like(bottleneck_ones)  # [dE^T Q, colsum dE]
-        for start, end in chunks:
+        for start, end in _chunks(tokens, step):
             q = queries[..., start:end, :] * scale  # (B, h, c, d)
             kernel = (gaussian_kernel(q, bottleneck) if whole_kernel is None
-                      else whole_kernel)  # (B, h, c, m)
+                      else whole_kernel[..., start:end, :])  # (B, h, c, m)
             grad_values[..., start:end, :] = kernel @ grad_summary
             grad_and_values = torch.cat((grad_out[..., start:end, :],
                                          values[..., start:end, :]), -1)  # (B,h,c,2d)
