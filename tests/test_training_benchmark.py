@@ -44,7 +44,10 @@ def test_training_mode_writes_backbones_detectors_and_capacity(tmp_path):
          'train', '--models', 'soft-tiny', '--sizes', '64x64', '--batch', '2',
          '--peak-sizes', '64x96', '--detectors', 'soft++-tiny',
          '--detector-sizes', '64x64',
-         '--detector-batch', '1', '--capacity-size', '64x64',
+         # Large enough that a second image's activations (about 50 MB)
+         # stand out from the first call's library set-up (about 160 MB,
+         # varying by a few MB) in both measured peaks.
+         '--detector-batch', '1', '--capacity-size', '256x256',
          '--memory-limit-gb', '2', '--repeats', '1', '--warmup', '0',
          '--device', 'cpu', '--out-dir', str(out_dir)],
         capture_output=True, text=True, timeout=900)
@@ -79,7 +82,7 @@ def test_training_mode_writes_backbones_detectors_and_capacity(tmp_path):
     with open(out_dir / 'capacity.csv') as file:
         assert int(next(csv.DictReader(file))['largest_batch']) == \
             capacity['largest_batch']
-    assert 'largest batch at 64x64 within 2.0 GB' in done.stdout
+    assert 'largest batch at 256x256 within 2.0 GB' in done.stdout
 
 
 LIVE_MEMORY_PROBE = """
