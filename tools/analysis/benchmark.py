@@ -127,17 +127,27 @@ def with_live_peak(command, base, args):
     return dict(result, live_peak_bytes=live['peak_bytes'])
 
 
+def backbone_command(spec, size, args, batch, warmup, repeats, backward):
+    """The worker command line measuring one backbone (spec, size, batch)."""
+    command = [sys.executable, '-m', 'mmsoft.analysis.measure', spec, str(size[0]),
+               str(size[1]), '--device', args.device, '--warmup', str(warmup),
+               '--repeats', str(repeats), '--batch', str(batch)]
+    return command + ['--backward'] * backward
+
+
+def backbone_base(spec, size, args, batch):
+    """What a failed backbone measurement still reports."""
+    return dict(model=spec, height=size[0], width=size[1], device=args.device,
+                batch=batch)
+
+
 def run_worker(spec, size, args, batch=None):
     """Measures one (spec, size) in child processes; returns its result."""
     batch = args.batch if batch is None else batch
-    command = [sys.executable, '-m', 'mmsoft.analysis.measure', spec, str(size[0]),
-               str(size[1]), '--device', args.device, '--warmup',
-               str(args.warmup), '--repeats', str(args.repeats), '--batch',
-               str(batch)]
-    command += ['--backward'] * (args.mode == 'train') + ['--flops'] * args.flops
-    base = dict(model=spec, height=size[0], width=size[1], device=args.device,
-                batch=batch)
-    return with_live_peak(command, base, args)
+    command = backbone_command(spec, size, args, batch, args.warmup, args.repeats,
+                               backward=args.mode == 'train')
+    command += ['--flops'] * args.flops
+    return with_live_peak(command, backbone_base(spec, size, args, batch), args)
 
 
 def run_detector_worker(name, size, args):
@@ -154,13 +164,9 @@ def run_detector_worker(name, size, args):
 def peak_only(spec, size, args, batch):
     """The training peak of one (spec, size, batch), untimed: the live peak
     on CPU (unless ``--no-live-memory``), the device's peak otherwise."""
-    command = [sys.executable, '-m', 'mmsoft.analysis.measure', spec, str(size[0]),
-               str(size[1]), '--device', args.device, '--backward', '--batch',
-               str(batch), '--warmup', '0', '--repeats', '0']
+    command = backbone_command(spec, size, args, batch, 0, 0, backward=True)
     command += ['--live-memory'] * measures_live_memory(args)
-    base = dict(model=spec, height=size[0], width=size[1], device=args.device,
-                batch=batch)
-    return run_command(command, base, args.timeout)
+    return run_command(command, backbone_base(spec, size, args, batch), args.timeout)
 
 
 def capacity_of(spec, args):

@@ -14,7 +14,8 @@ BatchNorm's running statistics are updated once, by the forward pass; the
 recomputation normalises with the statistics the forward pass used (the
 batch's in training, the running ones in eval mode).
 """
-from typing import List, Optional, Sequence
+from functools import partial
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -34,10 +35,10 @@ def normalise_like_forward(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tenso
                         norm.bias, training=batch_stats, eps=norm.eps)
 
 
-def _activated(norm: nn.BatchNorm2d, act: nn.Module, x: torch.Tensor,
-               mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """``act(BN(x))``, zero where ``mask`` (B, 1, H, W) is False."""
-    hidden = act(normalise_like_forward(norm, x))
+def _activated(normalise: Callable[[torch.Tensor], torch.Tensor], act: nn.Module,
+               x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``act(normalise(x))``, zero where ``mask`` (B, 1, H, W) is False."""
+    hidden = act(normalise(x))
     return hidden if mask is None else hidden.masked_fill(~mask, 0.)
 
 
@@ -47,9 +48,7 @@ class NormActConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, mask, norm_weight, norm_bias, conv_weight, conv_bias, layers):
         norm, act, conv = layers
-        hidden = act(norm(x))  # updates the running statistics once
-        if mask is not None:
-            hidden = hidden.masked_fill(~mask, 0.)
+        hidden = _activated(norm, act, x, mask)  # updates the running statistics once
         ctx.save_for_backward(x, mask, conv_weight)
         ctx.layers = layers
         return hidden if conv is None else conv(hidden)
@@ -60,7 +59,8 @@ class NormActConv(torch.autograd.Function):
         norm, act, conv = ctx.layers
         with torch.enable_grad():
             x = x.detach().requires_grad_()
-            hidden = _activated(norm, act, x, mask)  # (B, C, H, W)
+            hidden = _activated(partial(normalise_like_forward, norm), act, x,
+                                mask)  # (B, C, H, W)
         grad_conv_weight = grad_conv_bias = None
         if conv is None:
             grad_hidden = grad_out

@@ -7,8 +7,8 @@ chunk's rows of ``K1``, so both the forward and the backward pass recompute
 the kernel chunk by chunk: memory O(chunk * m + m * d) instead of O(N * m),
 for about three extra kernel evaluations in training (one when all tokens
 fit in one chunk: forward and backward then evaluate the whole kernel once
-each, and it is not kept in between). SOFT attention takes this path in training at every
-token count, so autograd never keeps the kernel. The queries may come
+each, and it is not kept in between). SOFT attention takes this path in
+training at every token count, so autograd never keeps the kernel. The queries may come
 unscaled with their scale ``s`` (``Q = s Q0``): the function then keeps
 ``Q0``, which the query projection's consumers keep anyway, and scales each
 chunk as it goes.

@@ -79,6 +79,11 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
     return query_kernel @ (middle @ summary)  # (B, h, N, d)
 
 
+def _scaled_both_sides(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``diag(d) P diag(d)``: (..., m, m), (..., m) -> (..., m, m)."""
+    return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
+
+
 class SymmetricScale(torch.autograd.Function):
     """Autograd function of :func:`symmetric_scale`: keeps P and d only.
 
@@ -89,15 +94,15 @@ class SymmetricScale(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mat, scale):
         ctx.save_for_backward(mat, scale)
-        return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
+        return _scaled_both_sides(mat, scale)
 
     @staticmethod
     def backward(ctx, grad_out):
         mat, scale = ctx.saved_tensors
         weighted = grad_out * mat  # (..., m, m)
-        column, row = scale.unsqueeze(-1), scale.unsqueeze(-2)
-        grad_mat = grad_out * column * row
-        grad_scale = (weighted @ column + weighted.transpose(-1, -2) @ column)
+        column = scale.unsqueeze(-1)  # (..., m, 1)
+        grad_mat = _scaled_both_sides(grad_out, scale)
+        grad_scale = weighted @ column + weighted.transpose(-1, -2) @ column
         return grad_mat, grad_scale.squeeze(-1)
 
 
@@ -112,7 +117,7 @@ def symmetric_scale(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         Tensor: Shape (..., m, m).
     """
     if not records_gradient(mat, scale):
-        return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
+        return _scaled_both_sides(mat, scale)
     return SymmetricScale.apply(mat, scale)
 
 
