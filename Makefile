@@ -1,26 +1,61 @@
 # Two entry points on a fresh machine: `make demo` and `make test`.
 # Both create .venv/ when missing and install the pinned stack
 # (requirements/*.txt) and mmsoft in editable mode; a second run only checks.
+#
+# `make test` tests both ends of the supported torch range: the full suite in
+# .venv/ (test-stack: torch 2.13, mmcv with its compiled ops), then the suite
+# without the tests marked `mmcv_ops` in .venv-floor/ (test-floor: torch 2.1,
+# mmcv-lite; tools/install_floor_env.sh, requirements/floor*.txt). Both run
+# even when the first fails; the status is a failure if either failed.
+# PYTEST_ARGS is passed to both (a `-m` in it replaces the floor's marker
+# expression: use FLOOR_MARKERS for the floor run).
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.mmsoft-installed
+FLOOR_VENV ?= .venv-floor
+FLOOR_PYTHON := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.mmsoft-installed
+FLOOR_MARKERS ?= not mmcv_ops
 PYTEST_ARGS ?=
+# `make gpu-check` installs nothing: it runs in .venv when there is one, else
+# in the active environment (a CUDA stack, see the README's GPU recipe).
+GPU_CHECK_PYTHON ?= $(if $(wildcard $(PYTHON)),$(PYTHON),python)
+GPU_CHECK_ARGS ?=
 
-.PHONY: install demo test clean-venv
+.PHONY: install install-floor demo test test-stack test-floor gpu-check clean-venv
 
 $(STAMP): requirements/build.txt requirements/mmcv.txt requirements/runtime.txt \
 		requirements/tests.txt requirements/deploy.txt requirements/mim.txt \
-		setup.cfg tools/install_env.sh
+		setup.cfg tools/install_env.sh tools/venv.sh
 	bash tools/install_env.sh $(VENV)
 	touch $(STAMP)
 
+$(FLOOR_STAMP): requirements/floor.txt requirements/floor-nodeps.txt setup.cfg \
+		tools/install_floor_env.sh tools/venv.sh
+	bash tools/install_floor_env.sh $(FLOOR_VENV)
+	touch $(FLOOR_STAMP)
+
 install: $(STAMP)
+
+install-floor: $(FLOOR_STAMP)
 
 demo: $(STAMP)
 	PYTHON="$(abspath $(PYTHON))" bash tools/demo.sh
 
-test: $(STAMP)
+test:
+	@status=0; \
+	$(MAKE) --no-print-directory test-stack || status=1; \
+	$(MAKE) --no-print-directory test-floor || status=1; \
+	exit $$status
+
+test-stack: $(STAMP)
 	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
 
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_PYTHON) -m pytest tests -m "$(FLOOR_MARKERS)" $(PYTEST_ARGS)
+
+gpu-check:
+	$(GPU_CHECK_PYTHON) tools/analysis/gpu_check.py --out work_dirs/gpu_check/gpu_check.json $(GPU_CHECK_ARGS)
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(FLOOR_VENV)

@@ -4,6 +4,7 @@ The plain computation is the same layer with ``records_gradient`` patched to
 False in its modules, i.e. every operation recorded by autograd as written.
 Loaded by path (``runpy``) from the memory-efficiency tests.
 """
+import contextlib
 import copy
 import importlib
 
@@ -22,26 +23,35 @@ def plain_module(module, layer_modules, monkeypatch):
     return module
 
 
-def outputs_and_gradients(module, inputs, *args):
-    """Output, input gradients and parameter gradients of a weighted sum."""
+def outputs_and_gradients(module, inputs, *args, autocast=None):
+    """Output, input gradients and parameter gradients of a weighted sum,
+    the forward under ``torch.autocast('cpu', dtype=autocast)`` when given."""
     inputs = [t.detach().clone().requires_grad_() for t in inputs]
     module.zero_grad(set_to_none=True)
-    out = module(*inputs, *args)
+    context = (contextlib.nullcontext() if autocast is None else
+               torch.autocast('cpu', dtype=autocast))
+    with context:
+        out = module(*inputs, *args)
     weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
     (out * weights).sum().backward()
     return (out.detach(), [t.grad for t in inputs],
             {name: p.grad for name, p in module.named_parameters()})
 
 
-def assert_same_as_plain(module, inputs, layer_modules, monkeypatch, *args):
+def assert_same_as_plain(module, inputs, layer_modules, monkeypatch, *args,
+                         autocast=None, tolerance=None):
+    """The memory-saving ``module`` and its plain-autograd copy give the same
+    output and gradients (within ``tolerance``, default :data:`TOLERANCE`),
+    in float or under autocast."""
+    tolerance = tolerance or TOLERANCE
     reference = copy.deepcopy(module)
-    efficient = outputs_and_gradients(module, inputs, *args)
+    efficient = outputs_and_gradients(module, inputs, *args, autocast=autocast)
     plain_module(reference, layer_modules, monkeypatch)
-    plain = outputs_and_gradients(reference, inputs, *args)
-    torch.testing.assert_close(efficient[0], plain[0], **TOLERANCE)
-    torch.testing.assert_close(efficient[1], plain[1], **TOLERANCE)
+    plain = outputs_and_gradients(reference, inputs, *args, autocast=autocast)
+    torch.testing.assert_close(efficient[0], plain[0], **tolerance)
+    torch.testing.assert_close(efficient[1], plain[1], **tolerance)
     assert efficient[2].keys() == plain[2].keys()
     for name in plain[2]:
-        torch.testing.assert_close(efficient[2][name], plain[2][name], **TOLERANCE,
+        torch.testing.assert_close(efficient[2][name], plain[2][name], **tolerance,
                                    msg=name)
     return reference

@@ -57,7 +57,7 @@ def test_sdpa_flops_by_hand():
 def test_inverse_flops_by_hand():
     from mmengine.analysis import FlopAnalyzer
     analyzer = FlopAnalyzer(InverseModule(), (torch.rand(3, 2, 5, 5), ))
-    analyzer.set_op_handle(**{'prim::PythonOp._KernelInverse':
+    analyzer.set_op_handle(**{'prim::PythonOp._NewtonIterations':
                               kernel_inverse_handle('soft', 'newton', 7)})
     # Two 5x5 products per iteration, 7 iterations, 6 matrices.
     assert analyzer.total() == 6 * 7 * 2 * 5**3
@@ -104,6 +104,7 @@ def test_benchmark_rejects_unknown_model():
     assert "backbone 'resnet-50' is not known" in done.stderr
 
 
+@pytest.mark.mmcv_ops  # the tool builds a Mask R-CNN config
 def test_get_flops_tool_backbone_only(tmp_path):
     config = tmp_path / 'soft_tiny_config.py'
     config.write_text(

@@ -202,6 +202,7 @@ def test_registry_miss_gets_the_import_hint(tmp_path):
     assert 'the config plugin.py (custom_imports: none)' in message
 
 
+@pytest.mark.mmcv_ops  # builds an mmdet model (mmcv._ext)
 def test_build_in_scope_uses_the_scope_registry(det_cfg, detector):
     from mmdet.models.detectors import MaskRCNN
     from mmdet.models.backbones import ResNet as DetResNet
@@ -216,6 +217,7 @@ def test_build_in_scope_uses_the_scope_registry(det_cfg, detector):
         apis.build_in_scope('mmpretrain', resnet)
 
 
+@pytest.mark.mmcv_ops  # builds an mmdet model (mmcv._ext)
 def test_build_in_scope_without_pretrained_weights(det_cfg, tmp_path):
     pretrained = dict(type='Pretrained', checkpoint=str(tmp_path / 'absent.pth'))
     model_cfg = copy.deepcopy(det_cfg.model)
@@ -246,6 +248,7 @@ def test_launcher_options_export_local_rank(monkeypatch):
 
 
 # ----------------------------------------------------------- checkpoints ---
+@pytest.mark.mmcv_ops  # builds an mmdet model (mmcv._ext)
 def test_truncated_checkpoint(detector, tmp_path):
     whole = tmp_path / 'whole.pth'
     torch.save({'state_dict': detector.state_dict()}, whole)
@@ -257,6 +260,7 @@ def test_truncated_checkpoint(detector, tmp_path):
         check_checkpoint_fits(str(truncated), detector, 'demo.py')
 
 
+@pytest.mark.mmcv_ops  # builds an mmdet model (mmcv._ext)
 def test_foreign_checkpoints(detector, tmp_path):
     other = tmp_path / 'resnet.pth'
     torch.save({'state_dict': {'conv1.weight': torch.zeros(64, 3, 7, 7),
@@ -362,6 +366,7 @@ def test_tta_of_mmdet_defaults_to_flips(det_cfg):
     assert {'flip', 'flip_direction'} <= set(pack[0]['meta_keys'])
 
 
+@pytest.mark.mmcv_ops  # builds an mmdet model (mmcv._ext)
 def test_tta_model_is_unwrapped_for_the_checkpoint_check(detector, tmp_path):
     from mmdet.models import DetTTAModel
     checkpoint = tmp_path / 'own.pth'
@@ -421,6 +426,7 @@ def test_inference_options():
         'classes [0, 1, 3]'
 
 
+@pytest.mark.mmcv_ops  # mmdet.apis, a detector
 def test_inference_of_a_config_without_mmsoft(tmp_path):
     config = tmp_path / 'no_import.py'
     config.write_text(f"_base_ = ['{DET_CONFIG}']\ncustom_imports = None\n")

@@ -1,12 +1,14 @@
-"""The backbones on a CUDA device: fp16 autocast (``tools/train.py --amp``),
-batch independence, the chunked kernel product and one training step of a
-Mask R-CNN and an UperNet. Every test is skipped without a GPU.
+"""The backbones on a CUDA device: float16 and bfloat16 autocast
+(``tools/train.py --amp``), batch independence, the chunked kernel product,
+the solver the closed form runs there, and training steps of a Mask R-CNN
+and an UperNet in float32 and under float16 autocast. Every test is skipped
+without a GPU (``make gpu-check`` runs them with a short benchmark).
 """
 import pytest
 import torch
 
 from mmsoft.models.backbones import SOFT, UFOViT
-from mmsoft.models.layers import gaussian_kernel
+from mmsoft.models.layers import gaussian_kernel, kernel_inverse
 from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
 from mmsoft.models.layers.soft.kernel_inverse import SOLVERS
 from mmsoft.testing.dense_models import (backbone_grad_norm, build_mask_rcnn,
@@ -33,12 +35,15 @@ BACKBONES = [pytest.param(lambda s=s: soft_tiny(s), id=f'soft++-{s}')
              for s in SOLVERS] + [pytest.param(ufo_vit_tiny, id='ufo-vit')]
 
 
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
 @pytest.mark.parametrize('make_backbone', BACKBONES)
-def test_fp16_autocast_forward_and_backward(make_backbone):
+def test_autocast_forward_and_backward(make_backbone, dtype):
+    if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        pytest.skip('this GPU has no bfloat16')
     torch.manual_seed(0)
     model = make_backbone().to(DEVICE).train()
     images = torch.randn(2, 3, 256, 320, device=DEVICE)  # (B, 3, H, W)
-    with torch.autocast('cuda', dtype=torch.float16):
+    with torch.autocast('cuda', dtype=dtype):
         outs = model(images)
     assert [o.shape[-2:] for o in outs] == [(256 // s, 320 // s)
                                             for s in (4, 8, 16, 32)]
@@ -80,20 +85,36 @@ def test_chunked_kernel_product_equals_plain_product(dtype, tolerance):
         torch.testing.assert_close(chunked, plain, rtol=tolerance, atol=tolerance)
 
 
-def test_mask_rcnn_training_step():
+def test_closed_form_runs_the_iteration_on_the_gpu():
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    points = 0.5 * torch.randn(1, 2, 20, 8, generator=generator, device=DEVICE)
+    mats = gaussian_kernel(points, points).requires_grad_()
+    inverse = kernel_inverse(mats, 'soft++', 'newton_closed_form')
+    assert type(inverse.grad_fn).__name__ == '_NewtonIterationsBackward'
+    on_cpu = kernel_inverse(mats.detach().cpu(), 'soft++', 'newton_closed_form')
+    torch.testing.assert_close(inverse.detach().cpu(), on_cpu, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.mmcv_ops  # trains Mask R-CNN
+@pytest.mark.parametrize('amp', [False, True], ids=['fp32', 'fp16-autocast'])
+def test_mask_rcnn_training_step(amp):
     model = build_mask_rcnn(dict(type='SOFT', arch='tiny', attention='soft++',
                                  solver='newton_closed_form',
                                  max_bottleneck_tokens=256),
                             SOFT_TINY_CHANNELS).to(DEVICE)
-    losses = detector_train_step(model, size=(128, 160), batch_size=2)
+    with torch.autocast('cuda', dtype=torch.float16, enabled=amp):
+        losses = detector_train_step(model, size=(128, 160), batch_size=2)
     assert {'loss_rpn_cls', 'loss_cls', 'loss_bbox', 'loss_mask'} <= set(losses)
     assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert backbone_grad_norm(model) > 0
 
 
-def test_upernet_training_step():
+@pytest.mark.mmcv_ops  # trains UperNet
+@pytest.mark.parametrize('amp', [False, True], ids=['fp32', 'fp16-autocast'])
+def test_upernet_training_step(amp):
     model = build_upernet(dict(type='UFOViT', arch='tiny'), [192] * 4).to(DEVICE)
-    losses = segmentor_train_step(model, size=(128, 128), batch_size=2)
+    with torch.autocast('cuda', dtype=torch.float16, enabled=amp):
+        losses = segmentor_train_step(model, size=(128, 128), batch_size=2)
     assert 'decode.loss_ce' in losses
     assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert backbone_grad_norm(model) > 0

@@ -153,6 +153,7 @@ def test_ade_layout(small_ade):
         assert 1 in values and len(values) >= 4
 
 
+@pytest.mark.mmcv_ops  # mmseg.datasets imports mmcv.ops
 def test_ade_loads_in_mmseg(small_ade):
     """mmseg's dataset with ADE20K's reduce_zero_label gives labels 0..K."""
     from mmengine.registry import DefaultScope
@@ -174,6 +175,7 @@ def test_ade_loads_in_mmseg(small_ade):
     assert sample['img'].shape[:2] == sample['gt_seg_map'].shape == (96, 128)
 
 
+@pytest.mark.mmcv_ops  # mmdet.datasets imports mmcv.ops
 def test_coco_loads_in_mmdet(small_coco):
     from mmdet.datasets import CocoDataset
     from mmdet.utils import register_all_modules

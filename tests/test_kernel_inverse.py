@@ -1,11 +1,13 @@
 """The inverses of the bottleneck kernel matrix: the Newton iteration, its
 closed form and the exact solvers."""
+import importlib
+
 import pytest
 import torch
 
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
 from mmsoft.models.layers.soft.kernel_inverse import (cholesky_regularised_inverse,
-                                                 newton_closed_form,
+                                                 newton, newton_closed_form,
                                                  newton_divided_differences,
                                                  newton_iterations,
                                                  newton_on_eigenvalues,
@@ -13,6 +15,10 @@ from mmsoft.models.layers.soft.kernel_inverse import (cholesky_regularised_inver
                                                  newton_pseudo_inverse,
                                                  newton_regularised_inverse,
                                                  newton_scale)
+
+# The package exports the function kernel_inverse under the module's name.
+kernel_inverse_module = importlib.import_module(
+    'mmsoft.models.layers.soft.kernel_inverse')
 
 
 def random_kernel_matrices(batch=3, tokens=24, dims=8, spread=0.6, seed=0):
@@ -94,10 +100,98 @@ def test_gradient_is_that_of_the_inverse(variant, solver):
 
 def test_forward_builds_no_graph_of_iterations():
     mats = random_kernel_matrices().requires_grad_()
-    out = kernel_inverse(mats, 'soft', 'newton')
+    out = kernel_inverse(mats, 'soft++', 'newton')
     # One node for the whole inverse, not 20 iterations of matmuls.
-    assert type(out.grad_fn).__name__ == '_KernelInverseBackward'
+    assert type(out.grad_fn).__name__ == '_NewtonIterationsBackward'
     assert out.grad_fn.next_functions[0][0].variable is mats
+
+
+def gradients(solvers, inputs, operand_of, alpha, num_iters, weights):
+    """``d/d inputs`` of ``sum(weights * solve(operand_of(inputs), alpha, k))``
+    for each solve of ``solvers``."""
+    grads = []
+    for solve in solvers:
+        leaf = inputs.clone().requires_grad_()
+        (solve(operand_of(leaf), alpha, num_iters) * weights).sum().backward()
+        grads.append(leaf.grad)
+    return grads
+
+
+def autograd_through_iterations(operand, alpha, num_iters):
+    """The iteration recorded step by step by autograd: the reference."""
+    inverse = alpha * operand
+    for _ in range(num_iters):
+        inverse = 2 * inverse - inverse @ operand @ inverse
+    return inverse
+
+
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+@pytest.mark.parametrize('spread', [0.1, 0.6])
+@pytest.mark.parametrize('num_iters', [0, 1, 3, 20])
+def test_newton_backward_is_the_derivative_of_its_iterations(variant, spread,
+                                                            num_iters):
+    mats = random_kernel_matrices(batch=2, tokens=30, dims=8, spread=spread)
+    alpha = newton_scale(mats, variant)
+    # Weights without symmetry, so that no transpose in backward goes unnoticed.
+    weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(1),
+                          dtype=mats.dtype)
+    solvers = (newton, autograd_through_iterations)
+    grads = gradients(solvers, mats, lambda a: newton_operand(a, variant), alpha,
+                      num_iters, weights)
+    assert relative_error(grads[0], grads[1]) < 1e-10
+    # On a non-symmetric operand as well (the iteration is defined for any P).
+    operand = mats + 0.01 * torch.randn(mats.shape, dtype=mats.dtype)
+    grads = gradients(solvers, operand, lambda p: p, alpha, num_iters, weights)
+    assert relative_error(grads[0], grads[1]) < 1e-10
+
+
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+def test_newton_gradcheck_before_convergence(variant):
+    mats = random_kernel_matrices(batch=2, tokens=8, dims=3, spread=1.0)
+    alpha = newton_scale(mats, variant)  # a constant step size, as in the model
+    # Three steps are far from the inverse: finite differences of the forward
+    # see the iteration's own derivative, not the inverse's.
+    assert torch.autograd.gradcheck(
+        lambda a: newton(newton_operand(a, variant), alpha, 3),
+        (mats.requires_grad_(), ), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+def test_newton_and_closed_form_have_the_same_gradient(variant):
+    mats = random_kernel_matrices(batch=2, tokens=40, dims=16, spread=0.3).unsqueeze(0)
+    weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(2),
+                          dtype=mats.dtype)
+    grads = []
+    for solver in ('newton', 'newton_closed_form'):
+        leaf = mats.clone().requires_grad_()
+        (kernel_inverse(leaf, variant, solver) * weights).sum().backward()
+        grads.append(leaf.grad)
+    assert relative_error(grads[0], grads[1]) < 1e-7
+
+
+def test_newton_keeps_only_its_operand():
+    mats = random_kernel_matrices(batch=2, tokens=12).requires_grad_()
+    shapes = []
+
+    def pack(tensor):
+        shapes.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        kernel_inverse(mats, 'soft++', 'newton')
+    # P (2, 12, 12) and the per-image scale: no iterate is kept.
+    assert sorted(shapes) == [(2, 1, 1), (2, 12, 12)]
+
+
+def test_closed_form_runs_the_iteration_off_the_closed_form_devices(monkeypatch):
+    mats = random_kernel_matrices().requires_grad_()
+    on_cpu = kernel_inverse(mats, 'soft++', 'newton_closed_form')
+    assert type(on_cpu.grad_fn).__name__ == '_NewtonClosedFormBackward'
+    # As on a GPU, where the float64 eigendecomposition is not used.
+    monkeypatch.setattr(kernel_inverse_module, 'CLOSED_FORM_DEVICES', ())
+    iterated = kernel_inverse(mats, 'soft++', 'newton_closed_form')
+    assert type(iterated.grad_fn).__name__ == '_NewtonIterationsBackward'
+    torch.testing.assert_close(iterated, on_cpu, rtol=1e-7, atol=1e-9)
 
 
 def test_unknown_variant_or_solver_raises():
@@ -227,11 +321,8 @@ def test_closed_form_gradient_equals_autograd_through_iterations(variant, spread
     alpha = newton_scale(mats, variant)
     weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(3),
                           dtype=mats.dtype)
-    grads = []
-    for solve in (newton_closed_form, newton_iterations):
-        leaf = mats.clone().requires_grad_()
-        (solve(newton_operand(leaf, variant), alpha, 20) * weights).sum().backward()
-        grads.append(leaf.grad)
+    grads = gradients((newton_closed_form, newton_iterations), mats,
+                      lambda a: newton_operand(a, variant), alpha, 20, weights)
     assert relative_error(grads[0], grads[1]) < 1e-8
 
 

@@ -121,6 +121,7 @@ def _backbone_inputs(model) -> list:
 
 @pytest.mark.parametrize('config, tells_backbone', [(MIXED, True),
                                                     (MIXED_PLAIN, False)])
+@pytest.mark.mmcv_ops  # trains Mask R-CNN
 def test_train_step_on_padded_batch(repo_root, mixed_coco, config,
                                     tells_backbone):
     from mmengine.optim import build_optim_wrapper

@@ -82,6 +82,7 @@ def test_config_names_an_official_file_and_converts_it():
                                 checkpoint='pretrained/soft_tiny_norm.pth')
 
 
+@pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_official_file_loads_through_the_config(official_tiny, tmp_path):
     # Saved as a timm training checkpoint under the name the config expects.
     path = tmp_path / 'soft_tiny_norm.pth'
@@ -94,6 +95,7 @@ def test_official_file_loads_through_the_config(official_tiny, tmp_path):
         assert torch.equal(value, expected[key]), key
 
 
+@pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_tiny_file_in_small_config_lists_the_missing_blocks(official_tiny, tmp_path):
     path = tmp_path / 'soft_small_norm.pth'
     torch.save(official_tiny, path)
@@ -109,6 +111,7 @@ def test_tiny_file_in_small_config_lists_the_missing_blocks(official_tiny, tmp_p
     assert 'more)' in message
 
 
+@pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_plain_soft_file_in_a_soft_plus_plus_config_is_reported(official_tiny,
                                                                  tmp_path):
     # The variants have the same tensors; the metadata tells them apart.
@@ -123,6 +126,7 @@ def test_plain_soft_file_in_a_soft_plus_plus_config_is_reported(official_tiny,
     assert "attention='soft++'" in warnings[0]
 
 
+@pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_classifier_file_under_the_detector_key_path_is_refused(official_tiny,
                                                                 tmp_path):
     path = tmp_path / 'soft_tiny_norm.pth'
@@ -149,6 +153,7 @@ def detector_checkpoint(official_tiny, tmp_path):
     return str(path), backbone
 
 
+@pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_detector_file_as_official_pretrain_is_refused(detector_checkpoint):
     path, _ = detector_checkpoint
     model = config_backbone(TINY_CONFIG, path)
@@ -160,6 +165,7 @@ def test_detector_file_as_official_pretrain_is_refused(detector_checkpoint):
     assert 'convert_weights=False' in message
 
 
+@pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_detector_file_loads_as_mmsoft_layout_with_its_prefix(detector_checkpoint):
     path, backbone = detector_checkpoint
     model = config_backbone(TINY_CONFIG, path, convert_weights=False)

@@ -469,6 +469,7 @@ def section_runs(tmp_path_factory) -> List[dict]:
     return records
 
 
+@pytest.mark.mmcv_ops  # section_runs trains Mask R-CNN
 def test_run_section_commands_work(section_runs):
     assert section_runs, f'no runnable command in "{RUN_SECTION}"'
     for record in section_runs:
@@ -486,6 +487,7 @@ def test_run_section_commands_work(section_runs):
             assert re.search(r'coco/bbox_mAP:? +[0-9.]+', record['output'])
 
 
+@pytest.mark.mmcv_ops  # section_runs trains Mask R-CNN
 def test_launchers_find_the_checkout_venv(section_runs):
     """The shell launchers of the section ran with ``PYTHON`` unset and a
     ``PATH`` whose ``python`` fails: they used ``.venv/bin/python``."""

@@ -185,6 +185,7 @@ def test_gradients_reach_every_stage():
     assert model.stages[0][0].attn.bottleneck_conv.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.mmcv_ops  # imports mmdet.models/mmseg.models
 def test_registered_in_root_registry():
     from mmengine.registry import MODELS
     model = MODELS.build(dict(type='SOFT', arch=tiny_arch()))

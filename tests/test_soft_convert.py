@@ -488,6 +488,7 @@ def config_backbone_with_official_weights(config, official, tmp_path, **override
 
 
 @pytest.mark.parametrize('config, arch', sorted(CONFIG_PARITY.items()))
+@pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_configs_reproduce_the_official_function(config, arch, tmp_path):
     settings = ARCH_SETTINGS[arch]
     official = ref.random_official_state_dict(
@@ -506,6 +507,7 @@ def test_configs_reproduce_the_official_function(config, arch, tmp_path):
     assert max(diffs) < TOLERANCE, diffs
 
 
+@pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_exact_solver_is_another_function_where_newton_has_not_converged(
         official_tiny, official_tiny_fp64, tmp_path):
     # The same loaded weights under the exact pseudo-inverse, at 256x320:

@@ -7,6 +7,10 @@ from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn, build_upernet,
                             demo_seg_inputs, detector_train_step,
                             segmentor_train_step)
 
+# Mask R-CNN, UperNet and RoIAlign: mmcv's compiled ops; left out of the floor
+# run (mmcv-lite), see setup.cfg.
+pytestmark = pytest.mark.mmcv_ops
+
 SOFT_TINY = dict(type='SOFT', arch='tiny', attention='soft++', solver='exact')
 TINY_DIMS = [64, 128, 320, 512]
 

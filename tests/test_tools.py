@@ -23,6 +23,10 @@ import numpy as np
 import pytest
 import torch
 
+# Every test trains or runs an mmdet/mmseg model (RoIAlign, NMS, ...): mmcv's
+# compiled ops; left out of the floor run (mmcv-lite), see setup.cfg.
+pytestmark = pytest.mark.mmcv_ops
+
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')
 SEG_CONFIG = osp.join(REPO, 'configs/demo/upernet_soft-tiny_demo.py')

@@ -37,6 +37,7 @@ def test_pvtv2_mask_rcnn_is_the_swin_config_with_its_backbone():
         detector_config('r50')
 
 
+@pytest.mark.mmcv_ops  # times a Mask R-CNN step
 def test_training_mode_writes_backbones_detectors_and_capacity(tmp_path):
     out_dir = tmp_path / 'bench'
     done = subprocess.run(

@@ -399,6 +399,7 @@ def test_norm_eval_and_with_cp():
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.mmcv_ops  # imports mmdet.models/mmseg.models
 def test_registered_in_root_and_downstream_registries():
     from mmdet.registry import MODELS as DET_MODELS
     from mmseg.registry import MODELS as SEG_MODELS
@@ -433,6 +434,7 @@ def backbone_grads(backbone: UFOViT):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('arch', ['small', 'medium'])
+@pytest.mark.mmcv_ops  # builds Mask R-CNN
 def test_mask_rcnn_parameter_totals(arch):
     model = build_in_scope('mmdet', mask_rcnn_config(arch).model)
     total = sum(p.numel() for p in model.parameters())
@@ -442,6 +444,7 @@ def test_mask_rcnn_parameter_totals(arch):
 
 
 @pytest.mark.slow
+@pytest.mark.mmcv_ops  # trains Mask R-CNN
 def test_mask_rcnn_train_step_and_predict():
     from mmengine.registry import DefaultScope
     from mmdet.testing import demo_mm_inputs
@@ -489,6 +492,7 @@ model = dict(
 
 
 @pytest.mark.slow
+@pytest.mark.mmcv_ops  # trains UperNet
 def test_upernet_train_step_and_predict():
     from mmengine.config import Config
     from mmengine.registry import DefaultScope

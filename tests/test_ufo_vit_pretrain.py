@@ -135,6 +135,7 @@ def test_converter_output(converted):
     assert meta['source_epoch'] == 1 and meta['source_iter'] == NUM_TRAIN // BATCH
 
 
+@pytest.mark.mmcv_ops  # trains Mask R-CNN
 def test_pretrained_mask_rcnn_loads_and_trains(converted):
     _, dst = converted
     weights = torch.load(dst, map_location='cpu')['state_dict']

@@ -146,6 +146,7 @@ def _pipeline_outputs(sample_cls, images, image_key):
     ('configs/demo/mask-rcnn_soft-tiny_fpn_demo.py', 'mmdet'),
     ('configs/demo/upernet_soft-tiny_demo.py', 'mmseg'),
 ])
+@pytest.mark.mmcv_ops  # builds the demo detector and segmentor
 def test_demo_models_pass_valid_regions(repo_root, config, scope):
     if scope == 'mmdet':
         from mmdet.structures import DetDataSample as sample_cls

@@ -8,11 +8,8 @@ cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
 PY="$VENV/bin/python"
 
-if [ ! -x "$PY" ]; then
-    echo "[install] creating virtual environment $VENV"
-    python3 -m venv "$VENV"
-    "$PY" -m pip install --quiet --upgrade "pip<26"
-fi
+source tools/venv.sh
+ensure_venv "$VENV" install
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 
 echo "[install] build requirements (torch CPU wheel, setuptools<82, ninja)"

@@ -54,16 +54,15 @@ def sdpa_flops(inputs: List[Any], outputs: List[Any]) -> int:
 def inverse_flops(variant: str, solver: str, newton_iters: int) -> int:
     """FLOPs of one m x m bottleneck inverse, as a multiple of m^3.
 
-    Newton: two m x m products per iteration (and, for SOFT++, one product
-    to choose the initial scale). Cholesky (SOFT exact): m^3/3 for the
+    Newton: two m x m products per iteration. Cholesky (SOFT exact): m^3/3 for the
     factor and 2m^3/3 to invert it. An eigendecomposition (SOFT++ exact, and
     the Newton closed form of either variant): about 4m^3/3 to reduce to
     tridiagonal form, m^3 to accumulate the eigenvectors and m^3 to multiply
-    them back: an estimate of 10m^3/3. (The closed form's SOFT++ scale
-    product runs outside the inverse and is counted as a matmul.)
+    them back: an estimate of 10m^3/3. (The SOFT++ scale's product of the
+    Newton solvers runs outside the inverse and is counted as a matmul.)
     """
     if solver == 'newton':
-        return 2 * newton_iters + (1 if variant == 'soft++' else 0)
+        return 2 * newton_iters
     if solver == 'exact' and variant == 'soft':
         return 1
     return 10 / 3
@@ -104,8 +103,8 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
                          f'settings {sorted(settings)}; the FLOP handle needs one.')
     if settings:
         handle = kernel_inverse_handle(*settings.pop())
-        handles['prim::PythonOp._KernelInverse'] = handle
-        handles['prim::PythonOp._NewtonClosedForm'] = handle
+        for function in ('_ExactInverse', '_NewtonIterations', '_NewtonClosedForm'):
+            handles[f'prim::PythonOp.{function}'] = handle
     return handles
 
 

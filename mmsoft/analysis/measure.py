@@ -18,12 +18,13 @@ the high-water mark is the peak of live memory, the figure CUDA's
 the extra mappings slow it down.
 """
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import json
 import statistics
 import time
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -67,14 +68,36 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_once(model, images: torch.Tensor, backward: bool) -> None:
-    """One forward (no grad) or forward + backward of ``model``."""
+def autocast_to(device: torch.device, dtype: Optional[torch.dtype]):
+    """``torch.autocast`` to ``dtype`` on ``device``'s type; no autocast
+    (a null context) when ``dtype`` is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def run_once(model, images: torch.Tensor, backward: bool,
+             autocast_dtype: Optional[torch.dtype] = None) -> None:
+    """One forward (no grad) or forward + backward of ``model``.
+
+    Args:
+        model (nn.Module): A backbone returning a sequence of maps.
+        images (Tensor): (B, 3, H, W) input.
+        backward (bool): Forward + backward of the sum of the maps' means
+            (gradients dropped after) instead of a forward without gradients.
+        autocast_dtype (torch.dtype, optional): Run the forward under
+            ``torch.autocast`` to this dtype (the backward runs outside it,
+            as autocast prescribes). None runs in the model's dtype.
+            Default: None.
+    """
+    autocast = autocast_to(images.device, autocast_dtype)
     if backward:
-        outputs = model(images)
+        with autocast:
+            outputs = model(images)
         sum(out.float().mean() for out in outputs).backward()
         model.zero_grad(set_to_none=True)
         return
-    with torch.no_grad():
+    with torch.no_grad(), autocast:
         model(images)
 
 

@@ -91,7 +91,9 @@ def enable_amp(cfg: Config) -> None:
                                  is_npu_available)
     if not (is_cuda_available() or is_npu_available() or is_mlu_available()):
         raise RuntimeError('--amp needs a CUDA, NPU or MLU device: mmengine\'s '
-                           'AmpOptimWrapper does not run on CPU')
+                           'AmpOptimWrapper does not run on CPU (the backbones '
+                           'do run under torch.autocast there, see '
+                           'tests/test_mixed_precision.py)')
     wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
     if wrapper == 'AmpOptimWrapper':
         print_log('AMP training is already enabled in the config.',

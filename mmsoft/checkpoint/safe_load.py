@@ -26,14 +26,34 @@ empties torch's entire allow-list, these entries included).
 ``builtins.getattr`` is not allow-listed as such: a restricted stand-in
 registered under that name only resolves the statistics methods of
 ``HistoryBuffer`` and rejects every other attribute lookup.
+
+The same protection holds on every supported torch:
+
+* torch >= 2.6 (``weights_only=True`` by default, allow-list entries with
+  their own names): the globals join torch's own allow-list, so every
+  ``torch.load`` in the process, mmengine's included, loads these files.
+* torch 2.1-2.5 (``weights_only=False`` by default; the allow-list is
+  missing or takes no renamed entries, and the weights-only unpickler of
+  torch < 2.4 builds no objects but tensors and dicts):
+  :class:`RestrictedUnpickler` resolves only torch's own weights-only
+  globals and the ones above, and refuses everything else.
+  :func:`allow_mmengine_checkpoint_globals` also makes mmengine's loader
+  of local files (used by ``load_checkpoint``, ``--resume``,
+  ``tools/test.py`` and the inferencers) load through it, so no mmengine
+  load falls back to unrestricted unpickling.
 """
+import _compat_pickle
 import argparse
+import codecs
+import os.path as osp
 import pickle
-from typing import Any, Callable, List, Mapping, Tuple, Union
+import types
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
+from ..utils.torch_compat import has_native_weights_only_globals
 from .state_dict import unwrap_state_dict
 
 #: Statistics methods ``HistoryBuffer`` registers on itself by default.
@@ -103,17 +123,124 @@ def checkpoint_safe_globals() -> List[Union[Callable, Tuple[Callable, str]]]:
     ]
 
 
-def allow_mmengine_checkpoint_globals() -> None:
-    """Allow-lists :func:`checkpoint_safe_globals` for ``torch.load``.
+def _qualified_name(entry: Union[Callable, Tuple[Callable, str]]) -> str:
+    """The ``module.qualname`` an allow-list entry is registered under."""
+    if isinstance(entry, tuple):
+        return entry[1]
+    return f'{entry.__module__}.{entry.__qualname__}'
 
-    Adds them to torch's process-wide ``weights_only`` allow-list
-    (``torch.serialization.add_safe_globals``). ``import mmsoft`` calls this.
-    Idempotent; a no-op on torch versions without ``add_safe_globals``.
+
+def allowed_globals(extra: Sequence[Callable] = ()) -> Dict[str, Callable]:
+    """Every global a weights-only load resolves: torch's own (tensors,
+    storages, dtypes, ``OrderedDict``, ...), :func:`checkpoint_safe_globals`
+    and ``extra``, by the name a pickle refers to them.
+
+    Args:
+        extra (Sequence[Callable]): More classes or functions to allow.
+
+    Returns:
+        dict[str, Callable]: ``'module.qualname'`` to object.
+    """
+    from torch import _weights_only_unpickler
+    allowed = dict(_weights_only_unpickler._get_allowed_globals())
+    # Byte strings in protocol-2 pickles (numpy arrays' data), which torch's
+    # weights-only unpickler reads natively.
+    allowed.setdefault('_codecs.encode', codecs.encode)
+    for entry in [*checkpoint_safe_globals(), *extra]:
+        allowed[_qualified_name(entry)] = entry[0] if isinstance(entry, tuple) else entry
+    return allowed
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only :func:`allowed_globals`.
+
+    Used by :func:`weights_only_load` on torch < 2.6. A pickle naming any
+    other global (``os.system``, ``builtins.eval``, ...) is refused with
+    :class:`pickle.UnpicklingError` before anything is called.
+    """
+
+    extra_globals: Sequence[Callable] = ()
+
+    def find_class(self, module: str, name: str) -> Callable:
+        # Python 2 names of protocol-2 pickles (torch's default protocol),
+        # e.g. ``__builtin__.getattr``, as pickle's own find_class maps them.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        allowed = allowed_globals(self.extra_globals)
+        full_name = f'{module}.{name}'
+        if full_name not in allowed:
+            raise pickle.UnpicklingError(
+                f'Unsupported global: GLOBAL {full_name} is not allowed for '
+                f'weights_only loading (allowed: torch\'s tensor globals and '
+                f'those of mmengine checkpoints, see '
+                f'mmsoft.checkpoint.safe_load.checkpoint_safe_globals).')
+        return allowed[full_name]
+
+
+def _restricted_pickle_module(extra: Sequence[Callable]) -> types.ModuleType:
+    """A ``pickle_module`` for ``torch.load`` whose unpickler is restricted."""
+    unpickler = type('RestrictedUnpickler', (RestrictedUnpickler, ),
+                     dict(extra_globals=tuple(extra)))
+    module = types.ModuleType('mmsoft_restricted_pickle')
+    module.Unpickler = unpickler
+    module.load = lambda file, **kwargs: unpickler(file, **kwargs).load()
+    return module
+
+
+def weights_only_load(file, map_location=None, extra: Sequence[Callable] = ()) -> Any:
+    """``torch.load`` restricted to tensors and :func:`allowed_globals`.
+
+    Args:
+        file: Path or file object.
+        map_location: As for ``torch.load``.
+        extra (Sequence[Callable]): More globals allowed for this load only.
+
+    Returns:
+        The unpickled object.
+
+    Raises:
+        pickle.UnpicklingError: The file names a global outside the list.
+    """
+    if has_native_weights_only_globals():
+        allow_mmengine_checkpoint_globals()
+        with torch.serialization.safe_globals(list(extra)):
+            return torch.load(file, map_location=map_location, weights_only=True)
+    return torch.load(file, map_location=map_location, weights_only=False,
+                      pickle_module=_restricted_pickle_module(extra))
+
+
+def load_from_local(filename: str, map_location=None) -> Any:
+    """mmengine's loader of local files (same name, so that its log line reads
+    "by local backend"), with :func:`weights_only_load`.
+
+    Registered in ``CheckpointLoader`` on torch < 2.6 (see the module
+    docstring); the same message as mmengine's for a missing file.
+    """
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'{filename} can not be found.')
+    return weights_only_load(filename, map_location)
+
+
+def allow_mmengine_checkpoint_globals() -> None:
+    """Makes ``torch.load`` and mmengine load mmengine checkpoints safely.
+
+    On torch >= 2.6, adds :func:`checkpoint_safe_globals` to torch's
+    process-wide ``weights_only`` allow-list
+    (``torch.serialization.add_safe_globals``). On older torch, registers
+    :func:`load_from_local` as mmengine's loader of local files. See
+    the module docstring. ``import mmsoft`` calls this; idempotent.
     """
     global _REGISTERED
-    if _REGISTERED or not hasattr(torch.serialization, 'add_safe_globals'):
+    if _REGISTERED:
         return
-    torch.serialization.add_safe_globals(checkpoint_safe_globals())
+    if has_native_weights_only_globals():
+        torch.serialization.add_safe_globals(checkpoint_safe_globals())
+    else:
+        from mmengine.runner.checkpoint import CheckpointLoader
+        CheckpointLoader.register_scheme(prefixes='', loader=load_from_local,
+                                         force=True)
     _REGISTERED = True
 
 
@@ -133,14 +260,12 @@ def load_checkpoint_safely(path: str, map_location: str = 'cpu') -> Any:
             holds objects outside the allow-list; the message names the file
             and the reason.
     """
-    import os
-    if not os.path.isfile(path):
+    if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint file not found: {path}')
-    if os.path.getsize(path) == 0:
+    if osp.getsize(path) == 0:
         raise ValueError(f'checkpoint file {path} is empty (0 bytes)')
-    allow_mmengine_checkpoint_globals()
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return weights_only_load(path, map_location)
     except pickle.UnpicklingError as exc:
         raise ValueError(
             f'checkpoint file {path} contains objects outside the allow-list for '
@@ -215,6 +340,8 @@ def load_checkpoint_file(filename: str, map_location='cpu') -> Mapping:
             message: ``'<filename> can not be found.'``).
     """
     from mmengine.runner.checkpoint import CheckpointLoader
-    allow_mmengine_checkpoint_globals()
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
+    if osp.isfile(osp.expanduser(filename)):
+        return weights_only_load(osp.expanduser(filename), map_location,
+                                 extra=[argparse.Namespace])
+    allow_mmengine_checkpoint_globals()  # a URL, or a missing file's error
+    return CheckpointLoader.load_checkpoint(filename, map_location=map_location)

@@ -149,7 +149,10 @@ def render_background(rng: np.random.Generator, height: int,
     """
     base = rng.uniform(40, 215, 3)
     tint = rng.uniform(-60, 60, 3)
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    # float64 explicitly: ``np.cos(angle)`` is a float64 scalar, which NumPy 2
+    # (NEP 50) promotes a float32 grid to float64 with, while NumPy 1 kept the
+    # product float32. Both versions must write identical files.
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float64)
     angle = rng.uniform(0, 2 * np.pi)
     ramp = (np.cos(angle) * xs / width + np.sin(angle) * ys / height)[..., None]
     img = base + tint * ramp

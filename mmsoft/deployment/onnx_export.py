@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from ..models.layers import SoftAttention
+from ..utils.torch_compat import TORCH_VERSION, onnx_export_takes_dynamo
 
 # The solver the ONNX graph computes for each solver the model may use.
 EXPORT_SOLVERS = {'newton': 'newton', 'newton_closed_form': 'newton'}
@@ -163,14 +164,29 @@ def build_feature_model(config, checkpoint: Optional[str] = None,
 # --------------------------------------------------------------------------
 # Export
 # --------------------------------------------------------------------------
+#: The oldest torch whose TorchScript exporter writes ``MaxPool2d(ceil_mode=
+#: True)`` (UFO-ViT's stride-32 map) for a dynamic input size; torch 2.1's
+#: stops with "Unsupported: ONNX export of operator get_pool_ceil_padding".
+CEIL_MODE_POOL_EXPORT_TORCH = (2, 2)
+
+
 def check_exportable(model: nn.Module) -> None:
-    """Raises ``ValueError`` for a SOFT attention layer ONNX cannot express.
+    """Raises ``ValueError`` for a layer ONNX (or this torch's exporter)
+    cannot express.
 
     Args:
-        model (nn.Module): Any model; its :class:`SoftAttention` layers are
-            checked.
+        model (nn.Module): Any model; its :class:`SoftAttention` layers and
+            ceil-mode max pools are checked.
     """
     for name, module in model.named_modules():
+        if (isinstance(module, nn.MaxPool2d) and module.ceil_mode
+                and TORCH_VERSION < CEIL_MODE_POOL_EXPORT_TORCH):
+            raise ValueError(
+                f'{name}: torch {torch.__version__} cannot export '
+                f'MaxPool2d(ceil_mode=True) to ONNX with a dynamic input size '
+                f'(its exporter has no get_pool_ceil_padding for unknown sizes); '
+                f'export with torch >= '
+                f'{".".join(map(str, CEIL_MODE_POOL_EXPORT_TORCH))}.')
         if isinstance(module, SoftAttention) and module.solver not in EXPORT_SOLVERS:
             raise ValueError(
                 f'{name}: solver={module.solver!r} has no ONNX formulation (ONNX '
@@ -268,7 +284,10 @@ def export_onnx(model: nn.Module, path: str,
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
             warnings.simplefilter('ignore', DeprecationWarning)
-            torch.onnx.export(model, (images, ), path, dynamo=False,
+            # The TorchScript exporter: the default before torch 2.9, the only
+            # one before 2.5 (which has no ``dynamo`` argument).
+            exporter = dict(dynamo=False) if onnx_export_takes_dynamo() else {}
+            torch.onnx.export(model, (images, ), path, **exporter,
                               input_names=[INPUT_NAME], output_names=names,
                               dynamic_axes=dynamic_axes(num_outputs),
                               opset_version=opset, do_constant_folding=True)

@@ -21,6 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .autograd_state import records_gradient
+from .precision import (apply_without_autocast, autocast_dtype,
+                        backward_without_autocast, full_precision)
 
 MIN_ABS_WEIGHT = 1e-3
 
@@ -35,6 +37,7 @@ class LayerNormFromOutput(torch.autograd.Function):
         return out
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, grad_out):
         out, weight, bias, mean, rstd = ctx.saved_tensors
         x = input_from_output(out, weight, bias, mean, rstd)  # (..., C)
@@ -68,9 +71,10 @@ def layer_norm_from_output(x: torch.Tensor, weight: Optional[torch.Tensor],
         eps (float): Added to the variance.
 
     Returns:
-        Tensor: Shape (..., C).
+        Tensor: Shape (..., C); float32 under autocast, as autocast's
+        LayerNorm.
     """
-    return LayerNormFromOutput.apply(x, weight, bias, eps)
+    return apply_without_autocast(LayerNormFromOutput, x, weight, bias, eps)
 
 
 class LayerNormSavingOutput(nn.LayerNorm):
@@ -78,9 +82,9 @@ class LayerNormSavingOutput(nn.LayerNorm):
     output, not its input, for backward (see this module's docstring).
 
     Same parameters, state-dict keys and outputs as ``nn.LayerNorm``. The
-    memory-saving function runs when autograd records, autocast is off and
-    every ``|weight| >= MIN_ABS_WEIGHT``; otherwise (inference, tracing,
-    ONNX export, mixed precision, a near-zero gamma) the plain LayerNorm
+    memory-saving function runs when autograd records and every
+    ``|weight| >= MIN_ABS_WEIGHT``, in float32 under autocast; otherwise
+    (inference, tracing, ONNX export, a near-zero gamma) the plain LayerNorm
     does.
     """
 
@@ -91,12 +95,13 @@ class LayerNormSavingOutput(nn.LayerNorm):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def _backward_from_output(self, x: torch.Tensor) -> bool:
-        """Whether autograd records in full precision and gamma can be
-        divided out."""
+        """Whether autograd records, the parameters have the dtype the norm
+        computes in and gamma can be divided out."""
         params = [p for p in (self.weight, self.bias) if p is not None]
+        autocast = autocast_dtype(x.device.type) is not None
+        dtype = full_precision(x).dtype if autocast else x.dtype
         if (not records_gradient(x, *params)
-                or torch.is_autocast_enabled(x.device.type)
-                or any(p.dtype != x.dtype for p in params)):
+                or any(p.dtype != dtype for p in params)):
             return False
         return self.weight is None or bool(self.weight.detach().abs().min()
                                            >= MIN_ABS_WEIGHT)

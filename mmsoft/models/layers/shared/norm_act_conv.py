@@ -13,6 +13,10 @@ convolution runs twice.
 BatchNorm's running statistics are updated once, by the forward pass; the
 recomputation normalises with the statistics the forward pass used (the
 batch's in training, the running ones in eval mode).
+
+Under autocast, BatchNorm and the activation run in float32 (on the kept
+input, whatever its dtype) and the convolution in autocast's dtype, which is
+also the output's.
 """
 from functools import partial
 from typing import Callable, List, Optional, Sequence
@@ -22,6 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .autograd_state import records_gradient
+from .precision import (AUTOCAST_CASTABLE, apply_without_autocast, autocast_dtype,
+                        backward_without_autocast, cast_floating, full_precision)
 from .valid_region import ValidShapes, mask_map, strided_shapes, valid_mask
 
 CONVOLUTIONS = (nn.Conv2d, nn.ConvTranspose2d)
@@ -42,25 +48,51 @@ def _activated(normalise: Callable[[torch.Tensor], torch.Tensor], act: nn.Module
     return hidden if mask is None else hidden.masked_fill(~mask, 0.)
 
 
+def norm_input(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the dtype BatchNorm computes in: that of its parameters
+    (float32 under autocast, whatever the dtype of ``x``)."""
+    if norm.weight is None:
+        return full_precision(x)
+    return x.to(norm.weight.dtype)
+
+
+def convolution(conv: nn.Module, x: torch.Tensor, weight: torch.Tensor,
+                bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``conv(x)`` with the given weight and bias (Conv2d or
+    ConvTranspose2d, zero padding), the call :func:`convolution_backward`
+    differentiates."""
+    transposed = isinstance(conv, nn.ConvTranspose2d)
+    output_padding = conv.output_padding if transposed else (0, 0)
+    return torch.convolution(x, weight, bias, conv.stride, conv.padding,
+                             conv.dilation, transposed, output_padding, conv.groups)
+
+
 class NormActConv(torch.autograd.Function):
     """Autograd function of :func:`norm_act_conv`."""
 
     @staticmethod
-    def forward(ctx, x, mask, norm_weight, norm_bias, conv_weight, conv_bias, layers):
+    def forward(ctx, x, mask, norm_weight, norm_bias, conv_weight, conv_bias, layers,
+                out_dtype):
         norm, act, conv = layers
-        hidden = _activated(norm, act, x, mask)  # updates the running statistics once
+        # Updates the running statistics once.
+        hidden = _activated(norm, act, norm_input(norm, x), mask).to(out_dtype)
         ctx.save_for_backward(x, mask, conv_weight)
         ctx.layers = layers
-        return hidden if conv is None else conv(hidden)
+        ctx.out_dtype = out_dtype
+        if conv is None:
+            return hidden
+        return convolution(conv, hidden, conv_weight, conv_bias)
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, grad_out):
         x, mask, conv_weight = ctx.saved_tensors
         norm, act, conv = ctx.layers
+        input_dtype = x.dtype
         with torch.enable_grad():
-            x = x.detach().requires_grad_()
+            x = norm_input(norm, x.detach()).requires_grad_()
             hidden = _activated(partial(normalise_like_forward, norm), act, x,
-                                mask)  # (B, C, H, W)
+                                mask).to(ctx.out_dtype)  # (B, C, H, W)
         grad_conv_weight = grad_conv_bias = None
         if conv is None:
             grad_hidden = grad_out
@@ -70,8 +102,8 @@ class NormActConv(torch.autograd.Function):
         params = [p for p in (norm.weight, norm.bias) if p is not None]
         grads = torch.autograd.grad(hidden, [x] + params, grad_hidden)
         grad_norm_weight, grad_norm_bias = (grads[1:] if params else (None, None))
-        return (grads[0], None, grad_norm_weight, grad_norm_bias, grad_conv_weight,
-                grad_conv_bias, None)
+        return (grads[0].to(input_dtype), None, grad_norm_weight, grad_norm_bias,
+                grad_conv_weight, grad_conv_bias, None, None)
 
 
 def convolution_backward(conv: nn.Module, grad_out: torch.Tensor,
@@ -108,12 +140,16 @@ def norm_act_conv(x: torch.Tensor, norm: nn.BatchNorm2d, act: nn.Module,
             activated map is zeroed before ``conv``. Default: None.
 
     Returns:
-        Tensor: The convolution's (or the activation's) output.
+        Tensor: The convolution's (or the activation's) output, in
+        autocast's dtype under autocast, else in the dtype of ``x``.
     """
-    conv_weight = None if conv is None else conv.weight
-    conv_bias = None if conv is None else conv.bias
-    return NormActConv.apply(x, mask, norm.weight, norm.bias, conv_weight, conv_bias,
-                             (norm, act, conv))
+    low = autocast_dtype(x.device.type)
+    out_dtype = low if low is not None and x.dtype in AUTOCAST_CASTABLE else x.dtype
+    conv_weight = None if conv is None else cast_floating(conv.weight, out_dtype)
+    conv_bias = None if conv is None else cast_floating(conv.bias, out_dtype)
+    return apply_without_autocast(NormActConv, x, mask, norm.weight, norm.bias,
+                                  conv_weight, conv_bias, (norm, act, conv),
+                                  out_dtype, cast_to=None)
 
 
 def _fusable(layers: Sequence[nn.Module], index: int) -> bool:

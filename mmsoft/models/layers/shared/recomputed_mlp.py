@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .precision import apply_without_autocast, backward_without_autocast
+
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     """(..., C) -> (tokens, C)."""
@@ -39,6 +41,7 @@ class RecomputedMLP(torch.autograd.Function):
         return F.linear(act(pre), weight2, bias2)  # (..., C)
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, grad_out):
         x, pre, weight1, bias1, weight2 = ctx.saved_tensors
         if pre is None:
@@ -72,7 +75,8 @@ def recomputed_mlp(x: torch.Tensor, fc1: nn.Linear, act: nn.Module,
             Default: True.
 
     Returns:
-        Tensor: Shape (..., C).
+        Tensor: Shape (..., C); under autocast in its dtype, as autocast's
+        Linear layers.
     """
-    return RecomputedMLP.apply(x, fc1.weight, fc1.bias, weight2, bias2, act,
-                               keep_hidden)
+    return apply_without_autocast(RecomputedMLP, x, fc1.weight, fc1.bias, weight2,
+                                  bias2, act, keep_hidden, cast_to='autocast')

@@ -26,6 +26,7 @@ from typing import Tuple
 import torch
 
 from .gaussian_kernel import gaussian_kernel
+from ..shared.precision import apply_without_autocast, backward_without_autocast
 
 BACKWARD_CHUNK = 1024  # tokens per slice of backward's N x m temporaries
 
@@ -81,6 +82,7 @@ class ChunkedKernelProduct(torch.autograd.Function):
         return out
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, grad_out):
         queries, bottleneck, middle, values, summary, right = ctx.saved_tensors
         scale = ctx.query_scale
@@ -156,5 +158,5 @@ def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
         right = middle @ kernel_summary(queries, bottleneck, values, chunk)
         return torch.cat([gaussian_kernel(queries[..., start:end, :], bottleneck) @ right
                           for start, end in _chunks(queries.shape[-2], chunk)], dim=-2)
-    return ChunkedKernelProduct.apply(queries, bottleneck, middle, values, chunk,
-                                      query_scale)
+    return apply_without_autocast(ChunkedKernelProduct, queries, bottleneck, middle,
+                                  values, chunk, query_scale)

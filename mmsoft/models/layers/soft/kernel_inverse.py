@@ -9,14 +9,19 @@ and three solvers, named after what they compute:
 
 * ``'newton'``: ``k`` steps of the Newton-Raphson iteration ``V <- 2V - V P V``
   from ``V0 = alpha * P``, as the reference implementation runs it (and as
-  every published checkpoint was trained). ``O(k m^3)``.
+  every published checkpoint was trained). ``O(k m^3)``, m x m products
+  only, forward and backward. Its backward is the exact derivative of the
+  ``k`` steps (:class:`_NewtonIterations`), recomputing the iterates.
 * ``'newton_closed_form'``: the same function from one eigendecomposition
   ``P = Q diag(lambda) Q^T``. Every iterate is a polynomial in ``P``, so
   ``V_k = Q diag(g_k(lambda)) Q^T`` where ``g_k`` is the scalar Newton
   iteration ``v <- v (2 - lambda v)`` from ``v0 = alpha * lambda``, i.e.
   ``g_k(lambda) = (1 - (1 - alpha lambda^2)^(2^k)) / lambda``. Its backward is
   the exact derivative of that spectral function (divided differences of
-  ``g_k``).
+  ``g_k``), the same as ``'newton'``'s. It runs the eigendecomposition in
+  float64, which is fast on CPUs and slow on GPUs, so it runs only on the
+  devices in :data:`CLOSED_FORM_DEVICES` (the CPU); elsewhere
+  ``'newton_closed_form'`` computes the same function by the iteration.
 * ``'exact'``: the limit ``k -> infinity``: ``(A + 0.01 I)^-1`` by a Cholesky
   factorisation for SOFT, ``pinv(A)`` by an eigendecomposition for SOFT++.
   Where ``A`` is ill-conditioned (large inputs, many bottleneck tokens) this
@@ -32,15 +37,19 @@ batch, which makes an image's features depend on its batch-mates; per image
 it equals the reference at batch size 1). It is a step size: no gradient
 flows through it.
 
-All forward computations run without an autograd graph. ``'newton'`` and
-``'exact'`` backpropagate the gradient of the matrix inverse,
-``dL/dP = -V^T G V^T``; ``'newton_closed_form'`` that of ``V_k`` itself.
+All forward computations run without an autograd graph, in float32 (or
+float64) under autocast too. ``'newton'`` and ``'newton_closed_form'``
+backpropagate the derivative of ``V_k`` itself, ``'exact'`` that of the
+matrix inverse, ``dL/dP = -V^T G V^T``.
 """
 import warnings
 
 import torch
 
 from ....utils import check_choice
+from ....utils.torch_compat import is_compiling
+from ..shared.precision import (apply_without_autocast, backward_without_autocast,
+                                full_precision)
 
 REGULARISER = 0.01
 VARIANTS = ('soft', 'soft++')
@@ -52,6 +61,10 @@ RENAMED_SOLVERS = {'cholesky': 'exact'}
 # while in float64 the result is closer to float64 Newton than float32
 # Newton itself.
 EIGH_DTYPE = torch.float64
+#: Device types on which ``'newton_closed_form'`` runs its float64
+#: eigendecomposition. On others (GPUs: slow float64, batched eigh of small
+#: matrices bound by latency) it runs the iteration, the same function.
+CLOSED_FORM_DEVICES = ('cpu', )
 
 
 def canonical_solver(solver: str) -> str:
@@ -80,7 +93,7 @@ def _eye_like(mat: torch.Tensor) -> torch.Tensor:
 def _is_tracing() -> bool:
     """Whether the code runs under a tracer or exporter (no data-dependent
     Python control flow allowed)."""
-    return (torch.jit.is_tracing() or torch.compiler.is_compiling()
+    return (torch.jit.is_tracing() or is_compiling()
             or torch.onnx.is_in_onnx_export())
 
 
@@ -193,6 +206,84 @@ def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
     for _ in range(num_iters):
         inverse = 2 * inverse - inverse @ operand @ inverse
     return inverse
+
+
+def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor,
+                    num_iters: int) -> list:
+    """``[V_0, ..., V_{k-1}]`` of :func:`newton_iterations` (each (..., m, m)),
+    the iterates its backward differentiates at."""
+    inverse = alpha * operand
+    iterates = []
+    for step in range(num_iters):
+        iterates.append(inverse)
+        if step + 1 < num_iters:
+            inverse = 2 * inverse - inverse @ operand @ inverse
+    return iterates
+
+
+def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
+                               num_iters: int,
+                               grad_output: torch.Tensor) -> torch.Tensor:
+    """``dL/dP`` of ``V_k = newton_iterations(P, alpha, k)``, exactly.
+
+    Reverse mode through ``V_{j+1} = 2 V_j - (V_j P) V_j`` with ``G_{j+1} =
+    dL/dV_{j+1}`` and ``W = G_{j+1} V_j^T``:
+    ``G_j = 2 G_{j+1} - W P^T - (V_j P)^T G_{j+1}``,
+    ``dL/dP += -V_j^T W``; at the start, ``dL/dP += alpha G_0``.
+    The iterates are recomputed (:func:`newton_iterates`).
+
+    Args:
+        operand (Tensor): P, (..., m, m).
+        alpha (Tensor): Scales broadcastable to P, (..., 1, 1); constant.
+        num_iters (int): Steps k.
+        grad_output (Tensor): ``dL/dV_k``, (..., m, m).
+
+    Returns:
+        Tensor: ``dL/dP``, (..., m, m).
+    """
+    grad = grad_output  # G_k
+    grad_operand = torch.zeros_like(operand)
+    operand_t = operand.transpose(-1, -2)
+    for inverse in reversed(newton_iterates(operand, alpha, num_iters)):
+        weighted = grad @ inverse.transpose(-1, -2)  # W, (..., m, m)
+        grad_operand -= inverse.transpose(-1, -2) @ weighted
+        grad = (2 * grad - weighted @ operand_t
+                - (inverse @ operand).transpose(-1, -2) @ grad)  # G_j
+    return grad_operand + alpha * grad
+
+
+class _NewtonIterations(torch.autograd.Function):
+    """``V_k(P)`` by the iteration, without a graph; backward is its exact
+    derivative (:func:`newton_iterations_backward`). Keeps P only."""
+
+    @staticmethod
+    def forward(ctx, operand, alpha, num_iters):
+        ctx.save_for_backward(operand, alpha)
+        ctx.num_iters = num_iters
+        return newton_iterations(operand, alpha, num_iters)
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_output):
+        operand, alpha = ctx.saved_tensors
+        return (newton_iterations_backward(operand, alpha, ctx.num_iters,
+                                           grad_output), None, None)
+
+
+def newton(operand: torch.Tensor, alpha: torch.Tensor, num_iters: int) -> torch.Tensor:
+    """:func:`newton_iterations`, differentiable in ``operand`` at the cost of
+    keeping it alone (``alpha`` is a constant).
+
+    Args:
+        operand (Tensor): P, (..., m, m).
+        alpha (Tensor): Scales broadcastable to P, (..., 1, 1).
+        num_iters (int): Steps k >= 1.
+
+    Returns:
+        Tensor: (..., m, m), float32 or float64 (also under autocast).
+    """
+    alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
+    return apply_without_autocast(_NewtonIterations, operand, alpha, num_iters)
 
 
 def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
@@ -325,6 +416,7 @@ class _NewtonClosedForm(torch.autograd.Function):
         return spectral_apply(eigvecs, weights.to(dtype))
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, grad_output):
         eigvals, eigvecs, alpha = ctx.saved_tensors
         diff = newton_divided_differences(eigvals, alpha, ctx.num_iters)
@@ -349,7 +441,7 @@ def newton_closed_form(operand: torch.Tensor, alpha: torch.Tensor,
         Tensor: (..., m, m).
     """
     alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
-    return _NewtonClosedForm.apply(operand, alpha, num_iters)
+    return apply_without_autocast(_NewtonClosedForm, operand, alpha, num_iters)
 
 
 # --------------------------------------------------------------------------
@@ -429,22 +521,24 @@ def solve_kernel_inverse(mat: torch.Tensor, variant: str, solver: str,
     return exact_inverse(mat, variant)
 
 
-class _KernelInverse(torch.autograd.Function):
-    """Inverse computed without a graph; backward is that of a matrix inverse."""
+class _ExactInverse(torch.autograd.Function):
+    """:func:`exact_inverse` computed without a graph; backward is that of a
+    matrix inverse, ``-V^T G V^T``."""
 
     @staticmethod
-    def forward(ctx, mat, variant, solver, num_iters):
+    def forward(ctx, mat, variant):
         with torch.no_grad():
-            inverse = solve_kernel_inverse(mat, variant, solver, num_iters)
+            inverse = exact_inverse(mat, variant)
         ctx.save_for_backward(inverse)
         return inverse
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, grad_output):
         inverse, = ctx.saved_tensors
         inverse_t = inverse.transpose(-1, -2)
         grad_mat = -(inverse_t @ grad_output @ inverse_t)
-        return grad_mat, None, None, None
+        return grad_mat, None
 
 
 def check_kernel_inverse_options(variant: str, solver: str) -> str:
@@ -474,11 +568,17 @@ def kernel_inverse(mat: torch.Tensor, variant: str = 'soft',
             ``'newton_closed_form'``). Default: 20.
 
     Returns:
-        Tensor: Shape (B, ..., m, m), same dtype as ``mat``.
+        Tensor: Shape (B, ..., m, m), float32 for half or bfloat16 ``mat``
+        (under autocast or not), else the dtype of ``mat``.
     """
     solver = check_kernel_inverse_options(variant, solver)
-    if solver == 'newton_closed_form':
+    with torch.autocast(device_type=mat.device.type, enabled=False):
+        mat = full_precision(mat)
+        if solver == 'exact':
+            return _ExactInverse.apply(mat, variant)
         with torch.no_grad():
             alpha = newton_scale(mat, variant)
-        return newton_closed_form(newton_operand(mat, variant), alpha, num_iters)
-    return _KernelInverse.apply(mat, variant, solver, num_iters)
+        operand = newton_operand(mat, variant)
+        if solver == 'newton_closed_form' and mat.device.type in CLOSED_FORM_DEVICES:
+            return newton_closed_form(operand, alpha, num_iters)
+        return newton(operand, alpha, num_iters)

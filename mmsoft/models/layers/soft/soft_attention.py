@@ -13,7 +13,8 @@ from .gaussian_kernel import gaussian_kernel
 from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
 from ..shared.attention_heads import merge_heads, split_heads
 from ..shared.autograd_state import records_gradient
-from ..shared.precision import full_precision
+from ..shared.precision import (apply_without_autocast, backward_without_autocast,
+                                full_precision)
 from ..shared.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
                                    tokens_of_region)
 
@@ -97,6 +98,7 @@ class SymmetricScale(torch.autograd.Function):
         return _scaled_both_sides(mat, scale)
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, grad_out):
         mat, scale = ctx.saved_tensors
         weighted = grad_out * mat  # (..., m, m)
@@ -118,7 +120,7 @@ def symmetric_scale(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """
     if not records_gradient(mat, scale):
         return _scaled_both_sides(mat, scale)
-    return SymmetricScale.apply(mat, scale)
+    return apply_without_autocast(SymmetricScale, mat, scale)
 
 
 class SoftAttention(BaseModule):

@@ -1,0 +1,99 @@
+"""The torch APIs mmsoft uses that are newer than its oldest supported torch.
+
+mmsoft supports torch 2.1 to 2.14 (``SUPPORTED_TORCH`` below). Every API
+that appeared inside that range is detected here, once, and everything else
+in the package calls these functions instead of the API itself:
+
+=====================================  =======  ==================================
+API                                    since    on older torch
+=====================================  =======  ==================================
+``torch.compiler.is_compiling``        2.3      ``torch._dynamo.is_compiling``
+``torch.is_autocast_enabled(device)``  2.4      ``is_autocast_enabled()`` (CUDA),
+                                                ``is_autocast_cpu_enabled()``
+``torch.get_autocast_dtype(device)``   2.4      ``get_autocast_gpu_dtype()``,
+                                                ``get_autocast_cpu_dtype()``
+``torch.serialization.safe_globals``   2.5/2.6  a restricted unpickler
+``torch.load`` ``weights_only=True``   2.6      (see :mod:`mmsoft.checkpoint.safe_load`)
+by default, ``(obj, name)`` entries
+``torch.onnx.export(dynamo=...)``      2.5      the TorchScript exporter is the
+                                                only one and takes no argument
+=====================================  =======  ==================================
+"""
+import importlib
+import inspect
+from typing import Optional, Tuple
+
+import torch
+
+#: Oldest and newest torch (major, minor) that the test suite runs on.
+SUPPORTED_TORCH = ((2, 1), (2, 14))
+
+
+def torch_version(version: Optional[str] = None) -> Tuple[int, int]:
+    """(major, minor) of ``version`` (default: the installed torch).
+
+    Args:
+        version (str, optional): A version string such as ``'2.1.2+cu121'``.
+
+    Returns:
+        tuple[int, int]: e.g. ``(2, 1)``.
+    """
+    major, minor = (version or torch.__version__).split('+')[0].split('.')[:2]
+    return int(major), int(''.join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+TORCH_VERSION = torch_version()
+
+
+def is_compiling() -> bool:
+    """Whether ``torch.compile`` (dynamo) is tracing the caller."""
+    compiler = getattr(torch, 'compiler', None)
+    if compiler is not None and hasattr(compiler, 'is_compiling'):
+        return compiler.is_compiling()
+    return importlib.import_module('torch._dynamo').is_compiling()  # torch < 2.3
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether ``torch.autocast`` is on for ``device_type`` (``'cpu'``,
+    ``'cuda'``, ...)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == 'cpu':
+            return torch.is_autocast_cpu_enabled()
+        if device_type == 'cuda':
+            return torch.is_autocast_enabled()
+        return False
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype ``torch.autocast`` casts to on ``device_type``, None when off.
+
+    Args:
+        device_type (str): ``'cpu'``, ``'cuda'``, ...
+
+    Returns:
+        torch.dtype | None: ``torch.float16`` or ``torch.bfloat16``.
+    """
+    if not autocast_enabled(device_type):
+        return None
+    if hasattr(torch, 'get_autocast_dtype'):
+        return torch.get_autocast_dtype(device_type)
+    if device_type == 'cpu':  # torch < 2.4
+        return torch.get_autocast_cpu_dtype()
+    return torch.get_autocast_gpu_dtype()
+
+
+def has_native_weights_only_globals() -> bool:
+    """Whether ``torch.load(weights_only=True)`` is the default and accepts
+    every allow-list entry mmsoft registers (``(obj, 'module.name')`` pairs
+    and ``torch.serialization.safe_globals``): torch >= 2.6."""
+    return (TORCH_VERSION >= (2, 6)
+            and hasattr(torch.serialization, 'add_safe_globals')
+            and hasattr(torch.serialization, 'safe_globals'))
+
+
+def onnx_export_takes_dynamo() -> bool:
+    """Whether ``torch.onnx.export`` has the ``dynamo`` argument (torch >=
+    2.5; before, its TorchScript exporter is the only one)."""
+    return 'dynamo' in inspect.signature(torch.onnx.export).parameters
