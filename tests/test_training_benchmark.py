@@ -90,6 +90,8 @@ LIVE_MEMORY_PROBE = """
 import torch
 from mmsoft.analysis.measure import _status_kib, track_live_memory
 track_live_memory()
+warm_up = torch.ones(2**20)  # the first allocation's one-off code pages, not counted
+del warm_up
 before = _status_kib('VmRSS')
 blocks = [torch.ones(2**20) for _ in range(64)]  # 64 x 4 MiB
 held = _status_kib('VmRSS')
