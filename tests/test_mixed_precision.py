@@ -17,7 +17,6 @@ Float16 autocast on the CPU needs torch >= 2.2 (torch 2.1 turns it off with
 a warning); those cases are skipped there.
 """
 import contextlib
-import importlib
 import math
 import os.path as osp
 import runpy
@@ -44,8 +43,6 @@ _PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
                                  'plain_autograd.py'))
 assert_same_as_plain, ufo_attention_module = (
     _PLAIN[name] for name in ('assert_same_as_plain', 'ufo_attention_module'))
-chunked_kernel_product_module = importlib.import_module(
-    'mmsoft.models.layers.soft.chunked_kernel_product')
 
 
 def cpu_autocast_supports(dtype: torch.dtype) -> bool:

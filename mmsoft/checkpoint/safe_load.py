@@ -152,14 +152,15 @@ def allowed_globals(extra: Sequence[Callable] = ()) -> Dict[str, Callable]:
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only :func:`allowed_globals`.
+    """An unpickler that resolves only the globals in ``allowed``.
 
-    Used by :func:`weights_only_load` on torch < 2.6. A pickle naming any
-    other global (``os.system``, ``builtins.eval``, ...) is refused with
+    Used by :func:`weights_only_load` on torch < 2.6, with ``allowed`` set
+    to :func:`allowed_globals` once per load. A pickle naming any other
+    global (``os.system``, ``builtins.eval``, ...) is refused with
     :class:`pickle.UnpicklingError` before anything is called.
     """
 
-    extra_globals: Sequence[Callable] = ()
+    allowed: Dict[str, Callable] = {}
 
     def find_class(self, module: str, name: str) -> Callable:
         # Python 2 names of protocol-2 pickles (torch's default protocol),
@@ -167,21 +168,20 @@ class RestrictedUnpickler(pickle.Unpickler):
         if (module, name) in _compat_pickle.NAME_MAPPING:
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-        allowed = allowed_globals(self.extra_globals)
         full_name = f'{module}.{name}'
-        if full_name not in allowed:
+        if full_name not in self.allowed:
             raise pickle.UnpicklingError(
                 f'Unsupported global: GLOBAL {full_name} is not allowed for '
                 f'weights_only loading (allowed: torch\'s tensor globals and '
                 f'those of mmengine checkpoints, see '
                 f'mmsoft.checkpoint.safe_load.checkpoint_safe_globals).')
-        return allowed[full_name]
+        return self.allowed[full_name]
 
 
 def _restricted_pickle_module(extra: Sequence[Callable]) -> types.ModuleType:
     """A ``pickle_module`` for ``torch.load`` whose unpickler is restricted."""
     unpickler = type('RestrictedUnpickler', (RestrictedUnpickler, ),
-                     dict(extra_globals=tuple(extra)))
+                     dict(allowed=allowed_globals(extra)))
     module = types.ModuleType('mmsoft_restricted_pickle')
     module.Unpickler = unpickler
     module.load = lambda file, **kwargs: unpickler(file, **kwargs).load()

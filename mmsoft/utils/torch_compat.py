@@ -54,17 +54,29 @@ def is_compiling() -> bool:
     return importlib.import_module('torch._dynamo').is_compiling()  # torch < 2.3
 
 
+def _autocast_query_takes_device() -> bool:
+    """Whether ``torch.is_autocast_enabled`` takes a device type (2.4)."""
+    try:
+        torch.is_autocast_enabled('cpu')
+    except TypeError:
+        return False
+    return True
+
+
+# Decided once: the query runs in every memory-saving layer's forward.
+_AUTOCAST_QUERY_TAKES_DEVICE = _autocast_query_takes_device()
+
+
 def autocast_enabled(device_type: str) -> bool:
     """Whether ``torch.autocast`` is on for ``device_type`` (``'cpu'``,
     ``'cuda'``, ...)."""
-    try:
+    if _AUTOCAST_QUERY_TAKES_DEVICE:
         return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4: no device argument
-        if device_type == 'cpu':
-            return torch.is_autocast_cpu_enabled()
-        if device_type == 'cuda':
-            return torch.is_autocast_enabled()
-        return False
+    if device_type == 'cpu':  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+    if device_type == 'cuda':
+        return torch.is_autocast_enabled()
+    return False
 
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:

@@ -210,14 +210,16 @@ def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
 
 def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor,
                     num_iters: int) -> list:
-    """``[V_0, ..., V_{k-1}]`` of :func:`newton_iterations` (each (..., m, m)),
-    the iterates its backward differentiates at."""
+    """``[(V_0, V_0 P), ..., (V_{k-1}, V_{k-1} P)]`` of
+    :func:`newton_iterations` (each (..., m, m)): the iterates its backward
+    differentiates at, with the product each step forms."""
     inverse = alpha * operand
     iterates = []
     for step in range(num_iters):
-        iterates.append(inverse)
+        product = inverse @ operand  # V_j P
+        iterates.append((inverse, product))
         if step + 1 < num_iters:
-            inverse = 2 * inverse - inverse @ operand @ inverse
+            inverse = 2 * inverse - product @ inverse
     return iterates
 
 
@@ -244,11 +246,11 @@ def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
     grad = grad_output  # G_k
     grad_operand = torch.zeros_like(operand)
     operand_t = operand.transpose(-1, -2)
-    for inverse in reversed(newton_iterates(operand, alpha, num_iters)):
+    for inverse, product in reversed(newton_iterates(operand, alpha, num_iters)):
         weighted = grad @ inverse.transpose(-1, -2)  # W, (..., m, m)
         grad_operand -= inverse.transpose(-1, -2) @ weighted
         grad = (2 * grad - weighted @ operand_t
-                - (inverse @ operand).transpose(-1, -2) @ grad)  # G_j
+                - product.transpose(-1, -2) @ grad)  # G_j
     return grad_operand + alpha * grad
 
 
