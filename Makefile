@@ -3,9 +3,10 @@
 # (requirements/*.txt) and mmsoft in editable mode; a second run only checks.
 #
 # `make test` tests both ends of the supported torch range: the full suite in
-# .venv/ (test-stack: torch 2.13, mmcv with its compiled ops), then the suite
-# without the tests marked `mmcv_ops` in .venv-floor/ (test-floor: torch 2.1,
-# mmcv-lite; tools/install_floor_env.sh, requirements/floor*.txt). Both run
+# .venv/ (test-stack: torch 2.14.1 and torchvision, mmcv with its compiled
+# ops), then the suite without the tests marked `mmcv_ops` or `torchvision`
+# in .venv-floor/ (test-floor: torch 2.1, mmcv-lite, no torchvision;
+# tools/install_floor_env.sh, requirements/floor*.txt). Both run
 # even when the first fails; the status is a failure if either failed.
 # PYTEST_ARGS is passed to both (a `-m` in it replaces the floor's marker
 # expression: use FLOOR_MARKERS for the floor run).
@@ -15,7 +16,7 @@ STAMP := $(VENV)/.mmsoft-installed
 FLOOR_VENV ?= .venv-floor
 FLOOR_PYTHON := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.mmsoft-installed
-FLOOR_MARKERS ?= not mmcv_ops
+FLOOR_MARKERS ?= not mmcv_ops and not torchvision
 PYTEST_ARGS ?=
 # `make gpu-check` installs nothing: it runs in .venv when there is one, else
 # in the active environment (a CUDA stack, see the README's GPU recipe).
@@ -26,7 +27,7 @@ GPU_CHECK_ARGS ?=
 
 $(STAMP): requirements/build.txt requirements/mmcv.txt requirements/runtime.txt \
 		requirements/tests.txt requirements/deploy.txt requirements/mim.txt \
-		setup.cfg tools/install_env.sh tools/venv.sh
+		setup.cfg tools/install_env.sh tools/build_mmcv_wheel.sh tools/venv.sh
 	bash tools/install_env.sh $(VENV)
 	touch $(STAMP)
 

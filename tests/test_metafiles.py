@@ -19,7 +19,7 @@ import yaml
 from mmengine.config import Config
 from mmengine.registry import MODELS
 
-import mmsoft
+import mmsoft  # noqa: F401  (registers the backbones)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MIM_INSTALLED = importlib.util.find_spec('mim') is not None
@@ -95,27 +95,16 @@ def test_flops_are_the_handle_aware_count():
 
 @pytest.fixture(scope='module')
 def mim_env(tmp_path_factory):
-    """Environment in which mim sees mmsoft as a regular install.
-
-    mim 0.3.9 finds a package's ``.mim`` folder next to its distribution
-    metadata, which an editable (PEP 660) install keeps in site-packages
-    without the package. A folder ahead on ``PYTHONPATH`` with the metadata
-    and a link to ``mmsoft/`` is the layout of a regular install of this
-    working tree.
-    """
-    root = tmp_path_factory.mktemp('mim_site')
-    info = root / f'mmsoft-{mmsoft.__version__}.dist-info'
-    info.mkdir()
-    (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: mmsoft\n'
-                                   f'Version: {mmsoft.__version__}\n')
-    os.symlink(osp.dirname(mmsoft.__file__), root / 'mmsoft')
-    return dict(os.environ, PYTHONPATH=str(root))
+    """The environment as installed (``make install``), run from a scratch
+    directory: mim finds mmsoft through the link that
+    ``tools/install_env.sh`` puts into site-packages."""
+    return dict(os.environ, MIM_CWD=str(tmp_path_factory.mktemp('mim_cwd')))
 
 
 def run_mim(env, *args):
     """``mim ARGS`` from a scratch directory; returns stdout and stderr."""
     mim = osp.join(osp.dirname(sys.executable), 'mim')
-    done = subprocess.run([mim, *args], env=env, cwd=env['PYTHONPATH'],
+    done = subprocess.run([mim, *args], env=env, cwd=env['MIM_CWD'],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout + done.stderr

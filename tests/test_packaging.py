@@ -22,6 +22,13 @@ def test_mim_index_lists_existing_configs():
     assert all(osp.isfile(osp.join(MIM_DIR, path)) for path in configs)
 
 
+def test_imported_package_is_the_checkout():
+    """An editable install imports the working tree's files (in .venv through
+    the link that lets mim find the package, see tools/venv.sh)."""
+    assert osp.realpath(osp.dirname(mmsoft.__file__)) == osp.join(
+        osp.realpath(REPO), 'mmsoft')
+
+
 def _pinned_torch(requirements: str) -> str:
     """The ``torch==X`` version a requirements file pins."""
     with open(osp.join(REPO, 'requirements', requirements)) as file:

@@ -1,40 +1,58 @@
-"""ImageNet pre-training path of UFO-ViT, end to end on generated data.
+"""UFO-ViT pre-training through mmpretrain, end to end on generated data.
 
-Pre-training (mmengine ``Runner`` on the demo classification config) ->
-``tools/model_converters/ufo_vit_cls2backbone.py`` -> Mask R-CNN with
-``init_cfg=dict(type='Pretrained', checkpoint=...)`` and one detection
-training step; plus the converter's errors, the head, the batch
-augmentations, the dataset and the ImageNet configs.
+mmpretrain's own ``tools/train.py`` and ``tools/test.py`` (subprocesses) on
+the demo classification config -> ``tools/model_converters/
+ufo_vit_cls2backbone.py`` -> ``UFOViT`` (and Mask R-CNN, with mmcv's ops)
+with ``init_cfg=dict(type='Pretrained', checkpoint=...)``; plus what
+mmsoft.pretrain adds to mmpretrain (the class-attention head against timm's
+XCiT, the stride-16 UFO-ViT against UFOViT), the converter's errors and the
+ImageNet configs.
 """
 import importlib.util
 import math
+import os
 import os.path as osp
+import pickle
+import re
+import subprocess
+import sys
+from functools import partial
 
-import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.config import Config
-from mmengine.registry import DATASETS, MODELS
-from mmengine.structures import BaseDataElement
+from mmengine.registry import DefaultScope
 
-import mmsoft  # noqa: F401  (registers the backbones)
-import mmsoft.pretrain  # noqa: F401  (classifier, head, data, metric)
-from mmsoft.pretrain import (RandAugment, RandomErasing, RandomResizedCrop, ResizeEdge,
-                             mix_batch)
-from mmsoft.pretrain.demo_data import generate_classification_demo
-from mmsoft.models.backbones import SOFT, UFOViT
-from mmsoft.models.backbones.ufo_vit import ARCH_SETTINGS
-from mmsoft.pretrain.cls_to_backbone import ufo_vit_cls_to_backbone
-from mmsoft.pretrain.head import ClassAttentionHead
-from mmsoft.pretrain.losses import soft_cross_entropy
-from mmsoft.testing import backbone_grad_norm, build_mask_rcnn, detector_train_step
+# mmpretrain and timm import torchvision, which the floor environment lacks
+# (it deselects this module with -m "not torchvision").
+pytestmark = pytest.mark.torchvision
+pytest.importorskip('torchvision')
+
+import mmpretrain  # noqa: E402
+from mmpretrain.registry import DATASETS, MODELS  # noqa: E402
+from mmpretrain.structures import DataSample  # noqa: E402
+from timm.models.xcit import \
+    ClassAttentionBlock as TimmClassAttentionBlock  # noqa: E402
+
+import mmsoft  # noqa: E402,F401  (registers UFOViT)
+from mmsoft.models.backbones import SOFT, UFOViT  # noqa: E402
+from mmsoft.models.backbones.ufo_vit import ARCH_SETTINGS  # noqa: E402
+from mmsoft.pretrain import (ClassAttentionBlock,  # noqa: E402
+                             UFOViTClassAttentionHead, UFOViTStride16,
+                             generate_classification_demo, ufo_vit_cls_to_backbone)
+from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn,  # noqa: E402
+                            detector_train_step)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PRETRAIN_DIR = osp.join(REPO, 'configs', 'ufo_vit', 'pretrain')
 DEMO_CONFIG = osp.join(PRETRAIN_DIR, 'ufo-vit-tiny_demo_cls.py')
+MMPRETRAIN_TOOLS = osp.join(osp.dirname(mmpretrain.__file__), '.mim', 'tools')
 SIZES = ('tiny', 'small', 'medium', 'base')
+CLASSES = ('circle', 'square', 'star', 'triangle')
 NUM_TRAIN, NUM_VAL, BATCH = 32, 8, 8
+NUM_ITERS = NUM_TRAIN // BATCH
 # Keys of UFOViT's stride-4/8 output branches, absent from a classifier.
 PYRAMID_KEYS = [
     'pyramid.branches.0.0.bias', 'pyramid.branches.0.0.weight',
@@ -57,6 +75,49 @@ def _load_tool():
 converter_tool = _load_tool()
 
 
+def build(registry, cfg):
+    """Builds ``cfg`` in mmpretrain's scope, as the configs do, whatever scope
+    earlier tests left current."""
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        return registry.build(cfg)
+
+
+def run_mmpretrain_tool(tool: str, *args: str, cwd: str) -> str:
+    """Runs mmpretrain's ``tools/<tool>`` on this Python, with one intra-op
+    thread (see :func:`one_thread`); returns its output."""
+    env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1',
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO,
+                                                        os.environ.get('PYTHONPATH')])))
+    proc = subprocess.run([sys.executable, osp.join(MMPRETRAIN_TOOLS, tool), *args],
+                          cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f'{tool} failed:\n{output[-4000:]}'
+    return output
+
+
+def loader_options(data_root: str, splits=('train', 'val', 'test')) -> list:
+    """``--cfg-options`` for batches of 8 from ``data_root``, in the process."""
+    options = []
+    for split in splits:
+        options += [f'{split}_dataloader.dataset.data_root={data_root}',
+                    f'{split}_dataloader.batch_size={BATCH}',
+                    f'{split}_dataloader.num_workers=0',
+                    f'{split}_dataloader.persistent_workers=False']
+    return options
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """One intra-op thread here too (as in the tools' subprocesses): with
+    another busy process on a 2-core machine, two threads slow these small
+    models down many times over."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope='module')
 def cls_data(tmp_path_factory) -> str:
     """32 training and 8 validation 64x64 images of 4 shape classes."""
@@ -65,56 +126,109 @@ def cls_data(tmp_path_factory) -> str:
     return root
 
 
-def demo_config(data_root: str, work_dir: str) -> Config:
-    """The demo config, shrunk to one epoch of 4 iterations at constant lr."""
-    cfg = Config.fromfile(DEMO_CONFIG)
-    cfg.work_dir = work_dir
-    for split in ('train', 'val', 'test'):
-        loader = cfg[f'{split}_dataloader']
-        loader.dataset.data_root = data_root
-        loader.update(batch_size=BATCH, num_workers=0, persistent_workers=False)
-    cfg.train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=1, val_interval=1)
-    cfg.param_scheduler = []
-    cfg.default_hooks.logger.interval = 1
-    cfg.default_hooks.checkpoint.interval = 1
-    return cfg
+@pytest.fixture(scope='module')
+def pretrained(cls_data, tmp_path_factory):
+    """mmpretrain's train.py on the demo config: one epoch of 4 iterations,
+    then validation. Returns the work dir and the tool's output."""
+    work_dir = str(tmp_path_factory.mktemp('pretrain'))
+    output = run_mmpretrain_tool(
+        'train.py', DEMO_CONFIG, '--work-dir', work_dir, '--cfg-options',
+        *loader_options(cls_data), 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
+        'default_hooks.logger.interval=1', 'default_hooks.checkpoint.interval=1',
+        cwd=work_dir)
+    return work_dir, output
 
 
 @pytest.fixture(scope='module')
-def pretrained(cls_data, tmp_path_factory):
-    """Runs the demo pre-training; returns the runner and its checkpoint path."""
-    from mmengine.runner import Runner
-    work_dir = str(tmp_path_factory.mktemp('pretrain'))
-    runner = Runner.from_cfg(demo_config(cls_data, work_dir))
-    runner.train()
-    return runner, osp.join(work_dir, 'epoch_1.pth')
+def tested(cls_data, pretrained):
+    """mmpretrain's test.py on the checkpoint; its output and predictions."""
+    work_dir, _ = pretrained
+    preds_file = osp.join(work_dir, 'preds.pkl')
+    output = run_mmpretrain_tool(
+        'test.py', DEMO_CONFIG, osp.join(work_dir, 'epoch_1.pth'), '--work-dir',
+        osp.join(work_dir, 'test'), '--out', preds_file, '--cfg-options',
+        *loader_options(cls_data, ('test', )), cwd=work_dir)
+    with open(preds_file, 'rb') as file:
+        predictions = pickle.load(file)
+    return output, predictions
 
 
 @pytest.fixture(scope='module')
 def converted(pretrained, tmp_path_factory):
-    """The tool's output for the pre-training checkpoint."""
-    _, src = pretrained
+    """The converter's output for the pre-training checkpoint."""
+    work_dir, _ = pretrained
+    src = osp.join(work_dir, 'epoch_1.pth')
     dst = str(tmp_path_factory.mktemp('converted') / 'ufo-vit-tiny_demo.pth')
     assert converter_tool.main([src, dst]) == 0
     return src, dst
 
 
+def demo_model(state_dict: dict) -> nn.Module:
+    """The demo config's ImageClassifier with ``state_dict``, in eval mode."""
+    cfg = Config.fromfile(DEMO_CONFIG)
+    model = build(MODELS, dict(cfg.model, data_preprocessor=dict(
+        cfg.data_preprocessor, type='ClsDataPreprocessor')))
+    model.load_state_dict(state_dict, strict=True)
+    return model.eval()
+
+
 # ----------------------------------------------------------- end to end ---
-def test_pretraining_runs_and_logs(pretrained):
-    runner, ckpt = pretrained
-    hub = runner.message_hub
-    assert math.isfinite(hub.get_scalar('train/loss').current())
-    top1 = hub.get_scalar('val/accuracy/top1').current()
+def test_train_tool_trains_validates_and_saves(pretrained):
+    work_dir, output = pretrained
+    losses = re.findall(r'Epoch\(train\) \[1\]\[(\d)/4\].*?loss: ([\d.]+)', output)
+    assert [int(i) for i, _ in losses] == list(range(1, NUM_ITERS + 1))
+    assert all(0 < float(loss) < 10 for _, loss in losses)
+    top1 = float(re.search(r'Epoch\(val\) \[1\]\[1/1\]\s+accuracy/top1: ([\d.]+)',
+                           output).group(1))
     assert 0 <= top1 <= 100 and (top1 * NUM_VAL / 100) % 1 == pytest.approx(0)
-    checkpoint = torch.load(ckpt, map_location='cpu')
+    assert osp.isfile(osp.join(work_dir, 'best_accuracy_top1_epoch_1.pth'))
+
+    checkpoint = torch.load(osp.join(work_dir, 'epoch_1.pth'), map_location='cpu')
     assert checkpoint['meta']['epoch'] == 1
-    assert checkpoint['meta']['iter'] == NUM_TRAIN // BATCH
-    assert checkpoint['meta']['dataset_meta']['classes'] == (
-        'circle', 'square', 'star', 'triangle')
-    state = checkpoint['state_dict']
-    # The layer scales start at 1e-5 and moved during the 4 AdamW steps.
-    assert (state['backbone.blocks.0.gamma1'] - 1e-5).abs().max() > 1e-4
+    assert checkpoint['meta']['iter'] == NUM_ITERS
+    assert checkpoint['meta']['dataset_meta']['classes'] == CLASSES
+    state, raw = checkpoint['state_dict'], checkpoint['ema_state_dict']
+    assert {key.split('.')[0] for key in state} == {'backbone', 'head'}
     assert state['head.fc.weight'].shape == (4, 192)
+    # EMAHook: state_dict holds the average, ema_state_dict the trained weights.
+    assert int(raw['steps']) == NUM_ITERS
+    assert set(raw) == {'steps'} | {f'module.{key}' for key in state}
+    gamma = 'backbone.blocks.0.gamma1'
+    # The layer scales start at 1e-5 and moved during the 4 AdamW steps.
+    assert (raw[f'module.{gamma}'] - 1e-5).abs().max() > 1e-4
+    assert not torch.allclose(state[gamma], raw[f'module.{gamma}'])
+
+
+def test_test_tool_evaluates_the_ema_weights(tested, pretrained, cls_data):
+    output, predictions = tested
+    top1 = float(re.search(r'Epoch\(test\) \[1/1\]\s+accuracy/top1: ([\d.]+)',
+                           output).group(1))
+    assert len(predictions) == NUM_VAL
+    correct = [int(p['pred_label']) == int(p['gt_label']) for p in predictions]
+    assert top1 == pytest.approx(100 * sum(correct) / NUM_VAL)
+
+    # The scores are those of the checkpoint's state_dict (the EMA weights),
+    # not of the trained weights.
+    work_dir, _ = pretrained
+    checkpoint = torch.load(osp.join(work_dir, 'epoch_1.pth'), map_location='cpu')
+    raw = {key[len('module.'):]: value
+           for key, value in checkpoint['ema_state_dict'].items() if key != 'steps'}
+    cfg = Config.fromfile(DEMO_CONFIG)
+    dataset = build(DATASETS, dict(cfg.test_dataloader.dataset, data_root=cls_data))
+    items = [dataset[i] for i in range(NUM_VAL)]
+    scores = {}
+    for name, weights in (('ema', checkpoint['state_dict']), ('raw', raw)):
+        model = demo_model(weights)
+        batch = model.data_preprocessor(dict(
+            inputs=[item['inputs'] for item in items],
+            data_samples=[item['data_samples'] for item in items]))
+        with torch.no_grad():
+            scores[name] = torch.stack(
+                [p.pred_score for p in model(**batch, mode='predict')])
+    dumped = torch.stack([p['pred_score'] for p in sorted(
+        predictions, key=lambda p: p['sample_idx'])])
+    assert torch.allclose(scores['ema'], dumped, atol=1e-5)
+    assert (scores['raw'] - dumped).abs().max() > 1e-4
 
 
 def test_converter_output(converted):
@@ -126,13 +240,24 @@ def test_converter_output(converted):
     backbone_keys = {k[len(prefix):] for k in classifier if k.startswith(prefix)}
     assert set(state) == backbone_keys and len(state) == 366
     for key, value in state.items():
-        assert torch.equal(value, classifier['backbone.' + key]), key
-    assert meta['arch'] == 'tiny'
+        assert torch.equal(value, classifier[prefix + key]), key
+    assert meta['arch'] == 'tiny' and meta['ema'] is True
     assert meta['arch_settings'] == dict(ARCH_SETTINGS['tiny'], mlp_ratio=4,
                                          lpi_kernel_size=3, pos_hidden_dims=32)
     assert meta['not_pretrained'] == PYRAMID_KEYS
-    assert meta['num_dropped'] == sum(not k.startswith('backbone.') for k in classifier)
-    assert meta['source_epoch'] == 1 and meta['source_iter'] == NUM_TRAIN // BATCH
+    assert meta['num_dropped'] == sum(not k.startswith(prefix) for k in classifier)
+    assert meta['source_epoch'] == 1 and meta['source_iter'] == NUM_ITERS
+
+
+def test_ufo_vit_loads_the_converted_checkpoint(converted):
+    _, dst = converted
+    weights = torch.load(dst, map_location='cpu')['state_dict']
+    model = UFOViT(arch='tiny', init_cfg=dict(type='Pretrained', checkpoint=dst))
+    model.init_weights()
+    loaded = model.state_dict()
+    assert sorted(set(loaded) - set(weights)) == PYRAMID_KEYS
+    for key, value in weights.items():
+        assert torch.equal(loaded[key], value), key
 
 
 @pytest.mark.mmcv_ops  # trains Mask R-CNN
@@ -193,181 +318,190 @@ def test_converter_lists_missing_and_unexpected_keys():
 def test_converter_detects_custom_arch():
     arch = dict(embed_dims=48, depth=5, num_heads=3, mlp_ratio=2, lpi_kernel_size=5,
                 pos_hidden_dims=8)
-    state = _classifier_state(UFOViT(arch=arch, in_channels=4, qkv_bias=False))
+    state = _classifier_state(UFOViTStride16(arch=arch, in_channels=4, qkv_bias=False))
     wrapped = {'module.' + k: v for k, v in state.items()}  # DDP prefix
     backbone, info = ufo_vit_cls_to_backbone(wrapped)
     assert info['arch'] is None and info['arch_settings'] == arch
     assert info['in_channels'] == 4 and info['qkv_bias'] is False
-    assert info['not_pretrained'] == [] and info['dropped'] == [
+    assert info['ema'] is False
+    assert info['not_pretrained'] == PYRAMID_KEYS and info['dropped'] == [
         'module.head.fc.bias', 'module.head.fc.weight']
-    model = UFOViT(arch=arch, in_channels=4, qkv_bias=False)
+    model = UFOViT(arch=arch, in_channels=4, qkv_bias=False, out_indices=(3, ))
     model.load_state_dict(backbone, strict=True)
 
 
-# ---------------------------------------------------------- head, losses ---
-def test_soft_cross_entropy_matches_torch():
-    torch.manual_seed(0)
-    logits, labels = torch.randn(6, 5), torch.tensor([0, 1, 2, 3, 4, 0])
-    expected = F.cross_entropy(logits, labels, label_smoothing=0.1)
-    assert torch.allclose(soft_cross_entropy(logits, labels, 0.1), expected)
-    assert torch.allclose(soft_cross_entropy(logits, F.one_hot(labels, 5).float(), 0.1),
-                          expected)
-    assert float(soft_cross_entropy(torch.zeros(2, 4), torch.tensor([1, 2]))) == \
-        pytest.approx(math.log(4))
+# ------------------------------------------------------------ mmsoft parts ---
+def _timm_block_state(block: ClassAttentionBlock) -> dict:
+    """Our block's tensors under timm's XCiT names (``mlp.fc1``/``mlp.fc2``)."""
+    rename = {'ffn.layers.0.0.': 'mlp.fc1.', 'ffn.layers.1.': 'mlp.fc2.'}
+    state = {}
+    for key, value in block.state_dict().items():
+        for old, new in rename.items():
+            key = key.replace(old, new)
+        state[key] = value
+    return state
 
 
-def test_class_attention_head():
+def test_head_is_xcit_class_attention_stage():
     torch.manual_seed(0)
-    head = ClassAttentionHead(num_classes=7, in_channels=32, num_layers=2, num_heads=4,
-                              layer_scale_init_value=0.5)
+    head = UFOViTClassAttentionHead(num_classes=5, in_channels=32, num_layers=2,
+                                    num_heads=4, layer_scale_init_value=0.5)
     head.init_weights()
+    with torch.no_grad():  # move every tensor off its initial value
+        for param in head.parameters():
+            param.add_(0.1 * torch.randn_like(param))
     head.eval()
-    feats = torch.randn(3, 32, 4, 5)
-    logits = head((feats, ))
-    assert logits.shape == (3, 7)
-    # Class attention pools the tokens: their order does not matter.
-    tokens = feats.flatten(2).transpose(1, 2)
-    shuffled = tokens[:, torch.randperm(20)]
-    assert torch.allclose(head(shuffled), logits, atol=1e-5)
-    # The tokens are used: changing one changes the logits.
-    tokens[:, 0] += torch.randn(32)
-    assert not torch.allclose(head(tokens), logits, atol=1e-4)
+    reference = nn.ModuleList(
+        TimmClassAttentionBlock(32, 4, qkv_bias=True, eta=0.5,
+                                norm_layer=partial(nn.LayerNorm, eps=1e-6))
+        for _ in range(2)).eval()
+    for ours, theirs in zip(head.layers, reference):
+        theirs.load_state_dict(_timm_block_state(ours), strict=True)
 
-    pooling = ClassAttentionHead(num_classes=7, in_channels=32, num_layers=0)
+    feats = torch.randn(3, 32, 4, 5)
+    tokens = feats.flatten(2).transpose(1, 2)  # (B, 20, C)
+    x = torch.cat((head.cls_token.expand(3, -1, -1), tokens), dim=1)
+    with torch.no_grad():
+        for block in reference:
+            x = block(x)
+        expected = head.fc(F.layer_norm(x[:, 0], (32, ), head.norm.weight,
+                                        head.norm.bias, eps=1e-6))
+        logits = head((feats, ))
+        assert logits.shape == (3, 5)
+        assert torch.allclose(logits, expected, atol=1e-5)
+        # Tokens (B, N, C) are read as they are; their order does not matter.
+        assert torch.allclose(head(tokens[:, torch.randperm(20)]), logits, atol=1e-5)
+        # One block: the class token of timm's block; the tokens are unchanged.
+        cls_token = torch.randn(3, 1, 32)
+        before = tokens.clone()
+        new_cls = head.layers[0](cls_token, tokens)
+        assert new_cls.shape == (3, 1, 32) and torch.equal(tokens, before)
+        assert torch.allclose(
+            new_cls, reference[0](torch.cat((cls_token, tokens), dim=1))[:, :1],
+            atol=1e-5)
+
+
+def test_head_losses_and_predictions_are_mmpretrains():
+    torch.manual_seed(0)
+    head = build(MODELS, dict(
+        type='UFOViTClassAttentionHead', num_classes=4, in_channels=16, num_layers=1,
+        num_heads=2, loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1,
+                               mode='original')))
+    head.init_weights()
+    feats = (torch.randn(3, 16, 2, 2), )
+    logits = head(feats)
+    labels = torch.tensor([0, 3, 1])
+    samples = [DataSample().set_gt_label(int(i)) for i in labels]
+    losses = head.loss(feats, samples)
+    assert torch.allclose(losses['loss'],
+                          F.cross_entropy(logits, labels, label_smoothing=0.1))
+    # Mixup/CutMix targets: cross-entropy with the smoothed soft scores.
+    targets = torch.softmax(torch.randn(3, 4), dim=1)
+    samples = [DataSample().set_gt_label(0).set_gt_score(t) for t in targets]
+    smoothed = 0.9 * targets + 0.1 / 4
+    expected = -(smoothed * logits.log_softmax(dim=1)).sum(dim=1).mean()
+    assert torch.allclose(head.loss(feats, samples)['loss'], expected, atol=1e-6)
+
+    predicted = head.predict(feats)
+    assert all(isinstance(p, DataSample) for p in predicted)
+    assert torch.allclose(torch.stack([p.pred_score for p in predicted]),
+                          logits.softmax(dim=1))
+    assert [int(p.pred_label) for p in predicted] == logits.argmax(1).tolist()
+
+
+def test_head_average_pooling_and_arguments():
+    torch.manual_seed(0)
+    pooling = UFOViTClassAttentionHead(num_classes=7, in_channels=32, num_layers=0)
+    pooling.init_weights()
+    feats = torch.randn(3, 32, 4, 5)
     expected = pooling.fc(pooling.norm(feats.mean(dim=(2, 3))))
     assert torch.allclose(pooling(feats), expected)
-    samples = [BaseDataElement(gt_label=torch.tensor([i])) for i in (0, 3, 6)]
-    losses = pooling.loss(feats, samples)
-    assert torch.allclose(losses['loss'], F.cross_entropy(
-        expected, torch.tensor([0, 3, 6]), label_smoothing=0.1))
-    predicted = pooling.predict(feats)
-    assert [int(p.pred_label) for p in predicted] == expected.argmax(-1).tolist()
+    assert not hasattr(pooling, 'cls_token')
+    with pytest.raises(ValueError, match='in_channels'):
+        UFOViTClassAttentionHead(num_classes=7, in_channels=30, num_heads=4)
+    with pytest.raises(ValueError, match='num_layers=-1'):
+        UFOViTClassAttentionHead(num_classes=7, in_channels=32, num_layers=-1)
+    with pytest.raises(ValueError, match=r'expected a map \(B, 32, h, w\)'):
+        pooling(torch.randn(3, 16, 4, 5))
 
 
-def test_classifier_reads_stride16_tokens():
-    cfg = Config.fromfile(DEMO_CONFIG).model
-    with_skip = MODELS.build(cfg)
-    without = MODELS.build(dict(cfg, skip_final_pool=False))
-    images = torch.randn(2, 3, 64, 64)
-    assert with_skip.extract_feat(images)[-1].shape == (2, 192, 4, 4)
-    assert without.extract_feat(images)[-1].shape == (2, 192, 2, 2)
-    assert list(with_skip.state_dict()) == list(without.state_dict())
-    with pytest.raises(ValueError, match='single resampled output'):
-        MODELS.build(dict(cfg, backbone=dict(cfg.backbone, out_indices=(2, 3))))
-
-
-# --------------------------------------------------------- augmentations ---
-def test_mixup_and_cutmix():
+def test_ufo_vit_stride16_is_ufo_vit_before_its_final_pool():
     torch.manual_seed(0)
-    images = torch.randn(4, 3, 16, 16)
-    targets = F.one_hot(torch.tensor([0, 1, 2, 3]), 4).float()
-    np.random.seed(0)
-    mixed, mixed_targets, lam, mode = mix_batch(images, targets, 0.8, 0., 0.5, 1.0)
-    assert mode == 'mixup' and 0 < lam < 1
-    assert torch.allclose(mixed, lam * images + (1 - lam) * images.flip(0))
-    assert torch.allclose(mixed_targets.sum(1), torch.ones(4))
-    assert mixed_targets[0, 0] == pytest.approx(lam)
-    assert mixed_targets[0, 3] == pytest.approx(1 - lam)
-
-    np.random.seed(1)
-    mixed, mixed_targets, lam, mode = mix_batch(images, targets, 0., 1.0, 0.5, 1.0)
-    assert mode == 'cutmix'
-    kept = (mixed == images).all(dim=1).float().mean(dim=(1, 2))
-    assert torch.allclose(kept, torch.full((4, ), lam))
-    assert torch.allclose(mixed_targets[:, 0], torch.tensor([lam, 0, 0, 1 - lam]))
-    _, same, lam, mode = mix_batch(images, targets, 0.8, 1.0, 0.5, prob=0.0)
-    assert mode == 'none' and lam == 1.0 and torch.equal(same, targets)
-
-
-def test_preprocessor_normalises_erases_and_mixes():
-    cfg = dict(type='ClsDataPreprocessor', num_classes=3,
-               mean=[10., 20., 30.], std=[2., 4., 5.], to_rgb=True)
-    image = torch.stack([torch.full((8, 8), v, dtype=torch.uint8)
-                         for v in (30, 20, 10)])
-    samples = [BaseDataElement(gt_label=torch.tensor([i])) for i in range(2)]
-    plain = MODELS.build(cfg)
-    out = plain(dict(inputs=[image, image], data_samples=samples), training=True)
-    assert out['inputs'].shape == (2, 3, 8, 8)
-    assert torch.equal(out['inputs'], torch.zeros(2, 3, 8, 8))  # BGR -> RGB
-    np.random.seed(0)
-    # Erasing is a pipeline transform (mmpretrain's RandomErasing), mixing
-    # the preprocessor's batch augmentation.
-    erase = RandomErasing(erase_prob=1.0, mode='rand', min_area_ratio=0.02,
-                          max_area_ratio=1 / 3, fill_color=(10, 20, 30),
-                          fill_std=(5, 4, 2))
-    erased_images = [torch.from_numpy(erase(dict(
-        img=image.permute(1, 2, 0).numpy().copy()))['img']).permute(2, 0, 1)
-        for _ in range(2)]
-    augmenting = MODELS.build(dict(
-        cfg, batch_augments=dict(augments=[dict(type='Mixup', alpha=0.8)])))
-    out = augmenting(dict(inputs=erased_images, data_samples=samples), training=True)
-    erased = (out['inputs'] != 0).any(dim=1).float().mean(dim=(1, 2))
-    assert ((erased >= 0.02) & (erased <= 0.5)).all()
-    scores = torch.stack([s.gt_score for s in out['data_samples']])
-    assert torch.allclose(scores.sum(1), torch.ones(2))
-    assert scores[0, 0] == pytest.approx(1 - float(scores[0, 1]))
+    arch = dict(embed_dims=32, depth=4, num_heads=2)
+    ours = UFOViTStride16(arch=arch).eval()
+    pooled = UFOViT(arch=arch, out_indices=(3, )).eval()
+    pooled.load_state_dict(ours.state_dict(), strict=True)
+    assert list(ours.state_dict()) == list(pooled.state_dict())
+    x = torch.randn(2, 3, 64, 80)
+    with torch.no_grad():
+        (tokens, ), (expected, ) = ours(x), pooled(x)
+        assert tokens.shape == (2, 32, 4, 5) and expected.shape == (2, 32, 2, 3)
+        assert torch.allclose(F.max_pool2d(tokens, 2, ceil_mode=True), expected)
+        # A padded batch: the second image is 32x48 at the top left.
+        (masked, ) = ours(x, valid_shapes=[(64, 80), (32, 48)])
+        (alone, ) = ours(x[1:, :, :32, :48])
+    assert torch.allclose(masked[0], tokens[0], atol=1e-5)
+    assert torch.allclose(masked[1, :, :2, :3], alone[0], atol=1e-5)
+    assert masked[1, :, 2:].abs().max() == 0 and masked[1, :, :, 3:].abs().max() == 0
+    with pytest.raises(ValueError, match='out_indices'):
+        UFOViTStride16(arch=arch, out_indices=(2, 3))
 
 
-def test_transforms_shapes():
-    np.random.seed(0)
-    img = np.random.randint(0, 256, (40, 60, 3), dtype=np.uint8)
-    out = RandomResizedCrop(32)(dict(img=img))
-    assert out['img'].shape == (32, 32, 3) and out['img_shape'] == (32, 32)
-    top, left, height, width = RandomResizedCrop(32).crop_box(40, 60)
-    assert 0 <= top <= 40 - height and 0 <= left <= 60 - width
-    assert 0.08 * 2400 * 0.8 <= height * width <= 2400
-    out = ResizeEdge(20)(dict(img=img))
-    assert out['img'].shape == (20, 30, 3)
-    augment = RandAugment('timm_increasing', num_policies=3, magnitude_level=9,
-                          hparams=dict(prob=1.0))
-    assert len(augment.sample()) == 3
-    out = augment(dict(img=img.copy()))
-    assert out['img'].shape == img.shape and out['img'].dtype == np.uint8
-    assert not np.array_equal(out['img'], img)
+def test_registered_in_mmpretrain_only():
+    from mmengine.registry import MODELS as ROOT_MODELS
+    for name, cls in (('UFOViTClassAttentionHead', UFOViTClassAttentionHead),
+                      ('UFOViTStride16', UFOViTStride16)):
+        assert MODELS.get(name) is cls
+        assert name not in ROOT_MODELS.module_dict
 
 
-# ------------------------------------------------------ dataset, configs ---
-def test_dataset_folder_and_list_file_agree(cls_data):
-    by_folder = DATASETS.build(dict(type='CustomDataset', data_root=cls_data,
-                                    data_prefix='train'))
-    by_list = DATASETS.build(dict(type='CustomDataset', data_root=cls_data,
-                                  data_prefix=dict(img_path='val'),
-                                  ann_file='meta/val.txt', classes='meta/classes.txt'))
-    assert len(by_folder) == NUM_TRAIN and len(by_list) == NUM_VAL
-    classes = ('circle', 'square', 'star', 'triangle')
-    assert by_folder.metainfo['classes'] == classes == by_list.metainfo['classes']
-    labels = [by_folder.get_data_info(i)['gt_label'] for i in range(NUM_TRAIN)]
-    assert np.bincount(labels).tolist() == [NUM_TRAIN // 4] * 4
-    info = by_list.get_data_info(1)
-    assert info['gt_label'] == 1 and info['img_path'].endswith('square/000034.png')
-
-
+# --------------------------------------------------------------- configs ---
 @pytest.mark.parametrize('size', SIZES)
 def test_imagenet_configs(size):
     cfg = Config.fromfile(osp.join(PRETRAIN_DIR, f'ufo-vit-{size}_8xb128-300e_in1k.py'))
     arch = ARCH_SETTINGS[size]
-    assert cfg.default_scope == 'mmengine'
-    assert cfg.model.backbone.arch == size and cfg.model.backbone.out_indices == (3, )
-    assert cfg.model.head.in_channels == arch['embed_dims']
-    assert arch['embed_dims'] % cfg.model.head.num_heads == 0
-    assert cfg.model.head.num_classes == cfg.model.data_preprocessor.num_classes == 1000
+    assert cfg.default_scope == 'mmpretrain'
+    assert cfg.custom_imports.imports == ['mmsoft', 'mmsoft.pretrain']
+    model = cfg.model
+    assert model.type == 'ImageClassifier' and model.neck is None
+    assert model.backbone.type == 'UFOViTStride16' and model.backbone.arch == size
+    assert model.head.type == 'UFOViTClassAttentionHead' and model.head.num_layers == 2
+    assert model.head.in_channels == arch['embed_dims']
+    assert arch['embed_dims'] % model.head.num_heads == 0
+    assert model.head.num_classes == cfg.data_preprocessor.num_classes == 1000
+    assert model.head.loss == dict(type='LabelSmoothLoss', label_smooth_val=0.1,
+                                   mode='original')
+    assert model.train_cfg.augments == [dict(type='Mixup', alpha=0.8),
+                                        dict(type='CutMix', alpha=1.0)]
+    assert cfg.optim_wrapper.optimizer.type == 'AdamW'
     assert cfg.optim_wrapper.optimizer.lr == pytest.approx(
         5e-4 * cfg.auto_scale_lr.base_batch_size / 512)
     assert cfg.auto_scale_lr.base_batch_size == 8 * cfg.train_dataloader.batch_size
-    assert cfg.train_cfg.max_epochs == 300 and cfg.param_scheduler[0].end == 5
+    assert set(cfg.optim_wrapper.paramwise_cfg.custom_keys) == {
+        'pos_embed', 'gamma', 'cls_token'}
+    assert cfg.train_cfg.max_epochs == 300
+    warmup, cosine = cfg.param_scheduler
+    assert (warmup.type, warmup.end, cosine.type, cosine.begin, cosine.end) == (
+        'LinearLR', 5, 'CosineAnnealingLR', 5, 300)
+    assert cfg.custom_hooks == [dict(type='EMAHook', momentum=4e-5,
+                                     priority='ABOVE_NORMAL')]
+    assert cfg.train_dataloader.dataset.type == 'ImageNet'
+    augment, = [t for t in cfg.train_pipeline if t.type == 'RandAugment']
+    assert augment.magnitude_level == 9 and augment.policies == 'timm_increasing'
+    assert (cfg.val_evaluator.type, cfg.val_evaluator.topk) == ('Accuracy', (1, 5))
 
 
 def test_imagenet_pipeline_and_model_on_demo_data(cls_data):
-    cfg = Config.fromfile(osp.join(PRETRAIN_DIR, 'ufo-vit-small_8xb128-300e_in1k.py'))
+    cfg = Config.fromfile(osp.join(PRETRAIN_DIR, 'ufo-vit-tiny_8xb128-300e_in1k.py'))
     for split in ('train', 'val'):
-        dataset = DATASETS.build(dict(cfg[f'{split}_dataloader'].dataset,
-                                      data_root=cls_data))
-        item = dataset[0]
+        dataset = build(DATASETS, dict(cfg[f'{split}_dataloader'].dataset,
+                                       data_root=cls_data))
+        item = dataset[1]
         assert item['inputs'].shape == (3, 224, 224)
         assert item['inputs'].dtype == torch.uint8
-        assert int(item['data_samples'].gt_label) == 0
-    model = MODELS.build(cfg.model)
-    model.eval()
+        assert int(item['data_samples'].gt_label) == 1
+    model = build(MODELS, dict(cfg.model, data_preprocessor=dict(
+        cfg.data_preprocessor, type='ClsDataPreprocessor'))).eval()
     batch = model.data_preprocessor(dict(inputs=[item['inputs']],
                                          data_samples=[item['data_samples']]))
     with torch.no_grad():

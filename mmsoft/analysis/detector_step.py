@@ -1,9 +1,15 @@
 """One Mask R-CNN training iteration, timed, with its memory by component.
 
 The detectors are the 1x COCO Mask R-CNN configs: the project's SOFT++ and
-UFO-ViT ones, mmdet's Swin-T one, and PVTv2-b2 (mmdet ships PVTv2 only in
-RetinaNet configs, so its Mask R-CNN is the Swin-T config with the backbone
-and the FPN's input widths swapped for RetinaNet-PVTv2-b2's). The iteration
+UFO-ViT ones, mmdet's Swin-T one, and the peers PVTv2-b2, PVTv2-b2-li and
+XCiT-S12, each the Swin-T config with the backbone and the FPN's input
+widths swapped (mmdet ships PVTv2 only in RetinaNet configs, and neither
+PVTv2-b2-li nor XCiT). PVTv2-b2 is mmdet's (RetinaNet-PVTv2-b2's backbone);
+PVTv2-b2-li and XCiT-S12 are timm's, built through mmpretrain's
+``TIMMBackbone`` (``type='mmpretrain.TIMMBackbone'``, no new registry
+names), XCiT's trunk then wrapped in its detection resampling to strides
+4-32 (:class:`~mmsoft.analysis.peers.IsotropicPyramid`, the module the
+backbone benchmark measures). The iteration
 is what ``model.train_step`` runs between data loading and the optimizer
 step: the loss forward on a pre-processed batch and its backward. Images and
 annotations (boxes, labels, masks) are generated.
@@ -13,9 +19,10 @@ prints one ``RESULT {json}`` line; ``tools/analysis/benchmark.py`` starts
 one per (detector, size) so each peak is its own.
 """
 import argparse
+import copy
 import json
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -24,6 +31,8 @@ from mmengine.config import Config
 from .config_models import build_model_from_config
 from .measure import (add_live_memory_flag, peak_memory_of, start_worker,
                       timing_fields)
+from .peers import (PVTV2_B2_LI, PVTV2_B2_LI_CHANNELS, XCIT_S12_DIMS,
+                    XCIT_S12_TRUNK, IsotropicPyramid)
 from .saved_tensors import SavedTensorRecorder
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / 'configs'
@@ -34,12 +43,29 @@ DETECTOR_CONFIGS = {
     'ufo-vit-small': str(CONFIG_DIR /
                          'ufo_vit/mask-rcnn_ufo-vit-small_fpn_1x_coco.py'),
     'swin-t': SWIN_T_CONFIG,
-    'pvtv2-b2': SWIN_T_CONFIG,  # backbone swapped by detector_config
+    # Backbones swapped by detector_config (see SWAPPED_BACKBONES).
+    'pvtv2-b2': SWIN_T_CONFIG,
+    'pvtv2-b2-li': SWIN_T_CONFIG,
+    'xcit-s12': SWIN_T_CONFIG,
 }
 # mmdet's configs/pvt/retinanet_pvtv2-b2_fpn_1x_coco.py.
 PVTV2_B2_BACKBONE = dict(type='PyramidVisionTransformerV2', embed_dims=64,
                          num_layers=[3, 4, 6, 3])
 PVTV2_B2_CHANNELS = [64, 128, 320, 512]
+# Detector name -> (backbone config, FPN in_channels) put into the Swin-T
+# config. timm's models go through mmpretrain's registry (imported when
+# built, not here).
+SWAPPED_BACKBONES = {
+    'pvtv2-b2': (PVTV2_B2_BACKBONE, PVTV2_B2_CHANNELS),
+    'pvtv2-b2-li': (dict(type='mmpretrain.TIMMBackbone', pretrained=False,
+                         **PVTV2_B2_LI), PVTV2_B2_LI_CHANNELS),
+    # XCiT's trunk: four stride-16 maps, resampled by build_detector.
+    'xcit-s12': (dict(type='mmpretrain.TIMMBackbone', pretrained=False,
+                      **XCIT_S12_TRUNK), [XCIT_S12_DIMS] * 4),
+}
+# Detector name -> channels of the trunk that build_detector wraps in
+# IsotropicPyramid (its maps at strides 4, 8, 16 and 32).
+PYRAMID_WRAPPED = {'xcit-s12': XCIT_S12_DIMS}
 # Objects per generated image: COCO's train2017 mean is 7.3.
 OBJECTS_PER_IMAGE = 7
 
@@ -59,15 +85,32 @@ def detector_config(name: str) -> Config:
         cfg = get_config(path)
     else:
         cfg = Config.fromfile(path)
-    if name == 'pvtv2-b2':
-        cfg.model.backbone = Config(PVTV2_B2_BACKBONE)
-        cfg.model.neck.in_channels = PVTV2_B2_CHANNELS
+    if name in SWAPPED_BACKBONES:
+        backbone, channels = SWAPPED_BACKBONES[name]
+        cfg.model.backbone = Config(copy.deepcopy(backbone))
+        cfg.model.neck.in_channels = list(channels)
     return cfg
 
 
-def build_detector(name: str) -> nn.Module:
-    """Detector ``name`` initialised from scratch, in train mode."""
-    model = build_model_from_config(detector_config(name))
+def build_detector(name: str, cfg_options: Optional[dict] = None) -> nn.Module:
+    """Detector ``name`` initialised from scratch, in train mode.
+
+    For XCiT-S12 (:data:`PYRAMID_WRAPPED`) the config's backbone is timm's
+    trunk; the detector's backbone becomes that trunk followed by XCiT's
+    resampling to strides 4-32 (:class:`~.peers.IsotropicPyramid`).
+
+    Args:
+        name (str): One of :data:`DETECTOR_CONFIGS`.
+        cfg_options (dict, optional): Changes to the config, as
+            ``Config.merge_from_dict`` takes them (e.g.
+            ``{'model.train_cfg.rcnn.sampler.num': 64}``). Default: None.
+    """
+    cfg = detector_config(name)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    model = build_model_from_config(cfg)
+    if name in PYRAMID_WRAPPED:
+        model.backbone = IsotropicPyramid(model.backbone, PYRAMID_WRAPPED[name])
     model.init_weights()
     return model.train()
 

@@ -2,11 +2,19 @@
 
 A spec is ``NAME`` or ``NAME:key=value,key=value`` (values parsed as Python
 literals when possible), e.g. ``soft-small``, ``soft-small:solver=newton``,
-``ufo-vit-small``, ``swin-t``, ``pvtv2-b2``.
+``ufo-vit-small``, ``swin-t``, ``pvtv2-b2``, ``pvtv2-b2-li``, ``xcit-s12``.
+
+The peers: mmdet's Swin-T and PVTv2-b2, and timm's PVTv2-b2-li and XCiT-S12
+(through mmpretrain's ``TIMMBackbone``). timm and mmpretrain are imported
+only when one of the latter two is built: they need torchvision, which some
+supported environments lack.
 """
 import ast
-from typing import Callable, Dict, Tuple
+import contextlib
+import logging
+from typing import Callable, Dict, Sequence, Tuple
 
+import torch
 import torch.nn as nn
 
 SOFT_ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
@@ -48,11 +56,92 @@ def _pvtv2_b2(**kwargs) -> nn.Module:
     return PyramidVisionTransformerV2(**settings)
 
 
+# timm 1.0's pvt_v2_b2_li (keys pooled to 7x7: linear cost), four maps at
+# strides 4-32; drop-path rate as mmdet's PVTv2 (and the PVTv2 detection
+# configs).
+PVTV2_B2_LI = dict(model_name='pvt_v2_b2_li', features_only=True,
+                   out_indices=(0, 1, 2, 3), drop_path_rate=0.1)
+PVTV2_B2_LI_CHANNELS = [64, 128, 320, 512]
+# timm's xcit_small_12_p16_224 (no checkpoint: any input size) as in XCiT's
+# Mask R-CNN configs (facebookresearch/xcit detection/): the outputs of
+# blocks 3, 5, 7 and 11, drop-path rate 0.05 in every block. With
+# ``features_only`` timm drops the class-attention blocks and the head.
+XCIT_S12_TRUNK = dict(model_name='xcit_small_12_p16_224', features_only=True,
+                      out_indices=(3, 5, 7, 11), drop_path_rate=0.05)
+XCIT_S12_DIMS = 384
+
+
+class IsotropicPyramid(nn.Module):
+    """A single-stride trunk's maps resampled to strides 4, 8, 16 and 32.
+
+    The resampling is XCiT's detection neck-in-backbone, the same as
+    UFO-ViT's: the branches of :class:`~mmsoft.models.layers.FeaturePyramidAdapter`
+    (x4: deconvolution, BatchNorm, GELU, deconvolution; x2: deconvolution;
+    identity; max pool), run with plain autograd (not the adapter's
+    memory-saving ``BatchNorm -> GELU -> deconvolution`` function, which is
+    mmsoft's own), so the peer costs what XCiT's code costs.
+
+    Args:
+        trunk (nn.Module): Returns four (B, C, H, W) maps of one stride,
+            e.g. ``TIMMBackbone(..., features_only=True)`` of an isotropic
+            model.
+        embed_dims (int): C.
+    """
+
+    def __init__(self, trunk: nn.Module, embed_dims: int):
+        super().__init__()
+        from ..models.layers import FeaturePyramidAdapter
+        self.trunk = trunk
+        self.pyramid = FeaturePyramidAdapter(embed_dims, (0, 1, 2, 3))
+
+    def init_weights(self) -> None:
+        """The trunk's own initialisation (timm initialises on construction);
+        the resampling branches keep PyTorch's defaults."""
+        if hasattr(self.trunk, 'init_weights'):
+            self.trunk.init_weights()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """(B, 3, H, W) -> maps at strides 4, 8, 16 and 32 of the trunk's
+        stride-16 grid (h, w): (4h, 4w), (2h, 2w), (h, w), (ceil(h/2),
+        ceil(w/2))."""
+        feats: Sequence[torch.Tensor] = self.trunk(x)
+        if len(feats) != 4:
+            raise ValueError(f'the trunk gave {len(feats)} maps; expected 4.')
+        return tuple(self.pyramid.branches[str(i)](feat)
+                     for i, feat in enumerate(feats))
+
+
+def timm_backbone(**settings) -> nn.Module:
+    """mmpretrain's ``TIMMBackbone(**settings)``, without a checkpoint
+    (imports timm and mmpretrain)."""
+    try:
+        from mmpretrain.models.backbones import TIMMBackbone
+    except ImportError as error:
+        raise ImportError(f"timm's {settings.get('model_name')} needs timm and "
+                          f'mmpretrain (and torchvision): {error}') from error
+    settings.setdefault('pretrained', False)
+    return TIMMBackbone(**settings)
+
+
+def _pvtv2_b2_li(**kwargs) -> nn.Module:
+    """timm's PVTv2-b2-li, four maps (64, 128, 320, 512 channels)."""
+    return timm_backbone(**dict(PVTV2_B2_LI, **kwargs))
+
+
+def _xcit_s12(**kwargs) -> nn.Module:
+    """timm's XCiT-S12/16 trunk with XCiT's detection resampling: four maps
+    of 384 channels at strides 4-32."""
+    return IsotropicPyramid(timm_backbone(**dict(XCIT_S12_TRUNK, **kwargs)),
+                            XCIT_S12_DIMS)
+
+
 BACKBONES: Dict[str, Callable[..., nn.Module]] = {
     **{f'soft-{arch}': _soft(arch) for arch in SOFT_ARCHS},
     **{f'ufo-vit-{arch}': _ufo_vit(arch) for arch in UFO_ARCHS},
     'swin-t': _swin_t,
     'pvtv2-b2': _pvtv2_b2,
+    'pvtv2-b2-li': _pvtv2_b2_li,
+    'xcit-s12': _xcit_s12,
 }
 
 
@@ -75,10 +164,25 @@ def parse_spec(spec: str) -> Tuple[str, dict]:
     return name, kwargs
 
 
+@contextlib.contextmanager
+def quiet_init_info():
+    """Drops mmengine's INFO records (warnings pass) while inside: a top-level
+    ``BaseModule.init_weights`` logs one record per parameter."""
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def build_backbone(spec: str) -> nn.Module:
     """The backbone named by ``spec``, initialised, in eval mode."""
     name, kwargs = parse_spec(spec)
     model = BACKBONES[name](**kwargs)
-    model.init_weights()
+    with quiet_init_info():
+        model.init_weights()
     model.eval()  # some backbones' train() does not return the module
     return model

@@ -50,8 +50,9 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
 
 
 def library_of(cfg: Config, path: str = '') -> str:
-    """``'mmdet'``, ``'mmseg'`` or ``'mmengine'`` (plain mmengine configs such
-    as UFO-ViT's ImageNet pretraining), from ``cfg.default_scope``.
+    """``'mmdet'``, ``'mmseg'`` or ``'mmengine'`` (plain mmengine configs),
+    from ``cfg.default_scope``. UFO-ViT's ImageNet pre-training configs are
+    mmpretrain's and run with mmpretrain's own tools.
 
     Raises:
         ValueError: ``default_scope`` is not one of :data:`LIBRARIES`; the

@@ -75,7 +75,7 @@ def config_types(node) -> Iterator[str]:
 
 def mmsoft_model_types() -> Dict[str, str]:
     """The model types that mmsoft registers, with what each is
-    (``'backbone'``, or ``'model'`` for data preprocessors and heads)."""
+    (``'backbone'``, or ``'model'`` for the data preprocessors)."""
     from mmengine.registry import MODELS
     return {name: 'backbone' if '.backbones.' in cls.__module__ else 'model'
             for name, cls in MODELS.module_dict.items()

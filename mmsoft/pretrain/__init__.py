@@ -1,52 +1,34 @@
-"""ImageNet-style classification pre-training on mmengine alone.
+"""ImageNet-style pre-training of UFO-ViT with mmpretrain.
 
-Pre-trains the mmsoft backbones (UFO-ViT has no public weights) with the DeiT
-recipe. Everything is registered in mmengine's root registries, so configs
-with ``default_scope = 'mmengine'`` and ``custom_imports = dict(imports=
-['mmsoft', 'mmsoft.pretrain'])`` build it with mmengine's ``Runner``. The
-data pipeline, data preprocessor, dataset, metric and losses carry the names
-and arguments of their mmpretrain 1.x counterparts (the supported subset;
-other arguments raise), so that a config can switch to mmpretrain's classes:
+The pre-training configs (``configs/ufo_vit/pretrain``) are mmpretrain
+configs (``default_scope = 'mmpretrain'``): mmpretrain's ``ImageClassifier``,
+data pipeline, RandAugment, Mixup/CutMix, losses, metric, dataset and
+``EMAHook``, trained and evaluated with mmpretrain's ``tools/train.py`` and
+``tools/test.py``. Their ``custom_imports = dict(imports=['mmsoft',
+'mmsoft.pretrain'])`` add what mmpretrain does not have. Importing this
+package registers in mmpretrain's ``MODELS`` registry
+(``mmpretrain.registry.MODELS``):
 
-* models (``MODELS``): :class:`BackboneClassifier` (backbone + head),
-  :class:`ClassAttentionHead` (``head.py``, its layers in
-  ``class_attention.py``), :class:`LabelSmoothLoss` and
-  :class:`CrossEntropyLoss` (``losses.py``), :class:`ClsDataPreprocessor`
-  (normalisation, Mixup/CutMix of ``batch_augments.py``);
-* transforms (``TRANSFORMS``): :class:`RandomResizedCrop`,
-  :class:`ResizeEdge`, :class:`PackInputs` (``transforms.py``),
-  :class:`RandAugment` (``rand_augment.py``), :class:`RandomErasing`
-  (``random_erasing.py``), next to mmcv's ``LoadImageFromFile``,
-  ``RandomFlip`` and ``CenterCrop``;
-* :class:`CustomDataset` (``DATASETS``): ImageNet folder layout or
-  ``path label`` list files; ``demo_data.py`` generates such a dataset;
-* :class:`Accuracy` (``METRICS``): top-k accuracy;
-* ``cls_to_backbone.py``: classifier checkpoint -> backbone checkpoint.
+* :class:`UFOViTClassAttentionHead` (``head.py``): an mmpretrain ``ClsHead`` with
+  XCiT's class-attention layers (:class:`ClassAttentionBlock`,
+  ``class_attention.py``, built on mmpretrain's XCiT block) over the tokens
+  of the backbone's last output;
+* :class:`UFOViTStride16` (``ufo_vit_stride16.py``): ``UFOViT`` with the last
+  block's tokens as its only output, at stride 16 (no 2x2 max-pool), with
+  the state-dict keys of ``UFOViT``.
 
-mmpretrain itself is not used: its models and transforms import torchvision
-at module level, and no torchvision build for the CPU torch of this project
-can be installed from the package index (the published wheels link CUDA
-libraries and fail to import against a CPU torch).
+Also here: ``demo_data.py`` writes a generated classification dataset in
+the ImageNet folder layout, and ``cls_to_backbone.py`` turns an
+``ImageClassifier`` checkpoint into a ``UFOViT`` backbone checkpoint
+(``tools/model_converters/ufo_vit_cls2backbone.py``).
 """
-from .batch_augments import mix_batch
 from .class_attention import ClassAttentionBlock
-from .classifier import BackboneClassifier
 from .cls_to_backbone import ufo_vit_cls_to_backbone
-from .data_preprocessor import ClsDataPreprocessor
-from .datasets import CustomDataset, find_images, read_class_names
 from .demo_data import generate_classification_demo
-from .head import ClassAttentionHead
-from .losses import CrossEntropyLoss, LabelSmoothLoss, soft_cross_entropy
-from .metrics import Accuracy, topk_accuracy
-from .rand_augment import RandAugment
-from .random_erasing import RandomErasing
-from .transforms import PackInputs, RandomResizedCrop, ResizeEdge
+from .head import UFOViTClassAttentionHead
+from .ufo_vit_stride16 import UFOViTStride16
 
 __all__ = [
-    'mix_batch', 'ClassAttentionBlock', 'BackboneClassifier',
-    'ufo_vit_cls_to_backbone', 'ClsDataPreprocessor', 'CustomDataset',
-    'find_images', 'read_class_names', 'generate_classification_demo',
-    'ClassAttentionHead', 'CrossEntropyLoss', 'LabelSmoothLoss',
-    'soft_cross_entropy', 'Accuracy', 'topk_accuracy', 'RandAugment',
-    'RandomErasing', 'PackInputs', 'RandomResizedCrop', 'ResizeEdge'
+    'ClassAttentionBlock', 'UFOViTClassAttentionHead', 'UFOViTStride16',
+    'ufo_vit_cls_to_backbone', 'generate_classification_demo'
 ]

@@ -1,20 +1,24 @@
 """Backbone weights for :class:`UFOViT` from an image-classifier checkpoint.
 
-No public UFO-ViT weights exist; they are made by pre-training a classifier
-(``configs/ufo_vit/pretrain``: ``BackboneClassifier`` = ``UFOViT`` +
-``ClassAttentionHead``) and keeping its backbone. The classifier checkpoint
-(mmengine format) holds ``state_dict`` with the backbone under ``backbone.``
-and the head under ``head.``. :func:`ufo_vit_cls_to_backbone` keeps the
-backbone tensors (prefix stripped), drops everything else, reads the
-architecture off the tensor shapes and checks every key and shape against a
-``UFOViT`` of that architecture with all four outputs.
+No public UFO-ViT weights exist; they are made by pre-training an image
+classifier with mmpretrain (``configs/ufo_vit/pretrain``: ``ImageClassifier``
+= :class:`~mmsoft.pretrain.UFOViTStride16` + ``UFOViTClassAttentionHead``) and
+keeping its backbone. The checkpoint (mmengine format, written by
+``CheckpointHook``) holds ``state_dict`` with the backbone under
+``backbone.`` and the head under ``head.``; trained with ``EMAHook``, its
+``state_dict`` holds the averaged (EMA) weights and ``ema_state_dict`` the
+last training weights (``EMAHook`` swaps them before saving).
+:func:`ufo_vit_cls_to_backbone` keeps the backbone tensors of ``state_dict``
+(prefix stripped), drops everything else, reads the architecture off the
+tensor shapes and checks every key and shape against a ``UFOViT`` of that
+architecture with all four outputs.
 
-The classifier's backbone is built with only its last output, so the
-resampling branches of outputs 0 and 1 (``pyramid.branches.0.*``: two
-transposed convolutions and a BatchNorm; ``pyramid.branches.1.*``: one
-transposed convolution) are not in it. They are the only keys allowed to be
-missing: the dense-prediction models train them from their initial values,
-and ``init_cfg=dict(type='Pretrained', checkpoint=...)`` loads the rest (and
+The classifier's backbone has only its last output, so the resampling
+branches of outputs 0 and 1 (``pyramid.branches.0.*``: two transposed
+convolutions and a BatchNorm; ``pyramid.branches.1.*``: one transposed
+convolution) are not in it. They are the only keys allowed to be missing:
+the dense-prediction models train them from their initial values, and
+``init_cfg=dict(type='Pretrained', checkpoint=...)`` loads the rest (and
 names the missing ones in its log). Any other missing or unexpected key, or a
 shape that does not fit, raises ``ValueError`` listing them.
 
@@ -188,8 +192,10 @@ def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
         and what was found: ``arch`` (name or None), ``arch_settings``,
         ``in_channels``, ``qkv_bias``, ``num_tensors``, ``dropped`` (keys
         not under ``prefix``, e.g. the head), ``not_pretrained`` (the
-        optional backbone keys absent from the checkpoint), ``wrapper`` and,
-        when the checkpoint's ``meta`` has them, ``epoch`` and ``iter``.
+        optional backbone keys absent from the checkpoint), ``wrapper``,
+        ``ema`` (True when the checkpoint has an ``ema_state_dict``: the
+        weights kept are then the EMA ones) and, when the checkpoint's
+        ``meta`` has them, ``epoch`` and ``iter``.
 
     Raises:
         ValueError: The checkpoint holds no backbone tensors, or they do not
@@ -206,7 +212,8 @@ def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
                 num_tensors=len(backbone),
                 dropped=sorted(dropped + skipped),
                 not_pretrained=not_pretrained,
-                wrapper=wrapper)
+                wrapper=wrapper,
+                ema=wrapper is not None and 'ema_state_dict' in checkpoint)
     meta = checkpoint.get('meta') if wrapper else None
     if isinstance(meta, Mapping):
         for key in ('epoch', 'iter'):
@@ -219,14 +226,14 @@ def backbone_checkpoint(state_dict: StateDict, info: Mapping, **meta) -> dict:
     """``{'state_dict': ..., 'meta': ...}`` as the converter writes it.
 
     Tensors are detached, contiguous copies; ``meta`` holds the recognised
-    architecture, the keys left to their initial values and ``meta``'s extra
-    entries (plain Python values, so the file loads with
-    ``torch.load(weights_only=True)``).
+    architecture, the keys left to their initial values, ``ema`` (whether
+    the weights are EMA weights) and ``meta``'s extra entries (plain Python
+    values, so the file loads with ``torch.load(weights_only=True)``).
     """
     meta_out = dict(arch=info['arch'], arch_settings=dict(info['arch_settings']),
                     in_channels=info['in_channels'], qkv_bias=info['qkv_bias'],
                     not_pretrained=list(info['not_pretrained']),
-                    num_dropped=len(info['dropped']))
+                    num_dropped=len(info['dropped']), ema=bool(info.get('ema')))
     for key in ('epoch', 'iter'):
         if key in info:
             meta_out[f'source_{key}'] = info[key]

@@ -10,9 +10,9 @@ independent of it). Layout under ``root``::
     meta/train.txt, meta/val.txt     "<class>/<file> <label>" lines
     meta/classes.txt                 class names, one per line, label order
 
-which is what ``CustomDataset`` (``mmsoft.pretrain``) and
-mmpretrain's ``ImageNet``/``CustomDataset`` read, either from the class
-folders or from the list files. Classes are balanced (image ``i`` of a split
+which mmpretrain's ``CustomDataset`` reads, from the class folders
+(``data_prefix='train'``) or from the list files (``ann_file=
+'meta/train.txt'``). Classes are balanced (image ``i`` of a split
 has label ``i mod K``); class names are sorted so that the folder order and
 the labels agree.
 """
@@ -24,8 +24,8 @@ from typing import Dict, Sequence, Tuple
 import cv2
 import numpy as np
 
-from ..demo_data.scenes import (DEFAULT_CLASSES, SHAPES, check_classes, render_scene,
-                     split_seeds)
+from ..demo_data.scenes import (DEFAULT_CLASSES, SHAPES, check_classes,
+                                render_scene, split_seeds)
 
 #: Folders and files written under ``root``.
 CLS_SPLITS = ('train', 'val')
@@ -97,7 +97,8 @@ def generate_classification_split(root: str, split: str, num_images: int,
 
 
 def generate_classification_demo(root: str, num_train: int = 400, num_val: int = 100,
-                                 seed: int = 0, classes: Sequence[str] = DEFAULT_CLASSES,
+                                 seed: int = 0,
+                                 classes: Sequence[str] = DEFAULT_CLASSES,
                                  img_size: Tuple[int, int] = (64, 64),
                                  **shape_kwargs) -> Dict[str, Dict[str, int]]:
     """Writes the train and val splits of the generated classification dataset.

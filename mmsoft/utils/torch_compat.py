@@ -1,6 +1,6 @@
 """The torch APIs mmsoft uses that are newer than its oldest supported torch.
 
-mmsoft supports torch 2.1 to 2.13 (``SUPPORTED_TORCH`` below: the two ends
+mmsoft supports torch 2.1 to 2.14 (``SUPPORTED_TORCH`` below: the two ends
 the test suite runs on). Every API that appeared inside that range is
 detected here, once, and everything else in the package calls these
 functions instead of the API itself:
@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 import torch
 
 #: Oldest and newest torch (major, minor) that the test suite runs on.
-SUPPORTED_TORCH = ((2, 1), (2, 13))
+SUPPORTED_TORCH = ((2, 1), (2, 14))
 
 
 def torch_version(version: Optional[str] = None) -> Tuple[int, int]:

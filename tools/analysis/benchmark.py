@@ -1,17 +1,24 @@
 """Latency and peak memory of backbones at several input sizes, side by side.
 
 Each (backbone, size) is measured in a fresh process (peak memory is then
-that call's own); SOFT and UFO-ViT run next to mmdet's Swin-T and PVTv2-b2
-built in the same environment. Results: ``results.json``, ``results.csv`` and
+that call's own); SOFT and UFO-ViT run next to four peers built in the same
+environment: mmdet's Swin-T (``swin-t``) and PVTv2-b2 (``pvtv2-b2``), and
+timm's PVTv2-b2-li (``pvtv2-b2-li``, keys pooled to 7x7) and XCiT-S12
+(``xcit-s12``, blocks 3/5/7/11 resampled to strides 4-32 as in XCiT's
+detection code), the last two through mmpretrain's ``TIMMBackbone`` (they
+need timm, mmpretrain and torchvision; where those are missing their rows
+record the import error). Results: ``results.json``, ``results.csv`` and
 ``scaling.png`` (time and memory against the pixel count) in ``--out-dir``.
 
 ``--mode train`` measures training: forward plus backward of each backbone
 at ``--batch`` images; ``--detectors`` adds one Mask R-CNN training
 iteration per detector (``detectors.csv``, with the bytes autograd keeps in
-the backbone, neck and heads); ``--peak-sizes`` adds untimed training peaks at more
-sizes (``peaks.csv``); ``--capacity-size`` adds the largest training
-batch within ``--memory-limit-gb`` per backbone, extrapolated linearly from
-batches 1 and 2 (``capacity.csv``).
+the backbone, neck and heads; the peers' Mask R-CNNs are mmdet's Swin-T
+config with the backbone and the FPN's input widths swapped);
+``--peak-sizes`` adds untimed training peaks at more sizes (``peaks.csv``);
+``--capacity-size`` adds the largest training batch within
+``--memory-limit-gb`` per backbone, extrapolated linearly from batches 1
+and 2 (``capacity.csv``).
 
 On CPU every measurement runs twice: once for time and the peak resident
 set (``peak_bytes``), once more in a process whose allocator returns freed
@@ -22,10 +29,11 @@ The batch capacity uses the live peaks. ``--no-live-memory`` skips it.
 Example::
 
     python tools/analysis/benchmark.py --models soft-tiny soft-small swin-t pvtv2-b2 \
-        --sizes 512x512 800x1333 1024x1024 --repeats 3
+        pvtv2-b2-li xcit-s12 --sizes 512x512 800x1333 1024x1024 --repeats 3
     python tools/analysis/benchmark.py --models soft-small:solver=newton --sizes 800x1333
     python tools/analysis/benchmark.py --mode train --models soft-tiny swin-t \
-        --sizes 800x1333 --detectors soft++-tiny swin-t --capacity-size 1024x1024
+        --sizes 800x1333 --detectors soft++-tiny swin-t pvtv2-b2 pvtv2-b2-li \
+        xcit-s12 --capacity-size 1024x1024
 """
 import argparse
 import json
@@ -40,18 +48,21 @@ import torch
 from mmsoft.analysis.batch_capacity import largest_batch
 from mmsoft.analysis.detector_step import DETECTOR_CONFIGS
 from mmsoft.analysis.measure import matmul_throughput, parse_size
-from mmsoft.analysis.peers import parse_spec
+from mmsoft.analysis.peers import BACKBONES, parse_spec
 from mmsoft.analysis.report import write_results
 
+PEERS = ['swin-t', 'pvtv2-b2', 'pvtv2-b2-li', 'xcit-s12']
 DEFAULT_MODELS = ['soft-tiny', 'soft-small', 'ufo-vit-tiny', 'ufo-vit-small',
-                  'swin-t', 'pvtv2-b2']
+                  *PEERS]
 DEFAULT_SIZES = ['512x512', '800x1333', '1024x1024', '1536x1536', '2048x2048']
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--models', nargs='*', default=DEFAULT_MODELS,
-                        help='backbone specs, NAME[:key=value,...]')
+                        help='backbone specs, NAME[:key=value,...]; NAME is one '
+                        f'of {", ".join(BACKBONES)} (default: '
+                        f'{" ".join(DEFAULT_MODELS)}; the peers: {" ".join(PEERS)})')
     parser.add_argument('--sizes', nargs='+', type=parse_size,
                         default=[parse_size(s) for s in DEFAULT_SIZES],
                         help='input sizes HxW')
@@ -68,7 +79,7 @@ def parse_args():
     parser.add_argument('--detectors', nargs='*', default=[],
                         choices=sorted(DETECTOR_CONFIGS),
                         help='Mask R-CNN 1x detectors to measure one training '
-                        'iteration of')
+                        'iteration of (the peers: ' + ' '.join(PEERS) + ')')
     parser.add_argument('--detector-sizes', nargs='+', type=parse_size,
                         default=[(800, 1333)], help='detector image sizes HxW')
     parser.add_argument('--detector-batch', type=int, default=2)

@@ -4,16 +4,18 @@ Usage::
 
     python tools/model_converters/ufo_vit_cls2backbone.py SRC DST
 
-SRC is a checkpoint of the ImageNet pre-training
-(``configs/ufo_vit/pretrain``, mmengine format: ``state_dict`` with the
-backbone under ``backbone.`` and the head under ``head.``), a path or URL.
-DST receives ``{'state_dict': ..., 'meta': ...}`` with the backbone tensors in
-``UFOViT``'s key layout, loadable in the detection and segmentation configs
-with ``init_cfg=dict(type='Pretrained', checkpoint=DST)``. The architecture is
-read from the tensor shapes and every key is checked against a ``UFOViT`` of
-it; the head is dropped. The resampling branches of outputs 0 and 1 (strides
-4 and 8) are not trained by classification and are not in DST: the
-dense-prediction model starts them from their initial values.
+SRC is a checkpoint of the mmpretrain pre-training
+(``configs/ufo_vit/pretrain``: an mmpretrain ``ImageClassifier``, mmengine
+format, ``state_dict`` with the backbone under ``backbone.`` and the head
+under ``head.``; with ``EMAHook`` the ``state_dict`` holds the EMA weights),
+a path or URL. DST receives ``{'state_dict': ..., 'meta': ...}`` with the
+backbone tensors in ``UFOViT``'s key layout, loadable in the detection and
+segmentation configs with ``init_cfg=dict(type='Pretrained',
+checkpoint=DST)``. The architecture is read from the tensor shapes and every
+key is checked against a ``UFOViT`` of it; the head is dropped. The
+resampling branches of outputs 0 and 1 (strides 4 and 8) are not trained by
+classification and are not in DST: the dense-prediction model starts them
+from their initial values.
 """
 import argparse
 import os
@@ -59,6 +61,9 @@ def main(argv: Optional[List[str]] = None) -> int:
               f'{info.get("iter", "-")}')
     print(f'arch:            {arch}: ' +
           ', '.join(f'{k}={v}' for k, v in settings.items()))
+    weights = ('EMA (the EMAHook average)' if info['ema'] else
+               'as trained (no ema_state_dict)')
+    print(f'weights:         {weights}')
     print(f'tensors:         {info["num_tensors"]} kept, {len(info["dropped"])} '
           f'dropped (keys outside {args.prefix!r})')
     print(f'not pretrained:  {len(info["not_pretrained"])} tensors of the stride '

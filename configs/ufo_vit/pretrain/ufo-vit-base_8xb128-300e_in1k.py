@@ -1,7 +1,5 @@
-# UFO-ViT-base on ImageNet-1k, DeiT recipe (see _base_/ufo-vit_8xb128-300e_in1k.py).
-# Then: python tools/model_converters/ufo_vit_cls2backbone.py \
-#     work_dirs/ufo-vit-base_8xb128-300e_in1k/best_accuracy_top1_epoch_N.pth \
-#     pretrained/ufo-vit-base_in1k.pth
+"""UFO-ViT-B ImageNet-1k pre-training, DeiT recipe, with mmpretrain's tools
+(the commands and the recipe: ``_base_/ufo-vit_8xb128-300e_in1k.py``)."""
 _base_ = './_base_/ufo-vit_8xb128-300e_in1k.py'
 
 model = dict(

@@ -17,6 +17,23 @@ class ConvPatchEmbed(nn.Module):
     ``nn.Sequential``), activations included, so that parameter names follow
     the reference checkpoints (``proj.0``, ``proj.1``, ``proj.3``, ...).
 
+    UFO-ViT's stem (``channels=[C_in, C/8, C/4, C/2, C]``, four stride-2
+    layers, ``act_layer=nn.GELU``, ``last_act=False``) computes XCiT's
+    ``ConvPatchEmbed`` (timm ``xcit.py``, patch 16; three layers for
+    patch 8), odd sizes included, with two deliberate differences
+    (``tests/test_ufo_vit_vs_xcit.py``):
+
+    * The convolutions have biases; XCiT's have none (``bias=False``). Before
+      BatchNorm a bias is redundant: batch statistics subtract it, and in
+      eval mode it equals a running mean lowered by it. XCiT weights load
+      with ``bias = 0`` (or the bias folded into ``running_mean``). The
+      names differ too: XCiT nests each conv and BN (``proj.{2i}.0``,
+      ``proj.{2i}.1``), here they are flat (``proj.{3i}``, ``proj.{3i+1}``).
+    * ``valid_shapes`` (not in XCiT): in a padded batch, each image's
+      tokens are those it has alone. XCiT convolves the padding like image
+      content; after BN and the activation it is no longer zero and leaks
+      into the border tokens (as it does here without ``valid_shapes``).
+
     Args:
         channels (Sequence[int]): Input channels followed by each layer's
             output channels.

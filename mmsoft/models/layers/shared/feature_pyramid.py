@@ -18,8 +18,18 @@ class FeaturePyramidAdapter(nn.Module):
     ConvTranspose2d(2, 2)`` (x4 upsampling); scale 1: one
     ``ConvTranspose2d(2, 2)`` (x2); scale 2: identity; scale 3:
     ``MaxPool2d(2, ceil_mode=True)`` (a side L becomes ceil(L / 2)). All keep
-    the channel count. Only the branches of ``out_indices`` are built; they
-    live in ``self.branches`` under the keys ``'0'``..``'3'``.
+    the channel count.
+
+    These are the branches of XCiT's detection backbone (facebookresearch/
+    xcit ``detection/backbone/xcit.py``, patch 16) but for two choices made
+    on purpose: scale 3 pools with ``ceil_mode=True`` where XCiT's
+    ``nn.MaxPool2d(2, 2)`` floors, so on an odd grid (any image size is
+    accepted) the last row and column are kept rather than dropped, and the
+    BatchNorm is ``nn.BatchNorm2d`` (XCiT hard-codes ``SyncBatchNorm``).
+    See ``tests/test_ufo_vit_vs_xcit.py``.
+
+    Only the branches of ``out_indices`` are built; they live in
+    ``self.branches`` under the keys ``'0'``..``'3'``.
 
     Args:
         embed_dims (int): Channels of the input and output maps.

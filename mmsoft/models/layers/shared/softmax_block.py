@@ -15,9 +15,7 @@ from .valid_region import ValidShapes, valid_mask
 class GlobalSoftmaxAttention(nn.Module):
     """Multi-head softmax attention over all tokens.
 
-    Every token is a key and a value; the queries are all tokens, or only the
-    first ``num_queries`` of them (CaiT's class attention: ``num_queries=1``,
-    cost linear in the token count).
+    Every token is a query, a key and a value.
 
     Args:
         embed_dims (int): Token width C.
@@ -36,23 +34,21 @@ class GlobalSoftmaxAttention(nn.Module):
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
 
-    def forward(self, x: torch.Tensor, num_queries: Optional[int] = None,
+    def forward(self, x: torch.Tensor,
                 key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """(B, N, C) -> (B, Nq, C), Nq = ``num_queries`` or N.
+        """(B, N, C) -> (B, N, C).
 
         Args:
             x (Tensor): Tokens, shape (B, N, C).
-            num_queries (int, optional): Only the first ``num_queries``
-                tokens issue queries. Default: None (all N).
             key_mask (Tensor, optional): (B, N) bool, False for tokens that
                 must not be attended to (padding). Default: None (all are).
         """
-        queries = split_heads(self.q(x[:, :num_queries]), self.num_heads)  # (B, h, Nq, d)
+        queries = split_heads(self.q(x), self.num_heads)  # (B, h, N, d)
         keys, values = self.kv(x).chunk(2, dim=-1)
         keys = split_heads(keys, self.num_heads)
         values = split_heads(values, self.num_heads)
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(  # (B, h, Nq, d)
+        out = F.scaled_dot_product_attention(  # (B, h, N, d)
             queries, keys, values, attn_mask=attn_mask)
         return self.proj(merge_heads(out))
 

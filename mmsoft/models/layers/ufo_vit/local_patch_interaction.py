@@ -18,6 +18,16 @@ class LocalPatchInteraction(nn.Module):
     Mixes every token with its spatial neighbours, channel by channel; the
     convolutions are zero-padded to keep the grid size, so any grid works.
 
+    This is XCiT's ``LPI`` (timm ``xcit.py``; same parameter names
+    ``conv1``, ``bn``, ``conv2``, same output for its weights). Deliberate
+    additions, not in XCiT: ``valid_shapes`` (in a padded batch both
+    convolutions see zeros outside an image's region, so its valid tokens
+    are those it has alone; XCiT mixes the padding tokens into the border
+    tokens), ``out_scale`` (the block's LayerScale folded into ``conv2``,
+    same result as scaling the output) and the check that the kernel is odd
+    (XCiT's padding ``k // 2`` would change the grid size otherwise). See
+    ``tests/test_ufo_vit_vs_xcit.py``.
+
     In training, backward recomputes the three intermediate maps from the
     input (all depth-wise, hence cheap) instead of keeping them; the
     recomputation normalises with the same batch statistics and does not

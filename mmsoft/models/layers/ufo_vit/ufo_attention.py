@@ -98,6 +98,19 @@ class UFOAttention(BaseModule):
     the output projection. In training, backward recomputes the attention
     from Q, K and V instead of keeping its intermediate tensors.
 
+    Differs on purpose from XCiT's cross-covariance attention (``XCA`` in
+    timm ``xcit.py``), which UFO-ViT replaces: XCA normalises Q and K per
+    channel over the N tokens and applies ``softmax(tau * Q_hat^T K_hat)``, a
+    d x d attention between channels, to the channels of V, so its output
+    is a convex mix of V's channels and scales with V. UFO has no softmax:
+    ``XNorm(Q) . XNorm(K^T V)`` is a cosine times ``gamma_q * gamma_kv``,
+    bounded whatever the input and unchanged when V is scaled. Both split
+    the ``qkv`` output as (3, heads, C / heads) and share the names ``qkv``
+    and ``proj``; XCA's ``temperature`` (h, 1, 1) has no counterpart here and
+    ``gamma_q``, ``gamma_kv`` none in XCA. ``key_mask`` (padding left out of
+    ``K^T V``) has no XCA counterpart either: XCA's token sums and norms
+    take padding in. See ``tests/test_ufo_vit_vs_xcit.py``.
+
     Args:
         embed_dims (int): Token width C.
         num_heads (int): Number of heads; ``embed_dims`` must be a multiple.

@@ -23,6 +23,16 @@ class UFOBlock(nn.Module):
     initialised block nearly the identity, which keeps deep stacks stable at
     the start of training; the scales grow as the branches become useful.
 
+    Apart from the attention (:class:`UFOAttention` instead of XCA), this is
+    XCiT's ``XCABlock`` (timm ``xcit.py``) as XCiT's model builds it
+    (LayerNorm eps 1e-6, branches attention, LPI, FFN): with UFO attention
+    swapped into XCiT's block, both give the same output. XCiT's names
+    follow its original code, not the branch order; the mapping from XCiT is
+    ``norm2 <- norm3``, ``lpi <- local_mp``, ``gamma2 <- gamma3``,
+    ``norm3 <- norm2``, ``ffn <- mlp``, ``gamma3 <- gamma2`` (the rest keeps
+    its name). ``valid_shapes`` (padding out of ``K^T V`` and the LPI) is
+    not in XCiT. See ``tests/test_ufo_vit_vs_xcit.py``.
+
     Args:
         embed_dims (int): Token width C.
         num_heads (int): Number of attention heads. Default: 8.
