@@ -3,7 +3,7 @@ import torch
 from mmpretrain.models.backbones.xcit import \
     ClassAttentionBlock as XCiTClassAttentionBlock
 
-from ..utils import check_divisible, check_positive_int, check_rate
+from ..utils import check_divisible, check_mlp_ratio, check_positive_int, check_rate
 
 
 class ClassAttentionBlock(XCiTClassAttentionBlock):
@@ -47,10 +47,7 @@ class ClassAttentionBlock(XCiTClassAttentionBlock):
         check_positive_int('num_heads', num_heads)
         check_divisible('embed_dims', [embed_dims], 'num_heads', [num_heads])
         check_rate('drop_path', drop_path)
-        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) \
-                or int(embed_dims * mlp_ratio) < 1:
-            raise ValueError(f'mlp_ratio={mlp_ratio!r} is invalid; expected a '
-                             f'positive number with embed_dims * mlp_ratio >= 1.')
+        check_mlp_ratio('mlp_ratio', mlp_ratio, embed_dims)
         if isinstance(layer_scale_init_value, bool) or not isinstance(
                 layer_scale_init_value, (int, float)) or layer_scale_init_value <= 0:
             raise ValueError(f'layer_scale_init_value={layer_scale_init_value!r} is '

@@ -68,6 +68,15 @@ def check_frozen_stages(frozen_stages: int, num_stages: int) -> None:
                          f'(-1 freezes nothing).')
 
 
+def check_mlp_ratio(name: str, ratio, embed_dims: int) -> None:
+    """Raises unless ``ratio`` is a number with ``int(embed_dims * ratio) >= 1``
+    (an FFN hidden width of at least one channel)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
+            int(embed_dims * ratio) < 1:
+        raise ValueError(f'{name}={ratio!r} is invalid; expected a positive number '
+                         f'with embed_dims * mlp_ratio >= 1.')
+
+
 def check_rate(name: str, value: float) -> None:
     """Raises unless ``0 <= value < 1``."""
     if not isinstance(value, (int, float)) or not 0 <= value < 1:

@@ -5,8 +5,8 @@ import torch
 import torch.nn as nn
 from mmengine.registry import MODELS
 
-from ...utils import (check_divisible, check_out_indices, check_positive_int,
-                      check_rate, resolve_arch)
+from ...utils import (check_divisible, check_mlp_ratio, check_out_indices,
+                      check_positive_int, check_rate, resolve_arch)
 from ..layers import (ConvPatchEmbed, FeaturePyramidAdapter,
                       FourierPositionEncoding, UFOBlock, init_transformer_weights)
 from .base import MultiStageBackbone, tokens_to_map
@@ -160,11 +160,7 @@ class UFOViT(MultiStageBackbone):
                              f'output.')
         check_divisible("arch['embed_dims']", [dims], "arch['num_heads']",
                         [settings['num_heads']])
-        ratio = settings['mlp_ratio']
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
-                int(dims * ratio) < 1:
-            raise ValueError(f"arch['mlp_ratio']={ratio!r} is invalid; expected a "
-                             f'positive number with embed_dims * mlp_ratio >= 1.')
+        check_mlp_ratio("arch['mlp_ratio']", settings['mlp_ratio'], dims)
 
     def stage_parts(self, stage: int) -> List:
         """Stem (0) or the ``stage``-th quarter of blocks and its output branch."""
