@@ -11,7 +11,7 @@ from mmengine.config import Config
 
 from mmsoft.demo_data import generate_coco_demo
 from mmsoft.demo_data.coco_generator import image_sizes
-from mmsoft.models.valid_region import registered_valid_shapes
+from mmsoft.models.valid_region_record import registered_valid_shapes
 from mmsoft.testing.dataset_digest import dataset_digest
 
 MIXED = 'configs/demo/mask-rcnn_soft-tiny_fpn_demo-mixed.py'

@@ -4,7 +4,7 @@ import torch
 from mmengine.config import Config
 
 from mmsoft.models import SOFT, UFOViT
-from mmsoft.models.valid_region import register_valid_shapes
+from mmsoft.models.valid_region_record import register_valid_shapes
 
 # SOFT-tiny's layout at tiny widths; bottleneck strides 4, 2, 1 give 4x6
 # bottleneck grids for a 64x96 image, so a cap of 12 pools them.

@@ -10,7 +10,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...utils import check_frozen_stages, check_image_batch
 from ..layers.shared.mlp import MLP
 from ..layers.shared.valid_region import ValidShapes, check_valid_shapes
-from ..valid_region import registered_valid_shapes
+from ..valid_region_record import registered_valid_shapes
 
 
 def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
@@ -128,7 +128,7 @@ class MultiStageBackbone(BaseModule):
             x (Tensor): Images, shape (B, C, H, W).
             valid_shapes (Sequence, optional): One (h, w) per image; None
                 takes those a valid-region data preprocessor recorded for
-                ``x`` (see :mod:`~mmsoft.models.valid_region`), if any.
+                ``x`` (see :mod:`~mmsoft.models.valid_region_record`), if any.
 
         Returns:
             list[tuple[int, int]] | None: None when no region is known or

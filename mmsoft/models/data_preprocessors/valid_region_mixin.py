@@ -3,7 +3,7 @@ from typing import Any, Dict
 
 import torch
 
-from ..valid_region import register_valid_shapes
+from ..valid_region_record import register_valid_shapes
 
 
 class ValidRegionMixin:
@@ -12,7 +12,7 @@ class ValidRegionMixin:
     Mixed in before an mmdet/mmseg data preprocessor. After the library's
     preprocessing (normalisation, padding, batch augments), the ``img_shape``
     of each data sample's metainfo (the image before padding) is recorded for
-    the padded batch tensor (see :mod:`~mmsoft.models.valid_region`); the
+    the padded batch tensor (see :mod:`~mmsoft.models.valid_region_record`); the
     backbones look it up when called on that tensor. In training,
     validation, testing and test-time augmentation alike, every call
     records the regions of the batch it returns.

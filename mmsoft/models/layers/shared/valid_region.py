@@ -93,24 +93,6 @@ def mask_map(feature_map: torch.Tensor, valid_shapes: Optional[ValidShapes],
     return feature_map.masked_fill(~inside[:, None], fill)
 
 
-def mask_tokens(tokens: torch.Tensor, hw_shape: Sequence[int],
-                valid_shapes: Optional[ValidShapes]) -> torch.Tensor:
-    """Zeros the tokens outside each image's region; the tokens when None.
-
-    Args:
-        tokens (Tensor): Shape (B, H * W, C).
-        hw_shape (tuple[int, int]): The grid (H, W).
-        valid_shapes (list[tuple[int, int]] | None): Regions on that grid.
-
-    Returns:
-        Tensor: Shape (B, H * W, C).
-    """
-    if valid_shapes is None:
-        return tokens
-    inside = valid_mask(valid_shapes, hw_shape, tokens.device).flatten(1)  # (B, N)
-    return tokens.masked_fill(~inside[..., None], 0.)
-
-
 def pad_to_grid(feature_map: torch.Tensor, hw_shape: Sequence[int]) -> torch.Tensor:
     """Zero-pads a map at the bottom and right to (H, W).
 
