@@ -141,7 +141,7 @@ def newton_inverse_unregularised(mat: torch.Tensor, num_iters: int,
 
 
 def softmax_free_attention(x: torch.Tensor, sd: StateDict, prefix: str,
-                           num_heads: int, hw: Tuple[int, int], variant: str,
+                           num_heads: int, hw: Tuple[int, int], attention: str,
                            num_iters: int, scale_scope: str) -> torch.Tensor:
     """Softmax-free attention of one block (``{prefix}.att.mha``)."""
     height, width = hw
@@ -166,14 +166,14 @@ def softmax_free_attention(x: torch.Tensor, sd: StateDict, prefix: str,
 
     kernel_ql = exact_gaussian_kernel(query, landmarks)  # (B, h, N, m)
     kernel_ll = exact_gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
-    if variant == 'soft':
+    if attention == 'soft':
         middle = newton_inverse_regularised(kernel_ll, num_iters)
-    elif variant == 'soft++':
+    elif attention == 'soft++':
         inv_sqrt_deg = kernel_ll.sum(-1, keepdim=True).rsqrt()  # (B, h, m, 1)
         middle = newton_inverse_unregularised(kernel_ll, num_iters, scale_scope)
         middle = inv_sqrt_deg * middle * inv_sqrt_deg.transpose(-1, -2)
     else:
-        raise ValueError(f'unknown variant {variant!r}')
+        raise ValueError(f'unknown attention {attention!r}')
     out = (kernel_ql @ middle) @ (kernel_ql.transpose(-1, -2) @ value)
 
     # Depth-wise conv over the heads (one kernel per head, shared by channels).
@@ -191,11 +191,11 @@ def softmax_free_attention(x: torch.Tensor, sd: StateDict, prefix: str,
 
 
 def softmax_free_block(x: torch.Tensor, sd: StateDict, prefix: str, num_heads: int,
-                       hw: Tuple[int, int], variant: str, num_iters: int,
+                       hw: Tuple[int, int], attention: str, num_iters: int,
                        scale_scope: str) -> torch.Tensor:
     """Post-norm block of stages 1-3 (``{prefix}.att``)."""
     att = f'{prefix}.att'
-    attn = softmax_free_attention(x, sd, prefix, num_heads, hw, variant, num_iters,
+    attn = softmax_free_attention(x, sd, prefix, num_heads, hw, attention, num_iters,
                                   scale_scope)
     x = layer_norm(x + attn, sd, f'{att}.norm1', SOFT_LN_EPS)
     ffn = linear(tanh_gelu(linear(x, sd, f'{att}.ff1')), sd, f'{att}.ff2')
@@ -228,7 +228,7 @@ def block_count(sd: StateDict, stage: int) -> int:
 
 
 def official_soft_forward(sd: StateDict, images: torch.Tensor,
-                          num_heads: Sequence[int], variant: str,
+                          num_heads: Sequence[int], attention: str,
                           num_iters: int = 20,
                           scale_scope: str = 'tensor') -> List[torch.Tensor]:
     """Hidden states of the reference SOFT model, stage by stage.
@@ -237,7 +237,7 @@ def official_soft_forward(sd: StateDict, images: torch.Tensor,
         sd (dict[str, Tensor]): Weights in the reference key layout.
         images (Tensor): Shape (B, 3, H, W).
         num_heads (Sequence[int]): Heads of stages 1-4.
-        variant (str): ``'soft'`` or ``'soft++'``.
+        attention (str): ``'soft'`` or ``'soft++'``.
         num_iters (int): Newton iterations. Default: 20.
         scale_scope (str): ``'soft++'`` only: ``'tensor'`` (the reference
             code) or ``'matrix'``; see :func:`newton_inverse_unregularised`.
@@ -260,7 +260,7 @@ def official_soft_forward(sd: StateDict, images: torch.Tensor,
             for j in range(block_count(sd, stage)):
                 x = softmax_free_block(x, sd, f'block{stage}.{j}',
                                        num_heads[stage - 1], (height, width),
-                                       variant, num_iters, scale_scope)
+                                       attention, num_iters, scale_scope)
         else:
             pos = torch.cat((pos[:, :1], resized_pos_embed(pos[:, 1:], height,
                                                            width)), dim=1)

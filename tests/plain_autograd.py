@@ -1,26 +1,23 @@
-"""Comparing a memory-saving layer with the plain autograd computation.
+"""Comparing a layer's memory-efficient path with its plain autograd path.
 
-The plain computation is the same layer with ``records_gradient`` patched to
-False in its modules, i.e. every operation recorded by autograd as written.
+The plain computation is a copy of the same layer with the switch off
+(:func:`~mmsoft.models.memory_efficient.set_memory_efficient`), i.e. every
+operation recorded by autograd as written in the layer's ``forward``.
 Loaded by path (``runpy``) from the memory-efficiency tests.
 """
 import contextlib
 import copy
-import importlib
 
 import torch
 
-# The package exports the function ufo_attention under the module's name.
-ufo_attention_module = importlib.import_module(
-    'mmsoft.models.layers.ufo_vit.ufo_attention')
+from mmsoft.models.memory_efficient import set_memory_efficient
+
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 
-def plain_module(module, layer_modules, monkeypatch):
-    """A copy of ``module`` that runs the plain autograd path."""
-    for layer_module in layer_modules:
-        monkeypatch.setattr(layer_module, 'records_gradient', lambda *t: False)
-    return module
+def plain_module(module):
+    """``module`` switched to its plain autograd path (in place)."""
+    return set_memory_efficient(module, False)
 
 
 def outputs_and_gradients(module, inputs, *args, autocast=None):
@@ -38,15 +35,14 @@ def outputs_and_gradients(module, inputs, *args, autocast=None):
             {name: p.grad for name, p in module.named_parameters()})
 
 
-def assert_same_as_plain(module, inputs, layer_modules, monkeypatch, *args,
-                         autocast=None, tolerance=None):
-    """The memory-saving ``module`` and its plain-autograd copy give the same
-    output and gradients (within ``tolerance``, default :data:`TOLERANCE`),
-    in float or under autocast."""
+def assert_same_as_plain(module, inputs, *args, autocast=None, tolerance=None):
+    """The memory-efficient ``module`` and its plain-autograd copy give the
+    same output and gradients (within ``tolerance``, default
+    :data:`TOLERANCE`), in float or under autocast; returns the copy."""
     tolerance = tolerance or TOLERANCE
     reference = copy.deepcopy(module)
     efficient = outputs_and_gradients(module, inputs, *args, autocast=autocast)
-    plain_module(reference, layer_modules, monkeypatch)
+    plain_module(reference)
     plain = outputs_and_gradients(reference, inputs, *args, autocast=autocast)
     torch.testing.assert_close(efficient[0], plain[0], **tolerance)
     torch.testing.assert_close(efficient[1], plain[1], **tolerance)

@@ -163,7 +163,8 @@ def test_bottleneck_pooling_tool_reports_grids_and_differences(tmp_path):
 
 def test_chunked_kernel_product_is_counted():
     from mmsoft.models.layers import gaussian_kernel
-    from mmsoft.models.layers.soft import chunked_kernel_product
+    from mmsoft.models.memory_efficient.kernel_attention import \
+        chunked_kernel_inference
 
     class Product(torch.nn.Module):
 
@@ -172,8 +173,8 @@ def test_chunked_kernel_product_is_counted():
             self.chunk = chunk
 
         def forward(self, queries, bottleneck, middle, values):
-            return chunked_kernel_product(queries, bottleneck, middle, values,
-                                          self.chunk)
+            return chunked_kernel_inference(queries, bottleneck, middle, values,
+                                            self.chunk)
 
     queries, values = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
     bottleneck, middle = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 5)

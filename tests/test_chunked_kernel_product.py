@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from mmsoft.models.layers import gaussian_kernel
-from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
+from mmsoft.models.memory_efficient.kernel_attention import (chunked_kernel_inference,
+                                                             chunked_kernel_product)
 
 
 def plain_product(queries, bottleneck, middle, values):
@@ -25,6 +26,13 @@ def random_inputs(tokens=37, marks=5, dims=4, seed=0):
 def test_forward_equals_plain_product(chunk):
     inputs = random_inputs()
     torch.testing.assert_close(chunked_kernel_product(*inputs, chunk),
+                               plain_product(*inputs))
+
+
+@pytest.mark.parametrize('chunk', [1, 8, 37, 100])
+def test_inference_equals_plain_product(chunk):
+    inputs = random_inputs()
+    torch.testing.assert_close(chunked_kernel_inference(*inputs, chunk),
                                plain_product(*inputs))
 
 

@@ -9,8 +9,9 @@ import torch
 
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
-from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
 from mmsoft.models.layers.soft.kernel_inverse import SOLVERS
+from mmsoft.models.memory_efficient.kernel_attention import (chunked_kernel_inference,
+                                                             chunked_kernel_product)
 from mmsoft.testing.dense_models import (backbone_grad_norm, build_mask_rcnn,
                                          build_upernet, detector_train_step,
                                          segmentor_train_step)
@@ -83,6 +84,8 @@ def test_chunked_kernel_product_equals_plain_product(dtype, tolerance):
     for chunk in (1, 128, 1000, 4096):
         chunked = chunked_kernel_product(queries, bottleneck, middle, values, chunk)
         torch.testing.assert_close(chunked, plain, rtol=tolerance, atol=tolerance)
+        inferred = chunked_kernel_inference(queries, bottleneck, middle, values, chunk)
+        torch.testing.assert_close(inferred, plain, rtol=tolerance, atol=tolerance)
 
 
 def test_closed_form_runs_the_iteration_on_the_gpu():

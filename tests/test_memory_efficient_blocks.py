@@ -1,9 +1,9 @@
 """Norms, LayerScale, stems and whole backbones that keep less for backward
 give the plain autograd outputs and gradients, and keep what they say.
 
-The plain computation patches ``records_gradient`` to False in the layers'
-modules (every operation then recorded by autograd as written); LayerScale
-folding is compared with ``gamma * branch(x)`` written out.
+The plain computation is a copy with the memory-efficient switch off
+(every operation then recorded by autograd as written); LayerScale folding
+is compared with the switch off and with ``gamma * branch(x)`` written out.
 """
 import copy
 import os.path as osp
@@ -13,29 +13,24 @@ import pytest
 import torch
 import torch.nn as nn
 
-import mmsoft.models.layers.shared.layer_norm as layer_norm_module
-import mmsoft.models.layers.shared.mlp as mlp_module
-import mmsoft.models.layers.shared.norm_act_conv as norm_act_conv_module
-import mmsoft.models.layers.soft.soft_attention as soft_attention_module
-import mmsoft.models.layers.ufo_vit.local_patch_interaction as lpi_module
 from mmsoft.analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.layers.shared import MLP, ConvPatchEmbed, FeaturePyramidAdapter
-from mmsoft.models.layers.shared.layer_norm import (MIN_ABS_WEIGHT,
-                                                    LayerNormSavingOutput)
-from mmsoft.models.layers.soft.soft_attention import symmetric_scale
+from mmsoft.models.layers.shared.layer_norm import LayerNormSavingOutput
 from mmsoft.models.layers.ufo_vit.ufo_block import UFOBlock
+from mmsoft.models.memory_efficient import set_memory_efficient
+from mmsoft.models.memory_efficient.kernel_attention import symmetric_scale
+from mmsoft.models.memory_efficient.layer_norm import MIN_ABS_WEIGHT, rebuilds_input
+from mmsoft.models.memory_efficient.norm_act_conv import fusable
 
 _PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
                                  'plain_autograd.py'))
-TOLERANCE, outputs_and_gradients, assert_same_as_plain, ufo_attention_module = (
+TOLERANCE, outputs_and_gradients, assert_same_as_plain = (
     _PLAIN[name] for name in ('TOLERANCE', 'outputs_and_gradients',
-                              'assert_same_as_plain', 'ufo_attention_module'))
+                              'assert_same_as_plain'))
 
 # FFN hidden widths of SOFT-tiny (4 x 64, 128, 320, 512) and UFO-ViT-tiny (4 x 192).
 HIDDEN_WIDTHS = (256, 512, 1280, 2048, 768)
-MEMORY_SAVING_MODULES = [layer_norm_module, mlp_module, norm_act_conv_module,
-                         soft_attention_module, lpi_module, ufo_attention_module]
 
 
 def randomise_affine(module: nn.Module, seed: int = 0) -> nn.Module:
@@ -51,10 +46,10 @@ def randomise_affine(module: nn.Module, seed: int = 0) -> nn.Module:
 
 
 @pytest.mark.parametrize('affine', [True, False])
-def test_layer_norm_saving_output_equals_layer_norm(affine, monkeypatch):
+def test_layer_norm_saving_output_equals_layer_norm(affine):
     norm = randomise_affine(LayerNormSavingOutput(16, elementwise_affine=affine)).double()
     tokens = torch.randn(2, 30, 16, dtype=torch.float64)
-    assert_same_as_plain(norm, [tokens], [layer_norm_module], monkeypatch)
+    assert_same_as_plain(norm, [tokens])
     leaf = tokens.clone().requires_grad_()
     assert torch.autograd.gradcheck(norm, (leaf, ))
 
@@ -70,13 +65,14 @@ def test_layer_norm_keeps_its_output_not_its_input():
     assert out.untyped_storage().nbytes() == kept[(30, 16)]
 
 
-def test_layer_norm_with_a_zero_gamma_falls_back_to_autograd(monkeypatch):
+def test_layer_norm_with_a_zero_gamma_falls_back_to_autograd():
     norm = randomise_affine(LayerNormSavingOutput(16)).double()
     with torch.no_grad():
         norm.weight[3] = MIN_ABS_WEIGHT / 2
-    assert not norm._backward_from_output(torch.randn(2, 16, requires_grad=True))
+    assert not rebuilds_input(torch.randn(2, 16, requires_grad=True), norm.weight,
+                              norm.bias)
     tokens = torch.randn(2, 30, 16, dtype=torch.float64)
-    assert_same_as_plain(norm, [tokens], [layer_norm_module], monkeypatch)
+    assert_same_as_plain(norm, [tokens])
 
 
 def test_symmetric_scale_gradcheck():
@@ -105,7 +101,10 @@ def test_layer_scale_folding_equals_gamma_times_branch():
     torch.manual_seed(0)
     block = randomise_affine(UFOBlock(16, num_heads=2)).double()
     tokens = torch.randn(2, 30, 16, dtype=torch.float64)
-    reference = _WrittenOutUFOBlock(copy.deepcopy(block))
+    # The switch off: the block's forward computes gamma * branch(x).
+    unfolded = assert_same_as_plain(block, [tokens], (5, 6))
+    assert not unfolded.memory_efficient
+    reference = _WrittenOutUFOBlock(set_memory_efficient(copy.deepcopy(block), False))
     folded = outputs_and_gradients(block, [tokens], (5, 6))
     plain = outputs_and_gradients(reference, [tokens], (5, 6))
     torch.testing.assert_close(folded[0], plain[0], **TOLERANCE)
@@ -140,13 +139,12 @@ class _StemTokens(nn.Module):
 
 
 @pytest.mark.parametrize('valid_shapes', [None, [(20, 24), (13, 9)]])
-def test_conv_stem_equals_plain_and_updates_stats_once(valid_shapes, monkeypatch):
+def test_conv_stem_equals_plain_and_updates_stats_once(valid_shapes):
     torch.manual_seed(0)
     stem = randomise_affine(ConvPatchEmbed([3, 8, 8, 12], [2, 1, 2])).double().train()
     image = torch.randn(2, 3, 20, 24, dtype=torch.float64)
     efficient = _StemTokens(stem, valid_shapes)
-    reference = assert_same_as_plain(efficient, [image], [norm_act_conv_module],
-                                     monkeypatch)
+    reference = assert_same_as_plain(efficient, [image])
     for name, buffer in reference.named_buffers():
         torch.testing.assert_close(dict(efficient.named_buffers())[name], buffer,
                                    rtol=0, atol=0, msg=name)
@@ -169,16 +167,15 @@ def test_conv_stem_keeps_only_batchnorm_inputs():
 def test_conv_stem_with_sync_batchnorm_runs_plainly():
     stem = ConvPatchEmbed([3, 8, 12], [2, 2])
     stem.proj[1] = nn.SyncBatchNorm(8)
-    assert not norm_act_conv_module._fusable(list(stem.proj), 1)
-    assert norm_act_conv_module._fusable(list(stem.proj), 4)
+    assert not fusable(list(stem.proj), 1)
+    assert fusable(list(stem.proj), 4)
 
 
-def test_pyramid_upsampling_branch_equals_plain(monkeypatch):
+def test_pyramid_upsampling_branch_equals_plain():
     torch.manual_seed(0)
     pyramid = randomise_affine(FeaturePyramidAdapter(8, out_indices=(0, ))).double()
     feat = torch.randn(2, 8, 3, 4, dtype=torch.float64)
-    assert_same_as_plain(
-        _SingleOutput(pyramid), [feat], [norm_act_conv_module], monkeypatch)
+    assert_same_as_plain(_SingleOutput(pyramid), [feat])
 
 
 class _SingleOutput(nn.Module):
@@ -215,15 +212,71 @@ class _SummedBackbone(nn.Module):
     lambda: UFOViT('tiny', drop_path_rate=0., recompute_ffn=True),
 ], ids=['soft++-closed-form-chunked', 'soft-newton', 'ufo-vit',
         'soft++-recompute-ffn', 'ufo-vit-recompute-ffn'])
-def test_backbones_equal_plain_autograd(build, valid_shapes, monkeypatch):
+def test_backbones_equal_plain_autograd(build, valid_shapes):
     torch.manual_seed(0)
     backbone = randomise_affine(build()).double().train()
     image = torch.randn(2, 3, 64, 96, dtype=torch.float64)
-    reference = assert_same_as_plain(_SummedBackbone(backbone, valid_shapes), [image],
-                                     MEMORY_SAVING_MODULES, monkeypatch)
+    summed = _SummedBackbone(backbone, valid_shapes)
+    # Plain everywhere but in UFO-ViT's blocks, which keep their LayerScale
+    # folded: the same arithmetic into every BatchNorm.
+    folded_plain = set_memory_efficient(copy.deepcopy(summed), False)
+    for block in folded_plain.modules():
+        if isinstance(block, UFOBlock):
+            block.memory_efficient = True
+    reference = assert_same_as_plain(summed, [image])
+    outputs_and_gradients(folded_plain, [image])
     buffers = dict(backbone.named_buffers(prefix='backbone'))
-    for name, buffer in reference.named_buffers():
+    # BatchNorm running statistics are updated once: exactly those of the
+    # plain computation with the same arithmetic, and those of the plain
+    # one within float64 rounding of their scale (folding rounds gamma * W x
+    # differently; a second update would move them by momentum * value).
+    for name, buffer in folded_plain.named_buffers():
         torch.testing.assert_close(buffers[name], buffer, rtol=0, atol=0, msg=name)
+    for name, buffer in reference.named_buffers():
+        scale = float(buffer.abs().max()) if buffer.is_floating_point() else 0.
+        torch.testing.assert_close(buffers[name], buffer, rtol=1e-12,
+                                   atol=1e-12 * scale, msg=name)
+
+
+@pytest.mark.parametrize('build', [
+    lambda **kw: SOFT('tiny', drop_path_rate=0., **kw),
+    lambda **kw: UFOViT('tiny', drop_path_rate=0., **kw),
+], ids=['soft', 'ufo-vit'])
+def test_memory_efficient_switch_of_the_backbones(build):
+    """``memory_efficient=False`` switches every layer to plain autograd:
+    the same outputs and gradients, more kept for backward."""
+    torch.manual_seed(0)
+    efficient = randomise_affine(build()).double().train()
+    plain = build(memory_efficient=False).double().train()
+    plain.load_state_dict(efficient.state_dict())
+    switchable = [m for m in plain.modules() if hasattr(m, 'memory_efficient')]
+    assert switchable and not any(m.memory_efficient for m in switchable)
+    assert all(m.memory_efficient for m in efficient.modules()
+               if hasattr(m, 'memory_efficient'))
+    image = torch.randn(1, 3, 64, 96, dtype=torch.float64)
+    # Activations only: the folded LayerScale keeps scaled weight copies,
+    # which at this tiny input would outweigh the activations.
+    weight_shapes = {tuple(p.shape) for p in efficient.parameters()}
+    kept, results = {}, {}
+    for name, backbone in (('efficient', efficient), ('plain', plain)):
+        wrapper = _SummedBackbone(backbone, None)
+        with SavedTensorRecorder(backbone) as recorder:
+            results[name] = outputs_and_gradients(wrapper, [image])
+        kept[name] = sum(record.nbytes for record in recorder.records
+                         if record.shape not in weight_shapes)
+    torch.testing.assert_close(results['efficient'][0], results['plain'][0],
+                               **TOLERANCE)
+    for param_name, grad in results['plain'][2].items():
+        torch.testing.assert_close(results['efficient'][2][param_name], grad,
+                                   **TOLERANCE, msg=param_name)
+    assert kept['plain'] > 1.3 * kept['efficient']
+
+
+def test_recompute_ffn_needs_the_memory_efficient_path():
+    with pytest.raises(ValueError, match=r'recompute_ffn=True needs memory_efficient'):
+        SOFT('tiny', recompute_ffn=True, memory_efficient=False)
+    with pytest.raises(ValueError, match=r'memory_efficient=1 is invalid'):
+        UFOViT('tiny', memory_efficient=1)
 
 
 @pytest.mark.parametrize('build', [

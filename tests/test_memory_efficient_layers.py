@@ -2,8 +2,8 @@
 gradients: SOFT / SOFT++ attention (every solver, chunked and in one chunk),
 UFO attention, the local patch interaction and the MLP.
 
-The plain computation is the same layer with ``records_gradient`` patched to
-False in its module, i.e. every operation recorded by autograd as written.
+The plain computation is a copy of the layer with the memory-efficient
+switch off, i.e. every operation recorded by autograd as written.
 """
 import importlib
 import os.path as osp
@@ -13,55 +13,74 @@ import pytest
 import torch
 
 import mmsoft.models.layers.shared.mlp as mlp_module
-import mmsoft.models.layers.soft.soft_attention as soft_attention_module
-import mmsoft.models.layers.ufo_vit.local_patch_interaction as lpi_module
 from mmsoft.analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.models.layers import SoftAttention
 from mmsoft.models.layers.shared import MLP, TanhGELU
-from mmsoft.models.layers.shared.recomputed_mlp import recomputed_mlp
-from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
 from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
+from mmsoft.models.memory_efficient import set_memory_efficient
+from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
+from mmsoft.models.memory_efficient.recomputed_mlp import recomputed_mlp
 
-# The package exports the function under the module's name.
-chunked_kernel_product_module = importlib.import_module(
-    'mmsoft.models.layers.soft.chunked_kernel_product')
+# Its BACKWARD_CHUNK is patched below.
+kernel_attention_module = importlib.import_module(
+    'mmsoft.models.memory_efficient.kernel_attention')
 
 _PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
                                  'plain_autograd.py'))
-TOLERANCE, outputs_and_gradients, assert_same_as_plain, ufo_attention_module = (
+TOLERANCE, outputs_and_gradients, assert_same_as_plain = (
     _PLAIN[name] for name in ('TOLERANCE', 'outputs_and_gradients',
-                              'assert_same_as_plain', 'ufo_attention_module'))
+                              'assert_same_as_plain'))
 
 
-@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+@pytest.mark.parametrize('attention', ['soft', 'soft++'])
 @pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])
 @pytest.mark.parametrize('chunk', [None, 7, 1000])
-def test_soft_attention_equals_plain_autograd(variant, solver, chunk, monkeypatch):
+def test_soft_attention_equals_plain_autograd(attention, solver, chunk):
     torch.manual_seed(0)
-    attention = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3,
-                              variant=variant, solver=solver, newton_iters=6,
-                              kernel_chunk_tokens=chunk).double()
+    layer = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3,
+                          attention=attention, solver=solver, newton_iters=6,
+                          kernel_chunk_tokens=chunk).double()
     tokens = torch.randn(2, 30, 16, dtype=torch.float64)
-    assert_same_as_plain(attention, [tokens], [soft_attention_module],
-                         monkeypatch, (5, 6))
+    assert_same_as_plain(layer, [tokens], (5, 6))
 
 
 def test_soft_attention_keeps_no_query_kernel():
     torch.manual_seed(0)
     attention = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3,
-                              variant='soft++', solver='exact')
+                              attention='soft++', solver='exact')
     tokens = torch.randn(1, 30, 16, requires_grad=True)
     with SavedTensorRecorder(attention) as recorder:
         attention(tokens, (5, 6))
-    # m = 9 bottleneck tokens (a 3x3 grid), N = 30: no (., 2, 30, 9) kernel.
-    assert all(record.shape[-2:] != (30, 9) for record in recorder.records)
+    # m = 6 bottleneck tokens (a 2x3 grid), N = 30: no (., 2, 30, 6) kernel.
+    assert all(record.shape[-2:] != (30, 6) for record in recorder.records)
+
+
+def test_soft_attention_switched_off_runs_plain_autograd():
+    torch.manual_seed(0)
+    attention = set_memory_efficient(
+        SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3, attention='soft++',
+                      solver='newton', newton_iters=3), False)
+    tokens = torch.randn(1, 30, 16, requires_grad=True)
+    with SavedTensorRecorder(attention) as recorder:
+        out = attention(tokens, (5, 6))
+    # Autograd keeps K1 (1, 2, 30, 6) and the Newton steps are recorded.
+    assert any(record.shape[-2:] == (30, 6) for record in recorder.records)
+    seen, nodes = set(), [out.grad_fn]
+    while nodes:
+        node = nodes.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            nodes.extend(next_node for next_node, _ in node.next_functions)
+    names = {type(node).__name__ for node in seen}
+    assert not names & {'_NewtonIterationsBackward', 'SymmetricScaleBackward',
+                        'ChunkedKernelProductBackward', 'CheckpointFunctionBackward'}
 
 
 @pytest.mark.parametrize('backward_chunk', [1024, 6])
 def test_one_chunk_backward_equals_several_chunks(backward_chunk, monkeypatch):
     # backward_chunk 6: backward slices the one chunk's kernel (and the
     # several chunks) into 6-token pieces.
-    monkeypatch.setattr(chunked_kernel_product_module, 'BACKWARD_CHUNK',
+    monkeypatch.setattr(kernel_attention_module, 'BACKWARD_CHUNK',
                         backward_chunk)
     generator = torch.Generator().manual_seed(0)
     inputs = [0.5 * torch.randn(2, 3, n, 4, generator=generator, dtype=torch.float64)
@@ -78,22 +97,21 @@ def test_one_chunk_backward_equals_several_chunks(backward_chunk, monkeypatch):
         torch.testing.assert_close(one, several, rtol=1e-10, atol=1e-10)
 
 
-def test_ufo_attention_equals_plain_autograd(monkeypatch):
+def test_ufo_attention_equals_plain_autograd():
     torch.manual_seed(0)
     attention = UFOAttention(16, 2).double()
     with torch.no_grad():
         attention.gamma_q.uniform_(0.5, 2)
         attention.gamma_kv.uniform_(0.5, 2)
     tokens = torch.randn(2, 30, 16, dtype=torch.float64)
-    assert_same_as_plain(attention, [tokens], [ufo_attention_module], monkeypatch)
+    assert_same_as_plain(attention, [tokens])
 
 
-def test_local_patch_interaction_equals_plain_and_updates_stats_once(monkeypatch):
+def test_local_patch_interaction_equals_plain_and_updates_stats_once():
     torch.manual_seed(0)
     lpi = LocalPatchInteraction(8).double().train()
     tokens = torch.randn(2, 30, 8, dtype=torch.float64)
-    reference = assert_same_as_plain(lpi, [tokens], [lpi_module], monkeypatch,
-                                     (5, 6))
+    reference = assert_same_as_plain(lpi, [tokens], (5, 6))
     for name, buffer in reference.named_buffers():
         torch.testing.assert_close(dict(lpi.named_buffers())[name], buffer,
                                    rtol=0, atol=0, msg=name)
@@ -101,11 +119,11 @@ def test_local_patch_interaction_equals_plain_and_updates_stats_once(monkeypatch
 
 
 @pytest.mark.parametrize('act_layer', [TanhGELU, torch.nn.GELU])
-def test_mlp_equals_plain_autograd(act_layer, monkeypatch):
+def test_mlp_equals_plain_autograd(act_layer):
     torch.manual_seed(0)
     mlp = MLP(8, 32, act_layer).double()
     tokens = torch.randn(2, 30, 8, dtype=torch.float64)
-    assert_same_as_plain(mlp, [tokens], [mlp_module], monkeypatch)
+    assert_same_as_plain(mlp, [tokens])
 
 
 @pytest.mark.parametrize('keep_hidden', [True, False])
@@ -139,4 +157,6 @@ def test_plain_path_without_gradient_and_with_dropout(monkeypatch):
     mlp(torch.randn(4, 8, requires_grad=True))
     assert calls == []
     mlp.eval()(torch.randn(4, 8, requires_grad=True))
+    assert calls == [1]
+    set_memory_efficient(mlp, False)(torch.randn(4, 8, requires_grad=True))
     assert calls == [1]

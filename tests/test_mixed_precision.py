@@ -25,24 +25,18 @@ import warnings
 import pytest
 import torch
 
-import mmsoft.models.layers.shared.layer_norm as layer_norm_module
-import mmsoft.models.layers.shared.mlp as mlp_module
-import mmsoft.models.layers.shared.norm_act_conv as norm_act_conv_module
-import mmsoft.models.layers.soft.soft_attention as soft_attention_module
-import mmsoft.models.layers.ufo_vit.local_patch_interaction as lpi_module
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.layers import SoftAttention, kernel_inverse
 from mmsoft.models.layers.shared import MLP, ConvPatchEmbed
 from mmsoft.models.layers.shared.layer_norm import LayerNormSavingOutput
-from mmsoft.models.layers.soft.chunked_kernel_product import chunked_kernel_product
 from mmsoft.models.layers.soft.kernel_inverse import SOLVERS
 from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
+from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
 from mmsoft.utils.torch_compat import autocast_dtype
 
 _PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
                                  'plain_autograd.py'))
-assert_same_as_plain, ufo_attention_module = (
-    _PLAIN[name] for name in ('assert_same_as_plain', 'ufo_attention_module'))
+assert_same_as_plain = _PLAIN['assert_same_as_plain']
 
 
 def cpu_autocast_supports(dtype: torch.dtype) -> bool:
@@ -89,36 +83,33 @@ class _Tokens(torch.nn.Module):
 
 
 LAYERS = {
-    'layer-norm': (lambda: LayerNormSavingOutput(16), (2, 30, 16), (),
-                   [layer_norm_module]),
-    'mlp': (lambda: MLP(16, 64), (2, 30, 16), (), [mlp_module]),
+    'layer-norm': (lambda: LayerNormSavingOutput(16), (2, 30, 16), ()),
+    'mlp': (lambda: MLP(16, 64), (2, 30, 16), ()),
     'conv-stem': (lambda: ConvPatchEmbed([3, 8, 8, 12], [2, 1, 2]),
-                  (2, 3, 20, 24), (), [norm_act_conv_module]),
-    'ufo-attention': (lambda: UFOAttention(16, 2), (2, 30, 16), (),
-                      [ufo_attention_module]),
+                  (2, 3, 20, 24), ()),
+    'ufo-attention': (lambda: UFOAttention(16, 2), (2, 30, 16), ()),
     'local-patch-interaction': (lambda: LocalPatchInteraction(16), (2, 30, 16),
-                                ((5, 6), ), [lpi_module]),
+                                ((5, 6), )),
 }
 LAYERS.update({
-    f'soft-attention-{variant}-{solver}-chunk{chunk}': (
-        lambda variant=variant, solver=solver, chunk=chunk: SoftAttention(
-            16, 2, sr_ratio=2, local_kernel_size=3, variant=variant, solver=solver,
-            newton_iters=6, kernel_chunk_tokens=chunk),
-        (2, 30, 16), ((5, 6), ), [soft_attention_module])
-    for variant, solver, chunk in [('soft++', s, None) for s in SOLVERS]
+    f'soft-attention-{attention}-{solver}-chunk{chunk}': (
+        lambda attention=attention, solver=solver, chunk=chunk: SoftAttention(
+            16, 2, sr_ratio=2, local_kernel_size=3, attention=attention,
+            solver=solver, newton_iters=6, kernel_chunk_tokens=chunk),
+        (2, 30, 16), ((5, 6), ))
+    for attention, solver, chunk in [('soft++', s, None) for s in SOLVERS]
     + [('soft', 'newton', None), ('soft++', 'newton_closed_form', 7)]
 })
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
 @pytest.mark.parametrize('name', list(LAYERS))
-def test_memory_saving_layers_equal_plain_autograd_under_autocast(name, dtype,
-                                                                 monkeypatch):
-    build, shape, args, modules = LAYERS[name]
+def test_memory_saving_layers_equal_plain_autograd_under_autocast(name, dtype):
+    build, shape, args = LAYERS[name]
     torch.manual_seed(0)
     layer = _Tokens(build().train(), *args)
     tokens = torch.randn(*shape)
-    assert_same_as_plain(layer, [tokens], modules, monkeypatch, autocast=dtype,
+    assert_same_as_plain(layer, [tokens], autocast=dtype,
                          tolerance=LOW_PRECISION[dtype])
 
 

@@ -19,9 +19,10 @@ from mmsoft.deployment import onnx_export  # noqa: E402
 from mmsoft.models.backbones import SOFT, UFOViT  # noqa: E402
 from mmsoft.models.layers import SoftAttention  # noqa: E402
 from mmsoft.utils.torch_compat import TORCH_VERSION  # noqa: E402
+from mmsoft.deployment.traced_sizes import (  # noqa: E402
+    traceable_cap_bottleneck_grid, traceable_capped_grid_size)
 from mmsoft.models.layers.soft.bottleneck_pool import (  # noqa: E402
-    cap_bottleneck_grid, capped_grid_size, traceable_cap_bottleneck_grid,
-    traceable_capped_grid_size)
+    cap_bottleneck_grid, capped_grid_size)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')

@@ -37,7 +37,7 @@ def dense_soft_attention(module, x, hw_shape):
             k1 = torch.exp(-0.5 * torch.cdist(q, marks)**2)  # (N, m)
             a = torch.exp(-0.5 * torch.cdist(marks, marks)**2)  # (m, m)
             eye = torch.eye(a.shape[0], dtype=a.dtype)
-            if module.variant == 'soft':
+            if module.attention == 'soft':
                 middle = torch.linalg.inv(a + 0.01 * eye)
             else:
                 d_inv_sqrt = torch.diag(a.sum(1).rsqrt())
@@ -50,13 +50,13 @@ def dense_soft_attention(module, x, hw_shape):
     return F.linear(out, module.out_proj.weight, module.out_proj.bias)
 
 
-@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+@pytest.mark.parametrize('attention', ['soft', 'soft++'])
 @pytest.mark.parametrize('max_tokens', [None, 6])
-def test_matches_dense_reference(variant, max_tokens):
+def test_matches_dense_reference(attention, max_tokens):
     torch.manual_seed(0)
     hw_shape = (9, 13)
     module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=5,
-                           variant=variant, solver='exact',
+                           attention=attention, solver='exact',
                            max_bottleneck_tokens=max_tokens).double()
     x = torch.randn(2, 9 * 13, 64, dtype=torch.float64)
     expected = dense_soft_attention(module, x, hw_shape)
@@ -66,7 +66,7 @@ def test_matches_dense_reference(variant, max_tokens):
 def test_newton_matches_reference_within_tolerance():
     torch.manual_seed(1)
     module = SoftAttention(64, 2, sr_ratio=4, local_kernel_size=3,
-                           variant='soft', solver='newton').double()
+                           attention='soft', solver='newton').double()
     x = torch.randn(1, 16 * 12, 64, dtype=torch.float64)
     expected = dense_soft_attention(module, x, (16, 12))
     torch.testing.assert_close(module(x, (16, 12)), expected, atol=1e-5, rtol=1e-4)
@@ -78,6 +78,39 @@ def test_bottleneck_cap_bounds_tokens_and_keeps_small_grids():
     assert rows * cols <= 256 and rows * cols >= 200
     assert capped_grid_size(1, 1000, 64) == (1, 64)
     assert capped_grid_size(50, 50, None) == (50, 50)
+
+
+class _OnGrid(torch.nn.Module):
+
+    def __init__(self, attention, hw_shape):
+        super().__init__()
+        self.attention = attention
+        self.hw_shape = hw_shape
+
+    def forward(self, x):
+        return self.attention(x, self.hw_shape)
+
+
+def test_export_formulation_pools_with_tensor_sizes():
+    # Traced in the ONNX export formulation, the cap pools by averaging
+    # matrices on traced sizes: the same sizes and, up to rounding, the same
+    # values. A plain trace (FLOP counting) records the eager pooling.
+    from mmsoft.deployment.onnx_export import export_formulation
+    torch.manual_seed(0)
+    module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3,
+                           attention='soft++', max_bottleneck_tokens=6).eval()
+    x = torch.randn(1, 9 * 13, 64)
+    with torch.no_grad():
+        expected = module(x, (9, 13))
+        plain = torch.jit.trace(_OnGrid(module, (9, 13)), (x, ), check_trace=False)
+        with export_formulation(module):
+            traced = torch.jit.trace(_OnGrid(module, (9, 13)), (x, ), check_trace=False)
+        torch.testing.assert_close(traced(x), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(module(x, (9, 13)), expected, rtol=0, atol=0)
+    graph = str(traced.inlined_graph)
+    assert 'adaptive_avg_pool2d' not in graph and '_shape_as_tensor' in graph
+    assert 'adaptive_avg_pool2d' in str(plain.inlined_graph)
+    assert 'cap_bottleneck_grid' not in vars(module)  # restored on exit
 
 
 def test_autocast_runs_kernel_in_float32(monkeypatch):
@@ -104,6 +137,15 @@ def test_heads_must_divide_width():
     with pytest.raises(ValueError, match='embed_dims=64 is not divisible by '
                        'num_heads=3'):
         SoftAttention(64, 3, 2, 3)
+
+
+def test_options_are_validated_at_construction():
+    with pytest.raises(ValueError, match="attention='softmax'"):
+        SoftAttention(64, 2, 2, 3, attention='softmax')
+    with pytest.raises(ValueError, match="solver='lu'"):
+        SoftAttention(64, 2, 2, 3, solver='lu')
+    with pytest.warns(DeprecationWarning, match="solver='exact'"):
+        assert SoftAttention(64, 2, 2, 3, solver='cholesky').solver == 'exact'
 
 
 def test_chunked_kernel_gives_same_output_and_gradients():

@@ -39,6 +39,7 @@ cait = pytest.importorskip('timm.models.cait')
 
 from mmsoft.models.layers import (ConvPatchEmbed, FourierPositionEncoding,  # noqa: E402
                                   LocalPatchInteraction, UFOAttention, UFOBlock)
+from mmsoft.models.memory_efficient.layer_scale import scaled_call  # noqa: E402
 from mmsoft.pretrain import ClassAttentionBlock  # noqa: E402
 
 pytestmark = pytest.mark.torchvision
@@ -342,9 +343,9 @@ def lpi_pair(dims: int = 16, kernel_size: int = 3, seed: int = 7):
 @pytest.mark.parametrize('kernel_size', [3, 5])
 @pytest.mark.parametrize('grid', [(5, 7), (1, 9), (8, 3)])
 def test_lpi_matches_xcit(grid, kernel_size):
-    """Same tokens (B, N, C) and input gradient on non-square grids; with
-    ``out_scale`` (LayerScale folded into ``conv2``) the same as XCiT's
-    ``gamma3 * LPI(x)``."""
+    """Same tokens (B, N, C) and input gradient on non-square grids; with a
+    LayerScale folded into ``conv2`` (the UFO block's memory-efficient path)
+    the same as XCiT's ``gamma3 * LPI(x)``."""
     timm_lpi, mm_lpi = lpi_pair(kernel_size=kernel_size)
     tokens = randn(2, grid[0] * grid[1], 16, seed=8)  # (B, N, C)
     timm_out, timm_grad = input_grad(lambda x: timm_lpi(x, *grid), tokens, seed=9)
@@ -353,8 +354,8 @@ def test_lpi_matches_xcit(grid, kernel_size):
     assert_close(mm_grad, timm_grad, f'LPI k{kernel_size} {grid} input grad')
     scale = randn(16, seed=10)
     with torch.no_grad():
-        assert_close(mm_lpi(tokens, grid, out_scale=scale), scale * timm_out,
-                     f'LPI k{kernel_size} {grid} with out_scale')
+        assert_close(scaled_call(mm_lpi, 'conv2', scale, tokens, grid),
+                     scale * timm_out, f'LPI k{kernel_size} {grid} with a folded scale')
 
 
 def test_lpi_valid_region_vs_xcit():

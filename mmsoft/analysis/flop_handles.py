@@ -51,26 +51,26 @@ def sdpa_flops(inputs: List[Any], outputs: List[Any]) -> int:
     return 2 * prod(batch) * queries * key[-2] * dims
 
 
-def inverse_flops(variant: str, solver: str, newton_iters: int) -> int:
+def inverse_flops(attention: str, solver: str, newton_iters: int) -> int:
     """FLOPs of one m x m bottleneck inverse, as a multiple of m^3.
 
     Newton: two m x m products per iteration. Cholesky (SOFT exact): m^3/3 for the
     factor and 2m^3/3 to invert it. An eigendecomposition (SOFT++ exact, and
-    the Newton closed form of either variant): about 4m^3/3 to reduce to
+    the Newton closed form of SOFT and SOFT++): about 4m^3/3 to reduce to
     tridiagonal form, m^3 to accumulate the eigenvectors and m^3 to multiply
     them back: an estimate of 10m^3/3. (The SOFT++ scale's product of the
     Newton solvers runs outside the inverse and is counted as a matmul.)
     """
     if solver == 'newton':
         return 2 * newton_iters
-    if solver == 'exact' and variant == 'soft':
+    if solver == 'exact' and attention == 'soft':
         return 1
     return 10 / 3
 
 
-def kernel_inverse_handle(variant: str, solver: str, newton_iters: int) -> Handle:
-    """Handle of SOFT's inverse for one (variant, solver, iterations) setting."""
-    factor = inverse_flops(variant, solver, newton_iters)
+def kernel_inverse_handle(attention: str, solver: str, newton_iters: int) -> Handle:
+    """Handle of SOFT's inverse for one (attention, solver, iterations) setting."""
+    factor = inverse_flops(attention, solver, newton_iters)
 
     def handle(inputs: List[Any], outputs: List[Any]) -> int:
         *batch, size, _ = get_shape(inputs[0])
@@ -85,7 +85,7 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
     Args:
         model (nn.Module): Any model; the SOFT inverse handle is configured
             from its :class:`~mmsoft.models.layers.SoftAttention` modules,
-            which must then all share one variant, solver and iteration count.
+            which must then all share one attention, solver and iteration count.
 
     Returns:
         dict[str, Handle | None]: Operator name to handle (None: known, not
@@ -96,7 +96,7 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
     handles.update({op: reduction_flops for op in REDUCTION_OPS})
     handles.update({op: None for op in NOT_COUNTED_OPS})
     handles['aten::scaled_dot_product_attention'] = sdpa_flops
-    settings = {(m.variant, m.solver, m.newton_iters)
+    settings = {(m.attention, m.solver, m.newton_iters)
                 for m in model.modules() if isinstance(m, SoftAttention)}
     if len(settings) > 1:
         raise ValueError(f'SOFT attentions of one model use several inverse '

@@ -121,8 +121,7 @@ def load_strictly(model: nn.Module, state_dict: Mapping, source: str,
 def soft_pos_embed_grids(model: nn.Module) -> Mapping[str, Tuple[tuple, int]]:
     """Each ``pos_embeds.i`` of a SOFT: its grid and its leading extra
     entries (the last stage's class token)."""
-    last = len(model.pos_grids) - 1
-    return {f'pos_embeds.{i}': (tuple(grid), int(i == last))
+    return {f'pos_embeds.{i}': (tuple(grid), model.extra_tokens(i))
             for i, grid in enumerate(model.pos_grids)}
 
 

@@ -11,9 +11,10 @@ What is exported is the function PyTorch computes, in operators ONNX has:
 * The chunked query-bottleneck kernel product (``kernel_chunk_tokens``) is
   exported unchunked: the same values, with the N x m kernel held whole.
 * The bottleneck cap (``max_bottleneck_tokens``) and the position-embedding
-  resize follow the input size in the traced graph (see
-  :mod:`mmsoft.models.layers.soft.bottleneck_pool` and
-  :func:`mmsoft.models.layers.resize_pos_embed`).
+  resize follow the input size in the traced graph
+  (:mod:`mmsoft.deployment.traced_sizes`).
+
+These rewrites are all in :func:`export_formulation`.
 
 The graph is traced with PyTorch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``) with dynamic batch, height and
@@ -32,7 +33,10 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
+from ..models.backbones import SOFT
 from ..models.layers import SoftAttention
+from ..models.layers.shared.position import interpolate_pos_embed
+from .traced_sizes import traceable_cap_bottleneck_grid
 from ..utils.torch_compat import TORCH_VERSION, onnx_export_takes_dynamo
 
 # The solver the ONNX graph computes for each solver the model may use.
@@ -198,13 +202,14 @@ def check_exportable(model: nn.Module) -> None:
 
 @contextlib.contextmanager
 def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
-    """Switches ``model``'s SOFT attention layers to their ONNX formulation.
+    """Switches ``model``'s SOFT layers to their ONNX formulation.
 
     Inside the context every :class:`SoftAttention` computes its kernel
     inverse by the Newton iteration (``solver='newton'``, the function
-    ``'newton_closed_form'`` computes) and its kernel product unchunked
-    (``kernel_chunk_tokens=None``, the same values); both are restored on
-    exit.
+    ``'newton_closed_form'`` computes), its kernel product unchunked
+    (``kernel_chunk_tokens=None``, the same values) and its bottleneck cap
+    on traced sizes, and every :class:`SOFT` resizes its position embeddings
+    on traced sizes (:mod:`.traced_sizes`); all is restored on exit.
 
     Args:
         model (nn.Module): The model to export.
@@ -217,15 +222,22 @@ def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
     """
     check_exportable(model)
     layers = [m for m in model.modules() if isinstance(m, SoftAttention)]
+    backbones = [m for m in model.modules() if isinstance(m, SOFT)]
     saved = [(layer.solver, layer.kernel_chunk_tokens) for layer in layers]
     try:
         for layer in layers:
             layer.solver = EXPORT_SOLVERS[layer.solver]
             layer.kernel_chunk_tokens = None
+            layer.cap_bottleneck_grid = traceable_cap_bottleneck_grid
+        for backbone in backbones:
+            backbone.resize_pos_embed = interpolate_pos_embed
         yield model
     finally:
         for layer, (solver, chunk_tokens) in zip(layers, saved):
             layer.solver, layer.kernel_chunk_tokens = solver, chunk_tokens
+            del layer.cap_bottleneck_grid  # back to the class's eager one
+        for backbone in backbones:
+            del backbone.resize_pos_embed
 
 
 def check_input_shape(name: str, shape: Sequence[int]) -> Tuple[int, int]:

@@ -47,10 +47,10 @@ def timed(fn, repeats):
     return statistics.median(times), out
 
 
-def solver_step(mats, variant, solver, newton_iters, backward):
+def solver_step(mats, attention, solver, newton_iters, backward):
     """One inverse (and its backward) of ``mats``; returns the inverse."""
     mats = mats.detach().requires_grad_(backward)
-    inverse = kernel_inverse(mats, variant, solver, newton_iters)
+    inverse = kernel_inverse(mats, attention, solver, newton_iters)
     if backward:
         inverse.sum().backward()
     return inverse.detach()
@@ -67,9 +67,9 @@ def main():
     for size in args.sizes:
         tokens = args.spread * torch.randn(1, args.heads, size, args.head_dims)
         mats = gaussian_kernel(tokens, tokens)  # (1, heads, m, m)
-        for variant in ('soft', 'soft++'):
+        for attention in ('soft', 'soft++'):
             results = {
-                solver: timed(lambda: solver_step(mats, variant, solver,
+                solver: timed(lambda: solver_step(mats, attention, solver,
                                                   args.newton_iters, args.backward),
                               args.repeats)
                 for solver in SOLVERS
@@ -77,12 +77,13 @@ def main():
             exact_seconds = results['exact'][0]
             newton = results['newton'][1]
             for solver, (seconds, inverse) in results.items():
-                row = dict(m=size, heads=args.heads, variant=variant, solver=solver,
-                           backward=args.backward, seconds=seconds,
+                row = dict(m=size, heads=args.heads, attention=attention,
+                           solver=solver, backward=args.backward, seconds=seconds,
                            relative_to_exact=seconds / exact_seconds,
                            difference_from_newton=relative_difference(inverse, newton))
                 rows.append(row)
-                print(f'm={size:5d} {variant:6s} {solver:18s} {seconds * 1e3:9.2f} ms '
+                print(f'm={size:5d} {attention:6s} {solver:18s} '
+                      f'{seconds * 1e3:9.2f} ms '
                       f'({row["relative_to_exact"]:5.2f}x exact)  rel. difference '
                       f'from newton {row["difference_from_newton"]:.1e}', flush=True)
     if args.json:

@@ -1,5 +1,5 @@
 """What the multi-stage backbones share: freezing, norm_eval, checkpointing."""
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -10,6 +10,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...utils import check_frozen_stages, check_image_batch
 from ..layers.shared.mlp import MLP
 from ..layers.shared.valid_region import ValidShapes, check_valid_shapes
+from ..memory_efficient import set_memory_efficient
 from ..valid_region_record import registered_valid_shapes
 
 
@@ -63,18 +64,29 @@ class MultiStageBackbone(BaseModule):
         self.with_cp = with_cp
         self.min_input_size = min_input_size
 
-    def recompute_ffn_hidden(self, recompute: bool) -> None:
-        """Whether each FFN's backward recomputes its hidden layer.
+    def select_memory_path(self, memory_efficient: bool, recompute_ffn: bool) -> None:
+        """Sets the training path of every layer; called once the layers exist.
 
-        With True, training keeps only the FFN's input (C per token) instead
-        of also its hidden layer (4C per token), for one more ``fc1`` matmul
-        per FFN in backward; outputs and gradients are unchanged (see
-        :class:`~mmsoft.models.layers.shared.MLP`). Unlike ``with_cp``,
-        nothing else is recomputed.
+        Args:
+            memory_efficient (bool): True: each layer's memory-efficient path
+                (:mod:`mmsoft.models.memory_efficient`: the same outputs and
+                gradients, less kept for backward); False: plain autograd.
+            recompute_ffn (bool): Each FFN's backward also recomputes its
+                hidden layer (C per token kept instead of 4C more, for one
+                more ``fc1`` matmul per FFN); needs ``memory_efficient``.
+
+        Raises:
+            ValueError: ``recompute_ffn`` without ``memory_efficient``.
         """
+        if recompute_ffn and not memory_efficient:
+            raise ValueError(f'recompute_ffn={recompute_ffn!r} needs '
+                             f'memory_efficient=True (plain autograd keeps every '
+                             f'hidden layer); got memory_efficient='
+                             f'{memory_efficient!r}.')
+        set_memory_efficient(self, memory_efficient)
         for module in self.modules():
             if isinstance(module, MLP):
-                module.keep_hidden = not recompute
+                module.keep_hidden = not recompute_ffn
 
     def stage_parts(self, stage: int) -> List:
         """Modules and parameters frozen by ``frozen_stages``.
@@ -145,6 +157,36 @@ class MultiStageBackbone(BaseModule):
         if all(shape == tuple(x.shape[-2:]) for shape in shapes):
             return None
         return shapes
+
+    def forward(self, x: torch.Tensor,
+                valid_shapes: Optional[Sequence[Tuple[int, int]]] = None
+                ) -> Tuple[torch.Tensor, ...]:
+        """Multi-scale features.
+
+        Valid regions are optional (see :meth:`resolve_valid_shapes`); with
+        none, padding is image content. With them, each image's features are
+        those it has alone (how, each backbone's ``forward_features`` says)
+        and the maps are zero outside the regions.
+
+        Args:
+            x (Tensor): Images, shape (B, in_channels, H, W), H, W >=
+                ``min_input_size``.
+            valid_shapes (Sequence[tuple[int, int]], optional): Each image's
+                valid (h, w) in pixels, the top-left region of its canvas.
+                Default: None (the record for ``x``, if any; else all valid).
+
+        Returns:
+            tuple[Tensor]: One map per entry of ``out_indices`` (sizes in
+            the class docstring).
+        """
+        self.check_input(x)
+        return self.forward_features(x, self.resolve_valid_shapes(x, valid_shapes))
+
+    def forward_features(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes]
+                         ) -> Tuple[torch.Tensor, ...]:
+        """:meth:`forward` on checked images and resolved regions (None
+        when every image fills the batch)."""
+        raise NotImplementedError
 
     def run_block(self, block: nn.Module, x: torch.Tensor, *args) -> torch.Tensor:
         """Runs ``block(x, *args)``, checkpointed when ``with_cp`` and training."""

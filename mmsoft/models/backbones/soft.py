@@ -7,15 +7,14 @@ import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 from mmengine.registry import MODELS
 
-from ...utils import (check_choice, check_divisible, check_lengths,
-                      check_out_indices, check_positive_int, check_rate,
-                      resolve_arch)
+from ...utils import (check_divisible, check_lengths, check_out_indices,
+                      check_positive_int, check_rate, resolve_arch)
 from ..layers import (ConvPatchEmbed, SoftBlock, SoftmaxBlock, init_transformer_weights,
                       resize_pos_embed)
 from ..layers.shared.layer_norm import LayerNormSavingOutput
 from ..layers.shared.position import resize_pos_embed_to_regions
 from ..layers.shared.valid_region import ValidShapes, mask_map
-from ..layers.soft.kernel_inverse import SOLVERS, canonical_solver
+from ..layers.soft.kernel_inverse import check_kernel_inverse_options
 from .base import MultiStageBackbone, tokens_to_map
 
 ARCH_SETTINGS = {
@@ -38,8 +37,11 @@ ARCH_DEFAULTS = dict(
     mlp_ratios=[4, 4, 4, 4],
     stem_channels=32,
 )
-ATTENTIONS = ('soft', 'soft++')
 NUM_STAGES = 4
+#: The stage whose token sequence starts with the class token, ``[cls; grid]``
+#: (dropped from its output map); its position embeddings ``pos_embeds[3]``
+#: hold the class token's entry first, then the grid's.
+CLASS_TOKEN_STAGE = NUM_STAGES - 1
 
 
 @MODELS.register_module()
@@ -57,7 +59,7 @@ class SOFT(MultiStageBackbone):
     Padded batches: told each image's valid region (``forward``'s
     ``valid_shapes`` or a valid-region data preprocessor), an image's
     features do not depend on its batch's padding; without it (the plain
-    mmdet/mmseg preprocessors) padding counts as image content, as before.
+    mmdet/mmseg preprocessors) padding counts as image content.
 
     The module tree holds the same parameters as the reference ImageNet
     models (classifier excluded), one to one, so their checkpoints map onto it.
@@ -78,9 +80,13 @@ class SOFT(MultiStageBackbone):
             function from one eigendecomposition, at about the cost of
             ``'exact'``) or ``'exact'`` (the iteration's limit: Cholesky for
             SOFT, pseudo-inverse for SOFT++; a different function wherever
-            the kernel is ill-conditioned). ``'cholesky'`` is the former
-            name of ``'exact'`` (deprecated). See
-            :mod:`~mmsoft.models.layers.soft.kernel_inverse`. Default: ``'newton'``.
+            the kernel is ill-conditioned). ``'cholesky'`` is accepted for
+            ``'exact'`` with a ``DeprecationWarning``. See
+            :mod:`~mmsoft.models.layers.soft.kernel_inverse`. The default is
+            the reference iteration, bit for bit what the published
+            checkpoints were trained with; the configs choose
+            ``'newton_closed_form'``, the same function at a fraction of the
+            CPU cost. Default: ``'newton'``.
         newton_iters (int): Newton iterations of ``'newton'`` and
             ``'newton_closed_form'``. Default: 20.
         max_bottleneck_tokens (int, optional): Cap on bottleneck tokens per
@@ -106,10 +112,12 @@ class SOFT(MultiStageBackbone):
             k >= 1 stages 1..k. Default: -1.
         norm_eval (bool): Keep BatchNorm in eval mode. Default: False.
         with_cp (bool): Gradient checkpointing of blocks. Default: False.
-        recompute_ffn (bool): In training, each FFN's backward recomputes its
-            hidden layer (4C wide) from its input instead of keeping it, for
-            one more matmul per FFN; nothing else is recomputed and outputs
-            and gradients are unchanged. Default: False.
+        memory_efficient (bool): Train through the memory-efficient path
+            (SOFT attention then keeps neither Gaussian kernel for backward)
+            or, False, plain autograd; see
+            :meth:`~.base.MultiStageBackbone.select_memory_path`. Default: True.
+        recompute_ffn (bool): FFNs also recompute their hidden layer in
+            backward (needs ``memory_efficient``; same method). Default: False.
         convert_weights (bool): ``init_cfg=dict(type='Pretrained',
             checkpoint=...)`` names a reference (official) SOFT / SOFT++
             ImageNet checkpoint, converted while loading (see
@@ -120,6 +128,11 @@ class SOFT(MultiStageBackbone):
             at another image size are resized, any other missing, unexpected
             or mis-shaped entry raises ``ValueError``. Default: None.
     """
+
+    #: Resizes position embeddings to a stage's grid; ONNX export swaps in a
+    #: formulation that follows traced sizes
+    #: (:mod:`mmsoft.deployment.traced_sizes`).
+    resize_pos_embed = staticmethod(resize_pos_embed)
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -136,6 +149,7 @@ class SOFT(MultiStageBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 memory_efficient: bool = True,
                  recompute_ffn: bool = False,
                  convert_weights: bool = False,
                  init_cfg: Optional[dict] = None):
@@ -148,9 +162,7 @@ class SOFT(MultiStageBackbone):
         check_lengths(settings, ('local_kernel_sizes', ), NUM_STAGES - 1)
         check_divisible('embed_dims', settings['embed_dims'], 'num_heads',
                         settings['num_heads'])
-        check_choice('attention', attention, ATTENTIONS)
-        solver = canonical_solver(solver)
-        check_choice('solver', solver, SOLVERS)
+        solver = check_kernel_inverse_options(attention, solver)
         check_positive_int('newton_iters', newton_iters)
         check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens,
                            allow_none=True)
@@ -170,14 +182,14 @@ class SOFT(MultiStageBackbone):
         self.patch_embeds = nn.ModuleList(self._patch_embed(i) for i in range(4))
         self.pos_grids = [(pretrain_img_size // 2**(i + 2), ) * 2 for i in range(4)]
         self.pos_embeds = nn.ParameterList(
-            nn.Parameter(torch.zeros(1, math.prod(grid) + (i == 3), dims))
+            nn.Parameter(torch.zeros(1, self.extra_tokens(i) + math.prod(grid), dims))
             for i, (grid, dims) in enumerate(zip(self.pos_grids, self.embed_dims)))
         self.pos_drop = nn.Dropout(drop_rate)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims[3]))
 
         depths = settings['depths']
         drop_path_rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
-        attn_kwargs = dict(variant=attention, solver=solver,
+        attn_kwargs = dict(attention=attention, solver=solver,
                            newton_iters=newton_iters,
                            max_bottleneck_tokens=max_bottleneck_tokens,
                            kernel_chunk_tokens=kernel_chunk_tokens)
@@ -187,7 +199,7 @@ class SOFT(MultiStageBackbone):
             self.stages.append(nn.ModuleList(
                 self._block(i, rate, attn_kwargs) for rate in rates))
         self.norm = LayerNormSavingOutput(self.embed_dims[3], eps=1e-6)
-        self.recompute_ffn_hidden(recompute_ffn)
+        self.select_memory_path(memory_efficient, recompute_ffn)
 
     def _patch_embed(self, stage: int) -> ConvPatchEmbed:
         """Stage 1: three convs (strides 2, 1, 2); later stages: one stride-2 conv."""
@@ -213,8 +225,10 @@ class SOFT(MultiStageBackbone):
             return [self.patch_embeds[0]]
         i = stage - 1
         parts = [self.patch_embeds[i], self.pos_embeds[i], self.stages[i]]
+        if i == CLASS_TOKEN_STAGE:
+            parts.append(self.cls_token)
         if stage == NUM_STAGES:
-            parts += [self.cls_token, self.norm]
+            parts.append(self.norm)
         return parts
 
     def init_from_scratch(self) -> None:
@@ -235,6 +249,13 @@ class SOFT(MultiStageBackbone):
                              prefix=cfg.get('prefix'),
                              map_location=cfg.get('map_location', 'cpu'))
 
+    # --- the class token (stage 4): its token and its position embedding ---
+    @staticmethod
+    def extra_tokens(stage: int) -> int:
+        """Tokens before the grid in stage ``stage`` (0-3): 1 (the class
+        token) in :data:`CLASS_TOKEN_STAGE`, else 0."""
+        return int(stage == CLASS_TOKEN_STAGE)
+
     def stage_pos_embed(self, stage: int, hw_shape: Tuple[int, int],
                         valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """Position embeddings of stage ``stage`` resized to ``hw_shape``.
@@ -247,59 +268,71 @@ class SOFT(MultiStageBackbone):
                 each region and zero outside it. Default: None.
 
         Returns:
-            Tensor: (1 or B, H * W, C), or (1 or B, 1 + H * W, C) with the
-            class token's entry first in the last stage.
+            Tensor: (1 or B, extra + H * W, C) with ``extra =``
+            :meth:`extra_tokens` entries (the class token's) first.
         """
+        extra = self.extra_tokens(stage)
         pos_embed = self.pos_embeds[stage]
-        has_cls = stage == NUM_STAGES - 1
-        grid_embed = pos_embed[:, 1:] if has_cls else pos_embed
+        grid_embed = pos_embed[:, extra:]
         if valid_shapes is None:
-            grid = resize_pos_embed(grid_embed, self.pos_grids[stage], hw_shape)
+            grid = self.resize_pos_embed(grid_embed, self.pos_grids[stage], hw_shape)
         else:
             grid = resize_pos_embed_to_regions(grid_embed, self.pos_grids[stage],
                                                hw_shape, valid_shapes)
-        if not has_cls:
+        if not extra:
             return grid
-        return torch.cat((pos_embed[:, :1].expand(grid.shape[0], -1, -1), grid), dim=1)
+        extra_embed = pos_embed[:, :extra].expand(grid.shape[0], -1, -1)
+        return torch.cat((extra_embed, grid), dim=1)
 
-    def forward(self, x: torch.Tensor,
-                valid_shapes: Optional[Sequence[Tuple[int, int]]] = None
-                ) -> Tuple[torch.Tensor, ...]:
-        """Multi-scale features.
-
-        Valid regions are optional (see
-        :meth:`~.base.MultiStageBackbone.resolve_valid_shapes`); with none,
-        padding is image content, as it always was. With them, position
-        embeddings are resized to each image's grid, SOFT and softmax
-        attention ignore padded tokens and convolutions see zeros past the
-        regions, so an image's features are those it has alone; the maps
-        are zero outside the regions.
+    def stage_tokens(self, stage: int, patches: torch.Tensor, hw_shape: Tuple[int, int],
+                     valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """The tokens stage ``stage``'s blocks run on: the class token (in
+        :data:`CLASS_TOKEN_STAGE`) and the patches, plus position embeddings.
 
         Args:
-            x (Tensor): Images, shape (B, in_channels, H, W), H, W >= 32.
-            valid_shapes (Sequence[tuple[int, int]], optional): Each image's
-                valid (h, w) in pixels, the top-left region of its canvas.
-                Default: None (the record for ``x``, if any; else all valid).
+            stage (int): 0-3.
+            patches (Tensor): Patch tokens, shape (B, H * W, C).
+            hw_shape (tuple[int, int]): Their grid (H, W).
+            valid_shapes (list[tuple[int, int]], optional): Valid regions of
+                the grid (see :meth:`stage_pos_embed`). Default: None.
+
+        Returns:
+            Tensor: Shape (B, extra + H * W, C).
+        """
+        if self.extra_tokens(stage):
+            cls_token = self.cls_token.expand(patches.shape[0], -1, -1)  # (B, 1, C)
+            patches = torch.cat((cls_token, patches), dim=1)
+        pos_embed = self.stage_pos_embed(stage, hw_shape, valid_shapes)
+        return self.pos_drop(patches + pos_embed)
+
+    def forward_features(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes]
+                         ) -> Tuple[torch.Tensor, ...]:
+        """Multi-scale features (see :meth:`~.base.MultiStageBackbone.forward`).
+
+        With valid regions, position embeddings are resized to each image's
+        grid, SOFT and softmax attention ignore padded tokens and
+        convolutions see zeros past the regions.
+
+        Args:
+            x (Tensor): Images, shape (B, in_channels, H, W).
+            valid_shapes (list[tuple[int, int]] | None): Each image's valid
+                (h, w) in pixels; None when all are valid.
 
         Returns:
             tuple[Tensor]: For each of ``out_indices``, a map of shape
             (B, embed_dims[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2))).
         """
-        self.check_input(x)
-        valid_shapes = self.resolve_valid_shapes(x, valid_shapes)
-        batch = x.shape[0]
         outs = []
         for i in range(NUM_STAGES):
             x, hw_shape = self.patch_embeds[i](x, valid_shapes)  # (B, N, C)
             if valid_shapes is not None:
                 valid_shapes = self.patch_embeds[i].output_shapes(valid_shapes)
-            if i == NUM_STAGES - 1:
-                x = torch.cat((self.cls_token.expand(batch, -1, -1), x), dim=1)
-            x = self.pos_drop(x + self.stage_pos_embed(i, hw_shape, valid_shapes))
+            x = self.stage_tokens(i, x, hw_shape, valid_shapes)  # (B, extra + N, C)
             for block in self.stages[i]:
                 x = self.run_block(block, x, hw_shape, valid_shapes)
             if i == NUM_STAGES - 1:
-                x = self.norm(x)[:, 1:]
+                x = self.norm(x)
+            x = x[:, self.extra_tokens(i):]  # the grid's tokens, (B, N, C)
             x = mask_map(tokens_to_map(x, hw_shape), valid_shapes)  # (B, C, H, W)
             if i in self.out_indices:
                 outs.append(x)

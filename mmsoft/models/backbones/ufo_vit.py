@@ -9,6 +9,7 @@ from ...utils import (check_divisible, check_mlp_ratio, check_out_indices,
                       check_positive_int, check_rate, resolve_arch)
 from ..layers import (ConvPatchEmbed, FeaturePyramidAdapter,
                       FourierPositionEncoding, UFOBlock, init_transformer_weights)
+from ..layers.shared.valid_region import ValidShapes
 from .base import MultiStageBackbone, tokens_to_map
 
 # Sizes chosen so that Mask R-CNN + FPN (mmdet's mask-rcnn_r50_fpn_1x_coco
@@ -47,7 +48,7 @@ class UFOViT(MultiStageBackbone):
     Padded batches: told each image's valid region (``forward``'s
     ``valid_shapes`` or a valid-region data preprocessor), an image's
     features do not depend on its batch's padding; without it (the plain
-    mmdet/mmseg preprocessors) padding counts as image content, as before.
+    mmdet/mmseg preprocessors) padding counts as image content.
 
     Outputs: for an H x W image and ``h = ceil(H/16)``, ``w = ceil(W/16)``,
     output 0 is (B, C, 4h, 4w) (stride 4), 1 is (B, C, 2h, 2w) (stride 8),
@@ -86,10 +87,12 @@ class UFOViT(MultiStageBackbone):
             and their resampling branches. Default: -1.
         norm_eval (bool): Keep BatchNorm layers in eval mode. Default: False.
         with_cp (bool): Gradient checkpointing of blocks. Default: False.
-        recompute_ffn (bool): In training, each FFN's backward recomputes its
-            hidden layer (4C wide) from its input instead of keeping it, for
-            one more matmul per FFN; nothing else is recomputed and outputs
-            and gradients are unchanged. Default: False.
+        memory_efficient (bool): Train through the memory-efficient path
+            (UFO blocks then fold their LayerScales, attention and LPI
+            recompute their insides) or, False, plain autograd; see
+            :meth:`~.base.MultiStageBackbone.select_memory_path`. Default: True.
+        recompute_ffn (bool): The FFN of every block also recomputes its
+            hidden layer in backward (needs ``memory_efficient``). Default: False.
         init_cfg (dict, optional): Initialization config. With
             ``type='Pretrained'`` the checkpoint (optionally only the entries
             under ``prefix``) is loaded strictly: any missing (other than the
@@ -108,6 +111,7 @@ class UFOViT(MultiStageBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 memory_efficient: bool = True,
                  recompute_ffn: bool = False,
                  init_cfg: Optional[dict] = None):
         super().__init__(in_channels, NUM_STAGES, frozen_stages, norm_eval,
@@ -141,7 +145,7 @@ class UFOViT(MultiStageBackbone):
                      drop_rate, rate, layer_scale_init_value,
                      settings['lpi_kernel_size']) for rate in drop_path_rates)
         self.pyramid = FeaturePyramidAdapter(dims, self.out_indices)
-        self.recompute_ffn_hidden(recompute_ffn)
+        self.select_memory_path(memory_efficient, recompute_ffn)
 
     @staticmethod
     def _check_arch(settings: dict) -> None:
@@ -185,32 +189,24 @@ class UFOViT(MultiStageBackbone):
         load_ufo_vit_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'),
                                 map_location=cfg.get('map_location', 'cpu'))
 
-    def forward(self, x: torch.Tensor,
-                valid_shapes: Optional[Sequence[Tuple[int, int]]] = None
-                ) -> Tuple[torch.Tensor, ...]:
-        """Multi-scale features.
+    def forward_features(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes]
+                         ) -> Tuple[torch.Tensor, ...]:
+        """Multi-scale features (see :meth:`~.base.MultiStageBackbone.forward`).
 
-        Valid regions are optional (see
-        :meth:`~.base.MultiStageBackbone.resolve_valid_shapes`); with none,
-        padding is image content, as it always was. Given, the Fourier
-        encoding follows each image's own grid, ``K^T V`` sums only its
-        tokens, and the convolutions and the max pool see past its region
-        what they see around it alone: its features are those it has
-        alone, and the maps are zero outside the regions.
+        With valid regions, the Fourier encoding follows each image's own
+        grid, ``K^T V`` sums only its tokens, and the convolutions and the
+        max pool see past its region what they see around it alone.
 
         Args:
-            x (Tensor): Images, shape (B, in_channels, H, W), H, W >= 32.
-            valid_shapes (Sequence[tuple[int, int]], optional): Each image's
-                valid (h, w) in pixels, the top-left region of its canvas.
-                Default: None (the record for ``x``, if any; else all valid).
+            x (Tensor): Images, shape (B, in_channels, H, W).
+            valid_shapes (list[tuple[int, int]] | None): Each image's valid
+                (h, w) in pixels; None when all are valid.
 
         Returns:
             tuple[Tensor]: For each of ``out_indices``, a map with
             ``embed_dims`` channels at stride 4, 8, 16 or 32 (sizes in the
             class docstring).
         """
-        self.check_input(x)
-        valid_shapes = self.resolve_valid_shapes(x, valid_shapes)
         batch = x.shape[0]
         x, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C), N = h * w
         if valid_shapes is not None:

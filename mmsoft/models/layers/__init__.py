@@ -9,14 +9,13 @@ from .shared import (MLP, ConvPatchEmbed, FeaturePyramidAdapter,
                      GlobalSoftmaxAttention, SoftmaxBlock, TanhGELU,
                      init_transformer_weights, resize_pos_embed)
 from .soft import (SoftAttention, SoftBlock, cap_bottleneck_grid, capped_grid_size,
-                   gaussian_kernel, kernel_inverse, low_rank_kernel_attention,
-                   solve_kernel_inverse)
+                   gaussian_kernel, kernel_inverse, low_rank_kernel_attention)
 from .ufo_vit import (FourierPositionEncoding, LocalPatchInteraction,
                       UFOAttention, UFOBlock, ufo_attention, xnorm)
 
 __all__ = [
     'cap_bottleneck_grid', 'capped_grid_size', 'ConvPatchEmbed', 'gaussian_kernel',
-    'kernel_inverse', 'solve_kernel_inverse', 'MLP', 'TanhGELU',
+    'kernel_inverse', 'MLP', 'TanhGELU',
     'FourierPositionEncoding', 'resize_pos_embed', 'SoftAttention',
     'low_rank_kernel_attention', 'SoftBlock', 'GlobalSoftmaxAttention',
     'SoftmaxBlock', 'FeaturePyramidAdapter', 'LocalPatchInteraction',

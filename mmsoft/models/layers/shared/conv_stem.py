@@ -4,11 +4,31 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .norm_act_conv import run_conv_stack
-from .valid_region import ValidShapes, strided_shapes
+from ...memory_efficient.norm_act_conv import fused_conv_stack
+from ...memory_efficient.switch import MemoryEfficient
+from .valid_region import ValidShapes, mask_map, strided_shapes
 
 
-class ConvPatchEmbed(nn.Module):
+def conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
+               valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+    """The layers of a stack of convolutions, BatchNorms and activations,
+    one after the other.
+
+    With ``valid_shapes`` (regions of the input grid), every Conv2d sees
+    zeros outside the regions, which it maps through its stride, and the
+    output is zero outside them. (B, C, H, W) -> the last layer's output.
+    """
+    for layer in layers:
+        if isinstance(layer, nn.Conv2d):
+            x = layer(mask_map(x, valid_shapes))  # (B, C', ceil(H / s), ceil(W / s))
+            if valid_shapes is not None:
+                valid_shapes = strided_shapes(valid_shapes, layer.stride[:1])
+        else:  # BatchNorm, activation
+            x = layer(x)
+    return mask_map(x, valid_shapes)
+
+
+class ConvPatchEmbed(MemoryEfficient, nn.Module):
     """Image (or feature map) to tokens through 3x3 convolutions.
 
     Each layer is ``Conv2d(3x3, stride, padding=1) -> BatchNorm2d -> act``;
@@ -75,9 +95,13 @@ class ConvPatchEmbed(nn.Module):
                 sees zeros outside the regions (as around an image alone)
                 and the output is zero there. Default: None.
 
-        In training, each ``BatchNorm -> activation -> conv`` keeps only
-        BatchNorm's input for backward (see :mod:`.norm_act_conv`).
+        Memory-efficient path (:meth:`saves_memory`): each ``BatchNorm ->
+        activation -> conv`` keeps only BatchNorm's input for backward
+        (:mod:`mmsoft.models.memory_efficient.norm_act_conv`).
         """
-        x = run_conv_stack(self.proj, x, valid_shapes)
+        if self.saves_memory(x, *self.proj.parameters()):
+            x = fused_conv_stack(self.proj, x, valid_shapes)
+        else:
+            x = conv_stack(self.proj, x, valid_shapes)  # (B, C_out, H', W')
         hw_shape = tuple(x.shape[-2:])
         return x.flatten(2).transpose(1, 2), hw_shape

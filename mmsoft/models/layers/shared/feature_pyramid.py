@@ -5,13 +5,14 @@ import torch
 import torch.nn as nn
 
 from ....utils import check_out_indices, check_positive_int
-from .norm_act_conv import run_conv_stack
+from ...memory_efficient.norm_act_conv import fused_conv_stack
+from ...memory_efficient.switch import MemoryEfficient
 from .valid_region import ValidShapes, mask_map, scaled_shapes, strided_shapes
 
 NUM_SCALES = 4
 
 
-class FeaturePyramidAdapter(nn.Module):
+class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
     """Brings maps of one stride s to strides s/4, s/2, s and 2s.
 
     Scale 0: ``ConvTranspose2d(2, 2) -> BatchNorm -> GELU ->
@@ -94,10 +95,11 @@ class FeaturePyramidAdapter(nn.Module):
         return mask_map(self.run_branch(scale, feat), scaled_shapes(valid_shapes, factor))
 
     def run_branch(self, scale: int, feat: torch.Tensor) -> torch.Tensor:
-        """Branch ``scale`` on ``feat``; the x4 branch's ``BatchNorm -> GELU ->
-        deconvolution`` keeps only BatchNorm's input for backward (see
-        :mod:`.norm_act_conv`)."""
+        """Branch ``scale`` on ``feat``; on the memory-efficient path
+        (:meth:`saves_memory`) the x4 branch's ``BatchNorm -> GELU ->
+        deconvolution`` keeps only BatchNorm's input for backward
+        (:mod:`mmsoft.models.memory_efficient.norm_act_conv`)."""
         branch = self.branches[str(scale)]
-        if scale == 0:
-            return run_conv_stack(branch, feat)
+        if scale == 0 and self.saves_memory(feat, *branch.parameters()):
+            return fused_conv_stack(branch, feat)
         return branch(feat)

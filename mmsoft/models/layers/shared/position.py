@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from .valid_region import ValidShapes, region_tokens_to_grid
 
 
-def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
-                     dst_shape: Tuple[int, int]) -> torch.Tensor:
-    """Bilinearly resizes a learned grid of position embeddings.
+def interpolate_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
+                          dst_shape: Tuple[int, int]) -> torch.Tensor:
+    """Bilinearly resamples a learned grid of position embeddings.
 
     Args:
         pos_embed (Tensor): Shape (1, Hs * Ws, C).
@@ -19,15 +19,20 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
     Returns:
         Tensor: Shape (1, H * W, C).
     """
-    # Traced for ONNX export, ``dst_shape`` holds tensors: resizing to the
-    # same grid is the identity (interpolation weights 1 and 0), so the
-    # trace always resizes and holds for every input size.
-    if not torch.onnx.is_in_onnx_export() and tuple(src_shape) == tuple(dst_shape):
-        return pos_embed
     channels = pos_embed.shape[-1]
     grid = pos_embed.reshape(1, *src_shape, channels).permute(0, 3, 1, 2)
     grid = F.interpolate(grid, size=dst_shape, mode='bilinear', align_corners=False)
     return grid.flatten(2).transpose(1, 2)
+
+
+def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
+                     dst_shape: Tuple[int, int]) -> torch.Tensor:
+    """:func:`interpolate_pos_embed` (same arguments and result), returning
+    the embeddings themselves on their own grid, where resampling is the
+    identity."""
+    if tuple(src_shape) == tuple(dst_shape):
+        return pos_embed
+    return interpolate_pos_embed(pos_embed, src_shape, dst_shape)
 
 
 def resize_pos_embed_to_regions(pos_embed: torch.Tensor, src_shape: Tuple[int, int],

@@ -1,6 +1,6 @@
 """Inverses of the bottleneck kernel matrix used by SOFT attention.
 
-Two variants (see :func:`~mmsoft.models.layers.low_rank_kernel_attention`):
+Two attentions (see :func:`~mmsoft.models.layers.low_rank_kernel_attention`):
 
 * ``'soft'``: the regularised inverse of ``P = A + 0.01 I``.
 * ``'soft++'``: the Moore-Penrose pseudo-inverse of ``P = A`` (no regulariser).
@@ -8,10 +8,11 @@ Two variants (see :func:`~mmsoft.models.layers.low_rank_kernel_attention`):
 and three solvers, named after what they compute:
 
 * ``'newton'``: ``k`` steps of the Newton-Raphson iteration ``V <- 2V - V P V``
-  from ``V0 = alpha * P``, as the reference implementation runs it (and as
-  every published checkpoint was trained). ``O(k m^3)``, m x m products
-  only, forward and backward. Its backward is the exact derivative of the
-  ``k`` steps (:class:`_NewtonIterations`), recomputing the iterates.
+  from ``V0 = alpha * P`` (:func:`newton_iterations`), as the reference
+  implementation runs it (and as every published checkpoint was trained).
+  ``O(k m^3)``, m x m products only, forward and backward. Its memory-efficient
+  backward (:mod:`mmsoft.models.memory_efficient.newton_backward`) keeps P
+  alone and recomputes the iterates; plain autograd keeps every iterate.
 * ``'newton_closed_form'``: the same function from one eigendecomposition
   ``P = Q diag(lambda) Q^T``. Every iterate is a polynomial in ``P``, so
   ``V_k = Q diag(g_k(lambda)) Q^T`` where ``g_k`` is the scalar Newton
@@ -28,8 +29,16 @@ and three solvers, named after what they compute:
   is a different function from the iteration's: 20 steps do not invert
   eigenvalues below about ``1 / sqrt(alpha 2^20)``.
 
-``'cholesky'``, the former name of ``'exact'``, is accepted with a
-``DeprecationWarning``.
+``'cholesky'`` is a deprecated alias of ``'exact'`` (it gives a
+``DeprecationWarning``).
+
+The closed form and the exact solver are autograd functions whatever the
+memory-efficient switch says: they are solvers that define their gradient,
+not memory machinery. The closed form's is the derivative of the iteration
+(divided differences of ``g_k``), which autograd through ``eigh`` cannot give
+at repeated eigenvalues (it divides by their gaps); the exact solver's is
+that of a matrix inverse, ``dL/dP = -V^T G V^T``, from which autograd through
+``pinv`` departs where eigenvalues fall below its cut-off.
 
 The Newton scale ``alpha`` is computed per matrix for SOFT (as the reference
 does) and per image for SOFT++ (the reference uses one scale for the whole
@@ -37,22 +46,20 @@ batch, which makes an image's features depend on its batch-mates; per image
 it equals the reference at batch size 1). It is a step size: no gradient
 flows through it.
 
-All forward computations run without an autograd graph, in float32 (or
-float64) under autocast too. ``'newton'`` and ``'newton_closed_form'``
-backpropagate the derivative of ``V_k`` itself, ``'exact'`` that of the
-matrix inverse, ``dL/dP = -V^T G V^T``.
+All forward computations run in float32 (or float64) under autocast too.
 """
 import warnings
 
 import torch
 
 from ....utils import check_choice
-from ....utils.torch_compat import is_compiling
+from ...memory_efficient.newton_backward import recomputed_newton_iterations
+from ...tracing import is_tracing
 from ..shared.precision import (apply_without_autocast, backward_without_autocast,
                                 full_precision)
 
 REGULARISER = 0.01
-VARIANTS = ('soft', 'soft++')
+ATTENTIONS = ('soft', 'soft++')
 SOLVERS = ('newton', 'newton_closed_form', 'exact')
 RENAMED_SOLVERS = {'cholesky': 'exact'}
 # The closed form's eigendecomposition runs in float64: float32's eigenvalue
@@ -68,10 +75,11 @@ CLOSED_FORM_DEVICES = ('cpu', )
 
 
 def canonical_solver(solver: str) -> str:
-    """The current name of ``solver``; a former name gives a warning.
+    """The name of ``solver`` in :data:`SOLVERS`; a deprecated alias gives a
+    ``DeprecationWarning``.
 
     Args:
-        solver (str): A solver name, current or former.
+        solver (str): A solver name or a deprecated alias.
 
     Returns:
         str: One of :data:`SOLVERS` (unknown names are returned unchanged for
@@ -90,13 +98,6 @@ def _eye_like(mat: torch.Tensor) -> torch.Tensor:
     return torch.eye(mat.shape[-1], dtype=mat.dtype, device=mat.device)
 
 
-def _is_tracing() -> bool:
-    """Whether the code runs under a tracer or exporter (no data-dependent
-    Python control flow allowed)."""
-    return (torch.jit.is_tracing() or is_compiling()
-            or torch.onnx.is_in_onnx_export())
-
-
 def _per_image_max(values: torch.Tensor) -> torch.Tensor:
     """Max over all but the first dimension, broadcastable to (B, ..., 1, 1).
 
@@ -111,17 +112,17 @@ def _per_image_max(values: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------
 # The Newton iteration's operand and starting scale
 # --------------------------------------------------------------------------
-def newton_operand(mat: torch.Tensor, variant: str) -> torch.Tensor:
+def newton_operand(mat: torch.Tensor, attention: str) -> torch.Tensor:
     """The matrix P the iteration inverts: ``A + 0.01 I`` (SOFT) or ``A``.
 
     Args:
         mat (Tensor): Kernel matrices A, (..., m, m).
-        variant (str): ``'soft'`` or ``'soft++'``.
+        attention (str): ``'soft'`` or ``'soft++'``.
 
     Returns:
         Tensor: (..., m, m).
     """
-    if variant == 'soft':
+    if attention == 'soft':
         return mat + REGULARISER * _eye_like(mat)
     return mat
 
@@ -167,22 +168,22 @@ def pseudo_inverse_newton_scale(mat: torch.Tensor,
         # Once an image's residual is small enough its alpha stays put, so
         # further rounds change nothing: stop early in eager mode, run them
         # all where data-dependent control flow cannot be traced.
-        if not _is_tracing() and not bool(too_large.any()):
+        if not is_tracing() and not bool(too_large.any()):
             break
     return alpha
 
 
-def newton_scale(mat: torch.Tensor, variant: str) -> torch.Tensor:
-    """The starting scale ``alpha`` (``V0 = alpha * P``) of ``variant``.
+def newton_scale(mat: torch.Tensor, attention: str) -> torch.Tensor:
+    """The starting scale ``alpha`` (``V0 = alpha * P``) of ``attention``.
 
     Args:
         mat (Tensor): Kernel matrices A, (B, ..., m, m).
-        variant (str): ``'soft'`` or ``'soft++'``.
+        attention (str): ``'soft'`` or ``'soft++'``.
 
     Returns:
         Tensor: Broadcastable to ``mat``: (..., 1, 1).
     """
-    if variant == 'soft':
+    if attention == 'soft':
         return regularised_newton_scale(mat)
     return pseudo_inverse_newton_scale(mat)
 
@@ -193,6 +194,10 @@ def newton_scale(mat: torch.Tensor, variant: str) -> torch.Tensor:
 def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
                       num_iters: int) -> torch.Tensor:
     """``num_iters`` steps of ``V <- 2V - V P V`` from ``V0 = alpha * P``.
+
+    Under autograd every step keeps its iterate for backward;
+    :func:`~mmsoft.models.memory_efficient.newton_backward.recomputed_newton_iterations`
+    computes the same, keeping P alone.
 
     Args:
         operand (Tensor): P, (..., m, m).
@@ -206,86 +211,6 @@ def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
     for _ in range(num_iters):
         inverse = 2 * inverse - inverse @ operand @ inverse
     return inverse
-
-
-def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor,
-                    num_iters: int) -> list:
-    """``[(V_0, V_0 P), ..., (V_{k-1}, V_{k-1} P)]`` of
-    :func:`newton_iterations` (each (..., m, m)): the iterates its backward
-    differentiates at, with the product each step forms."""
-    inverse = alpha * operand
-    iterates = []
-    for step in range(num_iters):
-        product = inverse @ operand  # V_j P
-        iterates.append((inverse, product))
-        if step + 1 < num_iters:
-            inverse = 2 * inverse - product @ inverse
-    return iterates
-
-
-def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
-                               num_iters: int,
-                               grad_output: torch.Tensor) -> torch.Tensor:
-    """``dL/dP`` of ``V_k = newton_iterations(P, alpha, k)``, exactly.
-
-    Reverse mode through ``V_{j+1} = 2 V_j - (V_j P) V_j`` with ``G_{j+1} =
-    dL/dV_{j+1}`` and ``W = G_{j+1} V_j^T``:
-    ``G_j = 2 G_{j+1} - W P^T - (V_j P)^T G_{j+1}``,
-    ``dL/dP += -V_j^T W``; at the start, ``dL/dP += alpha G_0``.
-    The iterates are recomputed (:func:`newton_iterates`).
-
-    Args:
-        operand (Tensor): P, (..., m, m).
-        alpha (Tensor): Scales broadcastable to P, (..., 1, 1); constant.
-        num_iters (int): Steps k.
-        grad_output (Tensor): ``dL/dV_k``, (..., m, m).
-
-    Returns:
-        Tensor: ``dL/dP``, (..., m, m).
-    """
-    grad = grad_output  # G_k
-    grad_operand = torch.zeros_like(operand)
-    operand_t = operand.transpose(-1, -2)
-    for inverse, product in reversed(newton_iterates(operand, alpha, num_iters)):
-        weighted = grad @ inverse.transpose(-1, -2)  # W, (..., m, m)
-        grad_operand -= inverse.transpose(-1, -2) @ weighted
-        grad = (2 * grad - weighted @ operand_t
-                - product.transpose(-1, -2) @ grad)  # G_j
-    return grad_operand + alpha * grad
-
-
-class _NewtonIterations(torch.autograd.Function):
-    """``V_k(P)`` by the iteration, without a graph; backward is its exact
-    derivative (:func:`newton_iterations_backward`). Keeps P only."""
-
-    @staticmethod
-    def forward(ctx, operand, alpha, num_iters):
-        ctx.save_for_backward(operand, alpha)
-        ctx.num_iters = num_iters
-        return newton_iterations(operand, alpha, num_iters)
-
-    @staticmethod
-    @backward_without_autocast
-    def backward(ctx, grad_output):
-        operand, alpha = ctx.saved_tensors
-        return (newton_iterations_backward(operand, alpha, ctx.num_iters,
-                                           grad_output), None, None)
-
-
-def newton(operand: torch.Tensor, alpha: torch.Tensor, num_iters: int) -> torch.Tensor:
-    """:func:`newton_iterations`, differentiable in ``operand`` at the cost of
-    keeping it alone (``alpha`` is a constant).
-
-    Args:
-        operand (Tensor): P, (..., m, m).
-        alpha (Tensor): Scales broadcastable to P, (..., 1, 1).
-        num_iters (int): Steps k >= 1.
-
-    Returns:
-        Tensor: (..., m, m), float32 or float64 (also under autocast).
-    """
-    alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
-    return apply_without_autocast(_NewtonIterations, operand, alpha, num_iters)
 
 
 def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
@@ -478,49 +403,11 @@ def eigh_pseudo_inverse(mat: torch.Tensor, rtol: float = None) -> torch.Tensor:
     return torch.linalg.pinv(mat, rtol=rtol, hermitian=True)
 
 
-def exact_inverse(mat: torch.Tensor, variant: str) -> torch.Tensor:
+def exact_inverse(mat: torch.Tensor, attention: str) -> torch.Tensor:
     """The limit of the iteration: ``(A + 0.01 I)^-1`` or ``pinv(A)``."""
-    if variant == 'soft':
+    if attention == 'soft':
         return cholesky_regularised_inverse(mat)
     return eigh_pseudo_inverse(mat)
-
-
-# --------------------------------------------------------------------------
-# Entry points
-# --------------------------------------------------------------------------
-def newton_inverse(mat: torch.Tensor, variant: str,
-                   num_iters: int = 20) -> torch.Tensor:
-    """The reference Newton iteration on ``mat``'s operand (no graph built).
-
-    Args:
-        mat (Tensor): Kernel matrices A, (B, ..., m, m).
-        variant (str): ``'soft'`` or ``'soft++'``.
-        num_iters (int): Steps. Default: 20.
-
-    Returns:
-        Tensor: (B, ..., m, m).
-    """
-    return newton_iterations(newton_operand(mat, variant), newton_scale(mat, variant),
-                             num_iters)
-
-
-def newton_regularised_inverse(mat: torch.Tensor, num_iters: int = 20) -> torch.Tensor:
-    """Newton-Raphson approximation of ``(A + 0.01 I)^-1`` (SOFT)."""
-    return newton_inverse(mat, 'soft', num_iters)
-
-
-def newton_pseudo_inverse(mat: torch.Tensor, num_iters: int = 20) -> torch.Tensor:
-    """Newton-Raphson approximation of ``pinv(A)`` (SOFT++)."""
-    return newton_inverse(mat, 'soft++', num_iters)
-
-
-def solve_kernel_inverse(mat: torch.Tensor, variant: str, solver: str,
-                         num_iters: int = 20) -> torch.Tensor:
-    """Dispatches to the inverse of ``variant`` computed by ``solver``
-    (``'newton'`` or ``'exact'``; no autograd graph is built)."""
-    if solver == 'newton':
-        return newton_inverse(mat, variant, num_iters)
-    return exact_inverse(mat, variant)
 
 
 class _ExactInverse(torch.autograd.Function):
@@ -528,9 +415,9 @@ class _ExactInverse(torch.autograd.Function):
     matrix inverse, ``-V^T G V^T``."""
 
     @staticmethod
-    def forward(ctx, mat, variant):
+    def forward(ctx, mat, attention):
         with torch.no_grad():
-            inverse = exact_inverse(mat, variant)
+            inverse = exact_inverse(mat, attention)
         ctx.save_for_backward(inverse)
         return inverse
 
@@ -543,44 +430,69 @@ class _ExactInverse(torch.autograd.Function):
         return grad_mat, None
 
 
-def check_kernel_inverse_options(variant: str, solver: str) -> str:
-    """Validates ``variant`` and ``solver``; returns the solver's current name.
+# --------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------
+def check_kernel_inverse_options(attention: str, solver: str) -> str:
+    """Validates ``attention`` and ``solver``; returns the solver's name in
+    :data:`SOLVERS` (see :func:`canonical_solver`).
+
+    The one validation of these options: layers call it once, at
+    construction, and pass its result to :func:`kernel_inverse`.
 
     Raises:
         ValueError: Naming the argument, its value and the accepted values.
     """
-    check_choice('variant', variant, VARIANTS)
+    check_choice('attention', attention, ATTENTIONS)
     solver = canonical_solver(solver)
     check_choice('solver', solver, SOLVERS)
     return solver
 
 
-def kernel_inverse(mat: torch.Tensor, variant: str = 'soft',
-                   solver: str = 'newton', num_iters: int = 20) -> torch.Tensor:
+def kernel_inverse(mat: torch.Tensor, attention: str = 'soft',
+                   solver: str = 'newton', num_iters: int = 20,
+                   memory_efficient: bool = True) -> torch.Tensor:
     """Inverse of bottleneck kernel matrices, differentiable.
 
     Args:
         mat (Tensor): Symmetric kernel matrices A, shape (B, ..., m, m); the
             leading dimension indexes images.
-        variant (str): ``'soft'`` for ``(A + 0.01 I)^-1`` or ``'soft++'`` for
-            ``pinv(A)``. Default: ``'soft'``.
+        attention (str): ``'soft'`` for ``(A + 0.01 I)^-1`` or ``'soft++'``
+            for ``pinv(A)``. Default: ``'soft'``.
         solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``
-            (see the module docstring). Default: ``'newton'``.
+            (see the module docstring), as
+            :func:`check_kernel_inverse_options` returns it. Default:
+            ``'newton'``.
         num_iters (int): Newton steps (``'newton'`` and
             ``'newton_closed_form'``). Default: 20.
+        memory_efficient (bool): Where the Newton iteration runs: True, its
+            memory-efficient autograd function (keeps P alone, backward
+            recomputes the iterates); False, the plain iteration under
+            ordinary autograd (keeps every iterate), except while a tracer
+            records (:func:`~mmsoft.models.tracing.is_tracing`), which sees
+            the autograd function either way. The same values and
+            gradients; :class:`~mmsoft.models.layers.SoftAttention` passes
+            :meth:`~mmsoft.models.memory_efficient.MemoryEfficient.saves_memory`.
+            Default: True.
 
     Returns:
         Tensor: Shape (B, ..., m, m), float32 for half or bfloat16 ``mat``
         (under autocast or not), else the dtype of ``mat``.
     """
-    solver = check_kernel_inverse_options(variant, solver)
     with torch.autocast(device_type=mat.device.type, enabled=False):
         mat = full_precision(mat)
         if solver == 'exact':
-            return _ExactInverse.apply(mat, variant)
+            return _ExactInverse.apply(mat, attention)
+        if solver not in SOLVERS:
+            raise ValueError(f'solver={solver!r} is invalid; expected one of '
+                             f'{list(SOLVERS)}.')
         with torch.no_grad():
-            alpha = newton_scale(mat, variant)
-        operand = newton_operand(mat, variant)
+            alpha = newton_scale(mat, attention)  # a step size: constant
+        operand = newton_operand(mat, attention)  # P: (B, ..., m, m)
         if solver == 'newton_closed_form' and mat.device.type in CLOSED_FORM_DEVICES:
             return newton_closed_form(operand, alpha, num_iters)
-        return newton(operand, alpha, num_iters)
+        # While a tracer records, the iteration is one node, as the other
+        # solvers are: the FLOP counter counts it by formula.
+        if memory_efficient or is_tracing():
+            return recomputed_newton_iterations(operand, alpha, num_iters)
+        return newton_iterations(operand, alpha, num_iters)

@@ -1,136 +1,137 @@
-"""SOFT attention: softmax-free Gaussian-kernel attention of linear cost."""
+"""SOFT attention: softmax-free Gaussian-kernel attention of linear cost.
+
+For tokens x (B, N, C) on an (H, W) grid, h heads of d = C / h channels,
+:class:`SoftAttention` computes
+
+1. queries ``Q0 = x W_q`` (they double as keys) and values ``V = x W_v``;
+2. m bottleneck tokens ``L``: a stride-r convolution of each head's query
+   map (one kernel shared by the heads), average-pooled down to at most
+   ``max_bottleneck_tokens``, scaled by ``d^-1/4`` as the queries are
+   (``Q = d^-1/4 Q0``), then LayerNorm and GELU;
+3. the Gaussian kernels ``A = k(L, L)`` (m x m) and ``K1 = k(Q, L)`` (N x m),
+   ``k(x, y) = exp(-|x - y|^2 / 2)``;
+4. ``middle``, the inverse of A (:func:`.kernel_inverse.kernel_inverse`):
+   ``(A + 0.01 I)^-1`` for ``'soft'``, ``pinv(A)`` for ``'soft++'``, which
+   also scales it symmetrically: ``D^-1/2 . middle . D^-1/2`` with
+   ``D = diag(A 1)``;
+5. ``K1 . (middle . (K1^T V))``, evaluated right to left: O(N m d), no N x N
+   matrix;
+6. plus a depth-wise convolution of V (one kernel per head), then the output
+   projection.
+
+:func:`low_rank_kernel_attention` (steps 3-5) reads as plain PyTorch. In
+training the layer takes, by default, the memory-efficient path of
+:mod:`mmsoft.models.memory_efficient.kernel_attention` instead: the same
+values and gradients, keeping neither kernel for backward.
+:func:`~mmsoft.models.memory_efficient.set_memory_efficient` turns it off.
+"""
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
-from torch.utils.checkpoint import checkpoint
 
-from .bottleneck_pool import cap_bottleneck_grid
-from .chunked_kernel_product import chunked_kernel_product
-from .gaussian_kernel import gaussian_kernel
-from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
+from ...memory_efficient.kernel_attention import (
+    chunked_kernel_inference, chunked_kernel_product, recomputed_bottleneck_kernel,
+    symmetric_scale)
+from ...memory_efficient.switch import MemoryEfficient, records_gradient
 from ..shared.attention_heads import merge_heads, split_heads
-from ..shared.autograd_state import records_gradient
-from ..shared.precision import (apply_without_autocast, backward_without_autocast,
-                                full_precision)
+from ..shared.precision import full_precision
 from ..shared.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
                                    tokens_of_region)
+from .bottleneck_pool import cap_bottleneck_grid
+from .gaussian_kernel import gaussian_kernel
+from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
 
 
 def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
-                              values: torch.Tensor, variant: str, solver: str,
+                              values: torch.Tensor, attention: str, solver: str,
                               newton_iters: int,
                               chunk_tokens: Optional[int] = None,
-                              query_scale: float = 1.) -> torch.Tensor:
-    """``K1 . M . (K1^T V)``: the low-rank part of SOFT attention.
+                              query_scale: float = 1.,
+                              memory_efficient: bool = False) -> torch.Tensor:
+    """``K1 . (middle . (K1^T V))``: the low-rank part of SOFT attention.
 
     ``K1 = k(Q, L)``, ``A = k(L, L)`` with the Gaussian kernel ``k``;
-    ``M = (A + 0.01 I)^-1`` for ``'soft'`` and ``D^-1/2 pinv(A) D^-1/2`` with
-    ``D = diag(A 1)`` for ``'soft++'``. The product is evaluated right to left,
-    so it costs O(N m d) and never forms an (N, N) matrix. With more than
-    ``chunk_tokens`` queries, ``K1`` is not materialised either but computed
-    chunk by chunk (see :mod:`.chunked_kernel_product`). When gradients are
-    recorded, the same autograd function runs at every token count (in one
-    chunk when they fit), so backward recomputes ``K1`` instead of keeping
-    it; without gradients, and while exporting to ONNX, ``K1`` is formed
-    whole below ``chunk_tokens``.
+    ``middle = (A + 0.01 I)^-1`` for ``'soft'`` and
+    ``D^-1/2 pinv(A) D^-1/2`` with ``D = diag(A 1)`` for ``'soft++'``.
+
+    ``memory_efficient`` selects, with the same values and gradients, the
+    implementations of :mod:`mmsoft.models.memory_efficient.kernel_attention`
+    and :mod:`~mmsoft.models.memory_efficient.newton_backward`: backward
+    recomputes A, the Newton iterates and ``K1`` (chunk by chunk above
+    ``chunk_tokens``) instead of keeping them. Without gradients (and while a
+    tracer records) more than ``chunk_tokens`` queries are also processed
+    chunk by chunk, never holding ``K1`` whole.
 
     Args:
         queries (Tensor): Queries Q0 before their scale, shape (B, h, N, d):
             the queries (= keys) are ``Q = query_scale * Q0``.
         bottleneck (Tensor): Bottleneck tokens L, shape (B, h, m, d).
         values (Tensor): Values V, shape (B, h, N, d).
-        variant (str): ``'soft'`` or ``'soft++'``.
-        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``
-            (see :mod:`.kernel_inverse`).
+        attention (str): ``'soft'`` or ``'soft++'``.
+        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``,
+            as :func:`.kernel_inverse.check_kernel_inverse_options` returns it.
         newton_iters (int): Newton iterations.
-        chunk_tokens (int, optional): Chunk size above which ``K1`` is
-            recomputed per chunk instead of stored. Default: None (never).
-        query_scale (float): Scale of the queries. In training the
-            unscaled queries are kept for backward, and scaled chunk by
-            chunk. Default: 1.
+        chunk_tokens (int, optional): Most rows of ``K1`` held at a time;
+            None: all. Default: None.
+        query_scale (float): Scale of the queries. Default: 1.
+        memory_efficient (bool): Take the memory-efficient path (only while
+            autograd records: :class:`SoftAttention` passes
+            :meth:`~mmsoft.models.memory_efficient.MemoryEfficient.saves_memory`).
+            Default: False (the plain operations below, under autograd).
 
     Returns:
         Tensor: Shape (B, h, N, d).
     """
-    training = records_gradient(queries, bottleneck, values)
-    if training:  # backward recomputes A from L instead of keeping it
-        bottleneck_kernel = checkpoint(gaussian_kernel, bottleneck, bottleneck,
-                                       use_reentrant=False)  # (B, h, m, m)
+    # A = k(L, L): (B, h, m, m)
+    if memory_efficient:
+        bottleneck_kernel = recomputed_bottleneck_kernel(bottleneck)
     else:
-        bottleneck_kernel = gaussian_kernel(bottleneck, bottleneck)  # (B, h, m, m)
-    middle = kernel_inverse(bottleneck_kernel, variant, solver, newton_iters)
-    if variant == 'soft++':
+        bottleneck_kernel = gaussian_kernel(bottleneck, bottleneck)
+    # middle = (A + 0.01 I)^-1 or pinv(A): (B, h, m, m)
+    middle = kernel_inverse(bottleneck_kernel, attention, solver, newton_iters,
+                            memory_efficient=memory_efficient)
+    if attention == 'soft++':
+        # middle = D^-1/2 . middle . D^-1/2, D = diag(A 1)
         inv_sqrt_degree = bottleneck_kernel.sum(-1).rsqrt()  # (B, h, m)
-        middle = symmetric_scale(middle, inv_sqrt_degree)
+        if memory_efficient:
+            middle = symmetric_scale(middle, inv_sqrt_degree)
+        else:
+            middle = (inv_sqrt_degree.unsqueeze(-1) * middle
+                      * inv_sqrt_degree.unsqueeze(-2))
     tokens = queries.shape[-2]
-    if training:
-        # Training: the kernel is recomputed in backward, never stored.
+    if memory_efficient:
+        # K1 is evaluated chunk by chunk, in forward and again in backward.
         chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
         return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
                                       query_scale)
-    queries = queries * query_scale
-    if chunk_tokens is not None and tokens > chunk_tokens:
-        return chunked_kernel_product(queries, bottleneck, middle, values,
-                                      chunk_tokens)
-    query_kernel = gaussian_kernel(queries, bottleneck)  # (B, h, N, m)
-    summary = query_kernel.transpose(-1, -2) @ values  # (B, h, m, d)
-    return query_kernel @ (middle @ summary)  # (B, h, N, d)
+    queries = queries * query_scale  # Q: (B, h, N, d)
+    if (chunk_tokens is not None and tokens > chunk_tokens
+            and not records_gradient(queries, bottleneck, values)):
+        return chunked_kernel_inference(queries, bottleneck, middle, values,
+                                        chunk_tokens)
+    query_kernel = gaussian_kernel(queries, bottleneck)  # K1 = k(Q, L): (B, h, N, m)
+    summary = query_kernel.transpose(-1, -2) @ values  # K1^T V: (B, h, m, d)
+    right = middle @ summary  # (B, h, m, d)
+    return query_kernel @ right  # (B, h, N, d)
 
 
-def _scaled_both_sides(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``diag(d) P diag(d)``: (..., m, m), (..., m) -> (..., m, m)."""
-    return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
-
-
-class SymmetricScale(torch.autograd.Function):
-    """Autograd function of :func:`symmetric_scale`: keeps P and d only.
-
-    With ``G = dL/dout``: ``dP = G o (d d^T)``;
-    ``dd = (G o P) d + (G o P)^T d``.
-    """
-
-    @staticmethod
-    def forward(ctx, mat, scale):
-        ctx.save_for_backward(mat, scale)
-        return _scaled_both_sides(mat, scale)
-
-    @staticmethod
-    @backward_without_autocast
-    def backward(ctx, grad_out):
-        mat, scale = ctx.saved_tensors
-        weighted = grad_out * mat  # (..., m, m)
-        column = scale.unsqueeze(-1)  # (..., m, 1)
-        grad_mat = _scaled_both_sides(grad_out, scale)
-        grad_scale = weighted @ column + weighted.transpose(-1, -2) @ column
-        return grad_mat, grad_scale.squeeze(-1)
-
-
-def symmetric_scale(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``diag(d) P diag(d)`` without keeping an intermediate m x m product.
-
-    Args:
-        mat (Tensor): P, shape (..., m, m).
-        scale (Tensor): d, shape (..., m).
-
-    Returns:
-        Tensor: Shape (..., m, m).
-    """
-    if not records_gradient(mat, scale):
-        return _scaled_both_sides(mat, scale)
-    return apply_without_autocast(SymmetricScale, mat, scale)
-
-
-class SoftAttention(BaseModule):
+class SoftAttention(BaseModule, MemoryEfficient):
     """Softmax-free self-attention with a shared query/key projection.
 
-    ``out = ff(K1 . M . (K1^T V) + DWConv(V))`` where the queries double as
-    keys, the bottleneck tokens L come from a stride-``sr_ratio`` convolution
-    of the query grid (shared across heads) followed by LayerNorm and GELU,
-    and ``M`` is the (regularised or symmetric-normalised pseudo-) inverse of
-    the bottleneck kernel matrix (see :func:`low_rank_kernel_attention`).
+    ``out = ff(K1 . (middle . (K1^T V)) + DWConv(V))`` where the queries
+    double as keys, the bottleneck tokens L come from a stride-``sr_ratio``
+    convolution of the query grid (shared across heads) followed by LayerNorm
+    and GELU, and ``middle`` is the (regularised, or symmetric-normalised
+    pseudo-) inverse of the bottleneck kernel matrix (see the module
+    docstring and :func:`low_rank_kernel_attention`).
+
+    In training the memory-efficient path
+    (:mod:`mmsoft.models.memory_efficient.kernel_attention`) keeps neither
+    kernel for backward; ``memory_efficient`` (see
+    :class:`~mmsoft.models.memory_efficient.MemoryEfficient`) turns it off.
 
     Args:
         embed_dims (int): Token width C.
@@ -138,11 +139,14 @@ class SoftAttention(BaseModule):
         sr_ratio (int): Stride of the bottleneck convolution.
         local_kernel_size (int): Kernel of the depth-wise convolution on V,
             one kernel per head shared over its channels.
-        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
+        attention (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
         solver (str): ``'newton'`` (the reference iteration),
             ``'newton_closed_form'`` (the same function from one
             eigendecomposition) or ``'exact'`` (its limit; see
-            :mod:`.kernel_inverse`). Default: ``'newton'``.
+            :mod:`.kernel_inverse`). Default: ``'newton'``, the iteration the
+            reference implementation runs and the published checkpoints
+            were trained with; the configs choose ``'newton_closed_form'``,
+            the same function at far lower CPU cost.
         newton_iters (int): Newton iterations. Default: 20.
         max_bottleneck_tokens (int, optional): Cap on the bottleneck token
             count m; a larger bottleneck grid is average-pooled down to it.
@@ -152,14 +156,23 @@ class SoftAttention(BaseModule):
             held whole (forward and backward), bounding memory. None always
             holds it. Default: None.
         init_cfg (dict, optional): Initialization config. Default: None.
+
+    Raises:
+        ValueError: ``embed_dims`` not a multiple of ``num_heads``, or an
+            unknown ``attention`` or ``solver``.
     """
+
+    #: Pools the bottleneck grid to ``max_bottleneck_tokens``; ONNX export
+    #: swaps in a formulation that follows traced sizes
+    #: (:mod:`mmsoft.deployment.traced_sizes`).
+    cap_bottleneck_grid = staticmethod(cap_bottleneck_grid)
 
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
                  sr_ratio: int,
                  local_kernel_size: int,
-                 variant: str = 'soft',
+                 attention: str = 'soft',
                  solver: str = 'newton',
                  newton_iters: int = 20,
                  max_bottleneck_tokens: Optional[int] = None,
@@ -171,8 +184,8 @@ class SoftAttention(BaseModule):
                              f'num_heads={num_heads}.')
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
-        self.variant = variant
-        self.solver = check_kernel_inverse_options(variant, solver)
+        self.attention = attention
+        self.solver = check_kernel_inverse_options(attention, solver)
         self.newton_iters = newton_iters
         self.max_bottleneck_tokens = max_bottleneck_tokens
         self.kernel_chunk_tokens = kernel_chunk_tokens
@@ -187,62 +200,56 @@ class SoftAttention(BaseModule):
             padding=local_kernel_size // 2, groups=num_heads, bias=False)
         self.out_proj = nn.Linear(embed_dims, embed_dims)
 
-    def bottleneck_tokens(self, query_map: torch.Tensor) -> torch.Tensor:
+    def bottleneck_tokens(self, query_map: torch.Tensor,
+                          scale: float) -> torch.Tensor:
         """Bottleneck tokens L from the (unscaled) query map.
 
         The per-head convolution (one ``d -> d`` kernel shared by all heads)
-        runs as a grouped convolution over all ``h * d`` channels.
+        runs as a grouped convolution over all ``h * d`` channels. It and
+        the capping pool are linear: scaling their output by the query scale
+        is scaling their input.
 
         Args:
-            query_map (Tensor): Queries as a map, shape (B, h * d, H, W).
+            query_map (Tensor): Queries Q0 as a map, shape (B, h * d, H, W).
+            scale (float): The query scale.
 
         Returns:
-            Tensor: Shape (B, h, m, d), before the query scaling.
+            Tensor: Shape (B, h, m, d).
         """
         batch = query_map.shape[0]
         weight = self.bottleneck_conv.weight.repeat(self.num_heads, 1, 1, 1)
         grid = F.conv2d(query_map, weight, stride=self.bottleneck_conv.stride,
                         groups=self.num_heads)  # (B, h*d, H/r, W/r)
-        grid = cap_bottleneck_grid(grid, self.max_bottleneck_tokens)
-        tokens = grid.reshape(batch, self.num_heads, self.head_dims, -1)
-        return tokens.transpose(-1, -2)  # (B, h, m, d)
+        grid = self.cap_bottleneck_grid(grid, self.max_bottleneck_tokens)  # h'w' <= cap
+        bottleneck = grid.reshape(batch, self.num_heads, self.head_dims, -1)
+        bottleneck = bottleneck.transpose(-1, -2) * scale  # (B, h, m, d)
+        return F.gelu(self.bottleneck_norm(bottleneck))  # L: (B, h, m, d)
 
-    def local_term(self, value_map: torch.Tensor) -> torch.Tensor:
-        """Depth-wise convolution of V, one kernel per head.
-
-        Args:
-            value_map (Tensor): Values as a map, shape (B, h * d, H, W).
-
-        Returns:
-            Tensor: Shape (B, h * d, H, W).
-        """
-        weight = self.local_conv.weight.repeat_interleave(self.head_dims, dim=0)
-        return F.conv2d(value_map, weight, padding=self.local_conv.padding,
-                        groups=weight.shape[0])
-
-    def global_term(self, query_map: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """``K1 . M . (K1^T V)`` of one grid of tokens.
+    def global_term(self, query_map: torch.Tensor,
+                    values: torch.Tensor) -> torch.Tensor:
+        """``K1 . (middle . (K1^T V))`` of one grid of tokens, in float32
+        (or float64) under autocast too.
 
         Args:
-            query_map (Tensor): Unscaled queries as a map, shape
+            query_map (Tensor): Unscaled queries Q0 as a map, shape
                 (B, h * d, H, W).
             values (Tensor): Values V, shape (B, h, H * W, d).
 
         Returns:
             Tensor: Shape (B, h, H * W, d), float32 or float64.
         """
-        scale = self.head_dims**-0.25
-        # The bottleneck convolution is linear: scaling its input or output
-        # is the same.
-        landmarks = self.bottleneck_tokens(query_map) * scale  # (B, h, m, d)
-        bottleneck = F.gelu(self.bottleneck_norm(landmarks))
+        scale = self.head_dims**-0.25  # Q = scale * Q0
+        bottleneck = self.bottleneck_tokens(query_map, scale)  # L: (B, h, m, d)
         query_tokens = query_map.flatten(2).transpose(1, 2)  # (B, N, C)
-        queries = split_heads(query_tokens, self.num_heads)  # (B, h, N, d)
+        queries = split_heads(query_tokens, self.num_heads)  # Q0: (B, h, N, d)
         with torch.autocast(device_type=query_map.device.type, enabled=False):
+            queries = full_precision(queries)
+            bottleneck = full_precision(bottleneck)
+            values = full_precision(values)
             return low_rank_kernel_attention(
-                full_precision(queries), full_precision(bottleneck),
-                full_precision(values), self.variant, self.solver,
-                self.newton_iters, self.kernel_chunk_tokens, query_scale=scale)
+                queries, bottleneck, values, self.attention, self.solver,
+                self.newton_iters, self.kernel_chunk_tokens, query_scale=scale,
+                memory_efficient=self.saves_memory(queries, bottleneck, values))
 
     def global_term_per_image(self, query_map: torch.Tensor, values: torch.Tensor,
                               valid_shapes: ValidShapes) -> torch.Tensor:
@@ -270,6 +277,19 @@ class SoftAttention(BaseModule):
             outs.append(region_tokens_to_grid(out, (height, width), hw_shape))
         return torch.cat(outs)
 
+    def local_term(self, value_map: torch.Tensor) -> torch.Tensor:
+        """Depth-wise convolution of V, one kernel per head.
+
+        Args:
+            value_map (Tensor): Values as a map, shape (B, h * d, H, W).
+
+        Returns:
+            Tensor: Shape (B, h * d, H, W).
+        """
+        weight = self.local_conv.weight.repeat_interleave(self.head_dims, dim=0)
+        return F.conv2d(value_map, weight, padding=self.local_conv.padding,
+                        groups=weight.shape[0])
+
     def forward(self, x: torch.Tensor, hw_shape,
                 valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """Forward.
@@ -288,18 +308,18 @@ class SoftAttention(BaseModule):
             Tensor: Shape (B, N, C).
         """
         batch, tokens, channels = x.shape
-        query_tokens = self.q_proj(x)  # (B, N, C)
-        value_tokens = self.v_proj(x)  # (B, N, C)
+        query_tokens = self.q_proj(x)  # Q0: (B, N, C)
+        value_tokens = self.v_proj(x)  # V: (B, N, C)
         # Token-major (B, N, C) is the channels-last layout of a (B, C, H, W)
         # map: the convolutions read it without a copy.
         query_map = query_tokens.transpose(1, 2).view(batch, channels, *hw_shape)
         value_map = value_tokens.transpose(1, 2).view(batch, channels, *hw_shape)
         values = split_heads(value_tokens, self.num_heads)  # (B, h, N, d)
         if valid_shapes is None:
-            out = self.global_term(query_map, values)
+            out = self.global_term(query_map, values)  # (B, h, N, d)
         else:
             out = self.global_term_per_image(query_map, values, valid_shapes)
-        local = self.local_term(mask_map(value_map, valid_shapes))
+        local = self.local_term(mask_map(value_map, valid_shapes))  # (B, C, H, W)
         local = local.flatten(2).transpose(1, 2)  # (B, N, C)
-        out = local + merge_heads(out.to(local.dtype))
+        out = local + merge_heads(out.to(local.dtype))  # (B, N, C)
         return self.out_proj(out)

@@ -26,8 +26,9 @@ class SoftBlock(nn.Module):
         local_kernel_size (int): Kernel of the depth-wise convolution on V.
         mlp_ratio (float): FFN hidden width / C. Default: 4.
         drop_path (float): Stochastic depth rate. Default: 0.
-        **attn_kwargs: ``variant``, ``solver``, ``newton_iters`` and
-            ``max_bottleneck_tokens`` of :class:`SoftAttention`.
+        **attn_kwargs: ``attention``, ``solver``, ``newton_iters``,
+            ``max_bottleneck_tokens`` and ``kernel_chunk_tokens`` of
+            :class:`SoftAttention`.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, sr_ratio: int,

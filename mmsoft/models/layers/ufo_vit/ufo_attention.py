@@ -3,14 +3,12 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model import BaseModule
-from torch.utils.checkpoint import checkpoint
 
 from ....utils import check_divisible, check_positive_int
+from ...memory_efficient.recompute import recomputed
+from ...memory_efficient.switch import MemoryEfficient
 from ..shared.attention_heads import merge_heads, split_heads
-from ..shared.autograd_state import records_gradient
-from ..shared.layer_scale import scaled_parameters
 from ..shared.precision import full_precision
 
 
@@ -85,7 +83,7 @@ def ufo_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
         return queries @ context  # (B, h, N, d_v)
 
 
-class UFOAttention(BaseModule):
+class UFOAttention(MemoryEfficient, BaseModule):
     """UFO self-attention: ``proj(XNorm(Q) . XNorm(K^T V))``.
 
     Q, K and V come from one Linear layer and are split into heads; each head
@@ -95,8 +93,10 @@ class UFOAttention(BaseModule):
     which axis each XNorm normalises and why. Memory and time are linear in
     the token count N. Under ``torch.autocast`` the K^T V product and both
     norms run in float32; the result is cast back to the dtype of V before
-    the output projection. In training, backward recomputes the attention
-    from Q, K and V instead of keeping its intermediate tensors.
+    the output projection. Memory-efficient path (:meth:`saves_memory`):
+    backward recomputes the attention from Q, K and V instead of keeping its
+    intermediate tensors
+    (:func:`~mmsoft.models.memory_efficient.recompute.recomputed`).
 
     Differs on purpose from XCiT's cross-covariance attention (``XCA`` in
     timm ``xcit.py``), which UFO-ViT replaces: XCA normalises Q and K per
@@ -162,21 +162,14 @@ class UFOAttention(BaseModule):
             keys = keys.masked_fill(~key_mask[:, None, :, None], 0.)
         values = split_heads(values, self.num_heads)  # (B, h, N, d)
         args = (queries, keys, values, self.gamma_q, self.gamma_kv, self.eps)
-        if records_gradient(queries, self.gamma_q):
-            # Backward recomputes the normalised queries and K^T V from Q, K
-            # and V (views of the QKV projection's output, kept anyway).
-            out = checkpoint(ufo_attention, *args, use_reentrant=False)
+        if self.saves_memory(queries, self.gamma_q):
+            out = recomputed(ufo_attention, *args)
         else:
-            out = ufo_attention(*args)  # (B, h, N, d)
+            out = ufo_attention(*args)  # XNorm(Q) . XNorm(K^T V): (B, h, N, d)
         return out.to(values.dtype)
 
-    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
-                out_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C); ``key_mask`` as in :meth:`attend`.
-
-        ``out_scale`` (C, ): a LayerScale, folded into the output projection
-        (see :mod:`~mmsoft.models.layers.shared.layer_scale`). Default: None.
-        """
-        weight, bias = scaled_parameters(self.proj, out_scale)
-        return self.proj_drop(F.linear(merge_heads(self.attend(x, key_mask)),
-                                       weight, bias))
+    def forward(self, x: torch.Tensor,
+                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C); ``key_mask`` as in :meth:`attend`."""
+        out = merge_heads(self.attend(x, key_mask))  # (B, N, C)
+        return self.proj_drop(self.proj(out))

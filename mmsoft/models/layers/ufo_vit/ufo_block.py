@@ -5,14 +5,17 @@ import torch
 import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 
-from .local_patch_interaction import LocalPatchInteraction
+from ...memory_efficient.layer_scale import ufo_block_with_folded_scales
+from ...memory_efficient.switch import MemoryEfficient
+from ...tracing import is_tracing
 from ..shared.layer_norm import LayerNormSavingOutput
 from ..shared.mlp import MLP
 from ..shared.valid_region import ValidShapes, valid_mask
+from .local_patch_interaction import LocalPatchInteraction
 from .ufo_attention import UFOAttention
 
 
-class UFOBlock(nn.Module):
+class UFOBlock(MemoryEfficient, nn.Module):
     """Three pre-norm residual branches with per-channel scales.
 
     ``x = x + g1 * UFO(LN(x))``; ``x = x + g2 * LPI(LN(x))``;
@@ -32,6 +35,13 @@ class UFOBlock(nn.Module):
     ``norm3 <- norm2``, ``ffn <- mlp``, ``gamma3 <- gamma2`` (the rest keeps
     its name). ``valid_shapes`` (padding out of ``K^T V`` and the LPI) is
     not in XCiT. See ``tests/test_ufo_vit_vs_xcit.py``.
+
+    Memory-efficient path (the switch :attr:`memory_efficient`, in
+    training and inference alike, so that both compute the same; not while
+    a tracer records, :func:`~mmsoft.models.tracing.is_tracing`): each gamma
+    is folded into its branch's last layer, so that no branch output is kept
+    for gamma's gradient
+    (:func:`~mmsoft.models.memory_efficient.layer_scale.ufo_block_with_folded_scales`).
 
     Args:
         embed_dims (int): Token width C.
@@ -82,9 +92,10 @@ class UFOBlock(nn.Module):
         key_mask = None
         if valid_shapes is not None:
             key_mask = valid_mask(valid_shapes, hw_shape, x.device).flatten(1)
-        # Each LayerScale gamma is folded into its branch's last layer, so
-        # the branch output is not kept for gamma's gradient.
-        x = x + self.drop_path(self.attn(self.norm1(x), key_mask, out_scale=self.gamma1))
-        x = x + self.drop_path(self.lpi(self.norm2(x), hw_shape, valid_shapes,
-                                        out_scale=self.gamma2))
-        return x + self.drop_path(self.ffn(self.norm3(x), out_scale=self.gamma3))
+        if self.memory_efficient and not is_tracing():
+            return ufo_block_with_folded_scales(self, x, hw_shape, valid_shapes,
+                                                key_mask)
+        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x), key_mask))
+        x = x + self.drop_path(self.gamma2 * self.lpi(self.norm2(x), hw_shape,
+                                                      valid_shapes))
+        return x + self.drop_path(self.gamma3 * self.ffn(self.norm3(x)))

@@ -10,6 +10,9 @@ Gradients, with ``G = dL/dy``:
 ``dW2 = G^T g``, ``db2 = sum G``, ``dg = G W2``, ``dh = act'(h) dg`` (by
 autograd through the recomputed activation), ``dW1 = dh^T x``,
 ``db1 = sum dh``, ``dx = dh W1``.
+
+``fc2``'s weight and bias are arguments of their own, so that a LayerScale
+folded into them (:mod:`.layer_scale`) runs through the same function.
 """
 from typing import Optional
 
@@ -17,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .precision import apply_without_autocast, backward_without_autocast
+from ..layers.shared.precision import apply_without_autocast, backward_without_autocast
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,11 @@ batch's in training, the running ones in eval mode).
 Under autocast, BatchNorm and the activation run in float32 (on the kept
 input, whatever its dtype) and the convolution in autocast's dtype, which is
 also the output's.
+
+:func:`fused_conv_stack` runs a whole stack (a convolutional stem, the
+feature pyramid's upsampling branch) this way: every ``BN -> act (-> conv)``
+it can fuse (:func:`fusable`) as :func:`norm_act_conv`, the other layers as
+they are.
 """
 from functools import partial
 from typing import Callable, List, Optional, Sequence
@@ -25,10 +30,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .autograd_state import records_gradient
-from .precision import (AUTOCAST_CASTABLE, apply_without_autocast, autocast_dtype,
-                        backward_without_autocast, cast_floating, full_precision)
-from .valid_region import ValidShapes, mask_map, strided_shapes, valid_mask
+from ..layers.shared.precision import (AUTOCAST_CASTABLE, apply_without_autocast,
+                                       autocast_dtype, backward_without_autocast,
+                                       cast_floating, full_precision)
+from ..layers.shared.valid_region import (ValidShapes, mask_map, strided_shapes,
+                                          valid_mask)
 
 CONVOLUTIONS = (nn.Conv2d, nn.ConvTranspose2d)
 
@@ -152,7 +158,7 @@ def norm_act_conv(x: torch.Tensor, norm: nn.BatchNorm2d, act: nn.Module,
                                   out_dtype, cast_to=None)
 
 
-def _fusable(layers: Sequence[nn.Module], index: int) -> bool:
+def fusable(layers: Sequence[nn.Module], index: int) -> bool:
     """Whether ``layers[index:]`` starts with a plain BatchNorm2d and an
     activation without parameters (SyncBatchNorm and others are not:
     their statistics cannot be recomputed locally)."""
@@ -165,14 +171,14 @@ def _zero_padded(conv: Optional[nn.Module]) -> bool:
     return conv is None or getattr(conv, 'padding_mode', 'zeros') == 'zeros'
 
 
-def run_conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
-                   valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-    """Runs a stack of convolutions, BatchNorms and activations.
+def fused_conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
+                     valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+    """A stack of convolutions, BatchNorms and activations, each fusable
+    ``BN -> act (-> conv)`` run as :func:`norm_act_conv`.
 
-    With ``valid_shapes``, every Conv2d sees zeros outside the regions (which
-    it maps through its stride) and the output is zero outside them. When
-    autograd records, each ``BN -> act (-> conv)`` runs as
-    :func:`norm_act_conv`; otherwise the layers run one after the other.
+    The same outputs as running the layers one after the other: with
+    ``valid_shapes``, every Conv2d sees zeros outside the regions (which it
+    maps through its stride) and the output is zero outside them.
 
     Args:
         layers (Sequence[nn.Module]): The stack (e.g. an ``nn.Sequential``).
@@ -184,14 +190,13 @@ def run_conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
         Tensor: The last layer's output.
     """
     layers: List[nn.Module] = list(layers)
-    recompute = records_gradient(x, *(p for layer in layers for p in layer.parameters()))
     index = 0
     while index < len(layers):
         layer = layers[index]
         following = layers[index + 2] if index + 2 < len(layers) else None
         if not isinstance(following, CONVOLUTIONS):
             following = None
-        if recompute and _fusable(layers, index) and _zero_padded(following):
+        if fusable(layers, index) and _zero_padded(following):
             mask = None
             if following is not None and valid_shapes is not None:
                 mask = valid_mask(valid_shapes, x.shape[-2:], x.device)[:, None]
