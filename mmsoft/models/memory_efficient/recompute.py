@@ -48,7 +48,12 @@ class FirstPassFlag:
 def batch_norm_without_update(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)`` computed again: in training, normalised with the batch
     statistics and copies of the running ones, so those of ``norm`` are not
-    updated a second time; in eval mode ``norm(x)`` (which updates nothing)."""
+    updated a second time; in eval mode ``norm(x)`` (which updates nothing).
+
+    Not :func:`~.norm_act_conv.normalise_like_forward`, which passes no
+    running statistics in training: this saves for backward exactly the
+    tensors ``norm(x)`` saves, as the checkpoint's recomputation must.
+    """
     if not norm.training:
         return norm(x)
     return F.batch_norm(x, norm.running_mean.clone(), norm.running_var.clone(),
@@ -57,7 +62,10 @@ def batch_norm_without_update(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Te
 
 def conv2d_with(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor,
                 bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``conv(x)`` (zero padding) with the given weight and bias."""
+    """``conv(x)`` (zero padding) with the given weight and bias.
+
+    ``F.conv2d``, which autocast casts, unlike the ``torch.convolution`` of
+    :func:`~.norm_act_conv.convolution` (run with autocast off)."""
     return F.conv2d(x, weight, bias, padding=conv.padding, groups=conv.groups)
 
 

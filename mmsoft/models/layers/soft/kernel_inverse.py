@@ -89,7 +89,8 @@ def canonical_solver(solver: str) -> str:
         new_name = RENAMED_SOLVERS[solver]
         warnings.warn(
             f"solver={solver!r} is deprecated: it is the exact inverse, now "
-            f"spelled solver={new_name!r}.", DeprecationWarning, stacklevel=3)
+            f"spelled solver={new_name!r}.", DeprecationWarning,
+            stacklevel=4)  # the caller of the layer or backbone constructor
         return new_name
     return solver
 
