@@ -2,7 +2,10 @@
 
 A spec is ``NAME`` or ``NAME:key=value,key=value`` (values parsed as Python
 literals when possible), e.g. ``soft-small``, ``soft-small:solver=newton``,
-``ufo-vit-small``, ``swin-t``, ``pvtv2-b2``, ``pvtv2-b2-li``, ``xcit-s12``.
+``ufo-vit-small``, ``swin-t``, ``pvtv2-b2``, ``pvtv2-b2-li``, ``xcit-s12``;
+or the path of an mmdet or mmseg config (``*.py``), whose model's backbone
+is built as the config builds it, e.g.
+``configs/demo/mask-rcnn_r18_fpn_demo.py``.
 
 The peers: mmdet's Swin-T and PVTv2-b2, and timm's PVTv2-b2-li and XCiT-S12
 (through mmpretrain's ``TIMMBackbone``). timm and mmpretrain are imported
@@ -12,10 +15,13 @@ supported environments lack.
 import ast
 import contextlib
 import logging
-from typing import Callable, Dict, Sequence, Tuple
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+from mmengine.model import BaseModule
+from mmengine.registry import MODELS
 
 SOFT_ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
 UFO_ARCHS = ('tiny', 'small', 'medium', 'base')
@@ -32,7 +38,6 @@ def _soft(arch: str) -> Callable[..., nn.Module]:
 
 def _ufo_vit(arch: str) -> Callable[..., nn.Module]:
     def build(**kwargs):
-        from mmengine.registry import MODELS
         import mmsoft  # noqa: F401
         return MODELS.build(dict(type='UFOViT', arch=arch, **kwargs))
     return build
@@ -71,7 +76,8 @@ XCIT_S12_TRUNK = dict(model_name='xcit_small_12_p16_224', features_only=True,
 XCIT_S12_DIMS = 384
 
 
-class IsotropicPyramid(nn.Module):
+@MODELS.register_module()
+class IsotropicPyramid(BaseModule):
     """A single-stride trunk's maps resampled to strides 4, 8, 16 and 32.
 
     The resampling is XCiT's detection neck-in-backbone, the same as
@@ -81,17 +87,24 @@ class IsotropicPyramid(nn.Module):
     memory-saving ``BatchNorm -> GELU -> deconvolution`` function, which is
     mmsoft's own), so the peer costs what XCiT's code costs.
 
+    Registered in mmengine's ``MODELS`` as ``IsotropicPyramid`` when this
+    module is imported (``custom_imports`` of
+    ``configs/demo/mask-rcnn_xcit-t12_fpn_demo.py``).
+
     Args:
-        trunk (nn.Module): Returns four (B, C, H, W) maps of one stride,
-            e.g. ``TIMMBackbone(..., features_only=True)`` of an isotropic
-            model.
+        trunk (nn.Module | dict): Returns four (B, C, H, W) maps of one
+            stride, e.g. ``TIMMBackbone(..., features_only=True)`` of an
+            isotropic model; a dict is built by ``MODELS``.
         embed_dims (int): C.
+        init_cfg (dict, optional): mmengine's initialisation config.
+            Default: None.
     """
 
-    def __init__(self, trunk: nn.Module, embed_dims: int):
-        super().__init__()
+    def __init__(self, trunk: Union[nn.Module, dict], embed_dims: int,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
         from ..models.layers import FeaturePyramidAdapter
-        self.trunk = trunk
+        self.trunk = MODELS.build(trunk) if isinstance(trunk, dict) else trunk
         self.pyramid = FeaturePyramidAdapter(embed_dims, (0, 1, 2, 3))
 
     def init_weights(self) -> None:
@@ -145,13 +158,38 @@ BACKBONES: Dict[str, Callable[..., nn.Module]] = {
 }
 
 
+def is_config_spec(spec: str) -> bool:
+    """Whether ``spec`` names a config file rather than a backbone."""
+    return spec.endswith('.py')
+
+
+def config_backbone(path: str) -> nn.Module:
+    """The backbone of the model of config ``path`` (mmdet or mmseg), built in
+    the config's scope after its ``custom_imports``, without weights."""
+    from mmengine.config import Config
+    from .config_models import build_model_from_config
+    return build_model_from_config(Config.fromfile(path)).backbone
+
+
 def parse_spec(spec: str) -> Tuple[str, dict]:
-    """Splits ``NAME:key=value,...`` into the name and keyword arguments."""
+    """Splits ``NAME:key=value,...`` into the name and keyword arguments; a
+    config path (``*.py``) is returned as the name, without options.
+
+    Raises:
+        FileNotFoundError: When a config path does not exist.
+        ValueError: When the name is not known or an option is not
+            ``key=value``.
+    """
+    if is_config_spec(spec):
+        if not Path(spec).is_file():
+            raise FileNotFoundError(f'config {spec!r} (a backbone spec ending in '
+                                    "'.py') does not exist.")
+        return spec, {}
     name, _, options = spec.partition(':')
     if name not in BACKBONES:
         raise ValueError(f'backbone {name!r} is not known; expected one of '
                          f'{sorted(BACKBONES)} (optionally followed by '
-                         f"':key=value,...').")
+                         f"':key=value,...') or a config path ending in '.py'.")
     kwargs = {}
     for item in filter(None, options.split(',')):
         key, sep, value = item.partition('=')
@@ -181,7 +219,7 @@ def quiet_init_info():
 def build_backbone(spec: str) -> nn.Module:
     """The backbone named by ``spec``, initialised, in eval mode."""
     name, kwargs = parse_spec(spec)
-    model = BACKBONES[name](**kwargs)
+    model = config_backbone(name) if is_config_spec(name) else BACKBONES[name](**kwargs)
     with quiet_init_info():
         model.init_weights()
     model.eval()  # some backbones' train() does not return the module

@@ -1,0 +1,24 @@
+# A peer for tools/analysis/compare_backbones.py: the SOFT demo
+# (mask-rcnn_soft-tiny_fpn_demo.py) with mmdet's Swin Transformer at
+# two-thirds of Swin-T's width, so that its parameter count (12.4 M) is
+# SOFT-tiny's (12.9 M): 64/128/256/512 channels, Swin-T's depths 2-2-6-2 and
+# head width 32, 7x7 windows. From scratch: no pretrained weights, no
+# stochastic depth, like the demo's backbone. Data, neck, heads, schedule,
+# optimiser and seed are the demo's.
+_base_ = ['./mask-rcnn_soft-tiny_fpn_demo.py']
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='SwinTransformer',
+        embed_dims=64,
+        depths=[2, 2, 6, 2],
+        num_heads=[2, 4, 8, 16],
+        window_size=7,
+        mlp_ratio=4,
+        qkv_bias=True,
+        drop_path_rate=0.0,
+        patch_norm=True,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=None),
+    neck=dict(in_channels=[64, 128, 256, 512]))

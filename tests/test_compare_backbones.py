@@ -1,0 +1,244 @@
+"""The side-by-side comparison: its configs, schedules, metrics, report and tool.
+
+``tools/analysis/compare_backbones.py`` trains the backbones of
+:mod:`mmsoft.analysis.comparison` with one Mask R-CNN (one UperNet): every
+config must be the demo config with only the backbone and the input widths
+of the neck (heads) changed, and every peer must be a library's class.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mmengine.config import Config
+
+from mmsoft.analysis.comparison import (BBOX_METRIC, DETECTORS, MIOU_METRIC,
+                                        PAIR_PARAMS, SEGM_METRIC, SEGMENTORS,
+                                        detection_schedule, final_metrics,
+                                        seed_summary, segmentation_schedule)
+from mmsoft.analysis.comparison_report import comparison_rows, write_report
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DETECTOR = 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py'
+DEMO_SEGMENTOR = 'configs/demo/upernet_soft-tiny_demo.py'
+TIMM_CONFIGS = ('pvtv2-b2-li', 'xcit-t12')
+LIBRARIES = ('mmsoft', 'mmdet', 'mmseg', 'mmpretrain')
+
+
+def _resolved(path: str) -> dict:
+    return Config.fromfile(str(REPO / path)).to_dict()
+
+
+def _without(cfg: dict, *keys: str) -> dict:
+    """``cfg`` with the dotted ``keys`` removed (and custom_imports)."""
+    cfg = json.loads(json.dumps(cfg, default=str))
+    cfg.pop('custom_imports', None)
+    for key in keys:
+        *parents, leaf = key.split('.')
+        node = cfg
+        for parent in parents:
+            node = node[parent]
+        node.pop(leaf)
+    return cfg
+
+
+def _marks(entry):
+    needs_timm = any(name in entry.config for name in TIMM_CONFIGS)
+    return [pytest.mark.torchvision] if needs_timm else []
+
+
+@pytest.mark.parametrize('entry', [pytest.param(e, id=e.name) for e in DETECTORS])
+def test_detector_differs_from_the_demo_only_in_backbone(entry):
+    changed = ('backbone_dims', 'model.backbone', 'model.neck.in_channels')
+    assert _without(_resolved(entry.config), *changed) == _without(
+        _resolved(DEMO_DETECTOR), *changed)
+
+
+@pytest.mark.parametrize('entry', [pytest.param(e, id=e.name) for e in SEGMENTORS])
+def test_segmentor_differs_from_the_demo_only_in_backbone(entry):
+    changed = ('backbone_dims', 'model.backbone', 'model.decode_head.in_channels',
+               'model.auxiliary_head.in_channels')
+    assert _without(_resolved(entry.config), *changed) == _without(
+        _resolved(DEMO_SEGMENTOR), *changed)
+
+
+@pytest.mark.mmcv_ops  # builds mmdet and mmseg backbones from their configs
+@pytest.mark.parametrize('entry', [
+    pytest.param(e, id=f'{e.name}-{Path(e.config).stem[:4]}', marks=_marks(e))
+    for e in DETECTORS + SEGMENTORS])
+def test_backbone_is_the_libraries_class_in_its_pair(entry):
+    from mmsoft.analysis.peers import config_backbone
+    backbone = config_backbone(str(REPO / entry.config))
+    modules = [type(backbone).__module__]
+    if hasattr(backbone, 'trunk'):  # XCiT: timm's trunk, resampled
+        modules.append(type(backbone.trunk).__module__)
+    if hasattr(getattr(backbone, 'trunk', backbone), 'timm_model'):
+        modules.append(type(getattr(backbone, 'trunk', backbone).timm_model).__module__)
+        assert modules[-1].startswith('timm.'), modules
+        assert entry.source == 'timm'
+    else:
+        assert modules[0].split('.')[0] == entry.source, modules
+    assert all(m.split('.')[0] in LIBRARIES + ('timm', ) for m in modules), modules
+    low, high = PAIR_PARAMS[entry.pair]
+    params = sum(p.numel() for p in backbone.parameters())
+    assert low <= params <= high, (entry.name, params)
+
+
+def test_detection_schedule_keeps_the_warmup_share():
+    options = dict(option.split('=') for option in detection_schedule(3))
+    # The demo warms up for 100 of 8 x 75 iterations; 3 epochs keep 3/8 of it.
+    assert options == {
+        'train_cfg.max_epochs': '3', 'train_cfg.val_interval': '3',
+        'param_scheduler.0.end': '38', 'param_scheduler.1.end': '3',
+        'param_scheduler.1.T_max': '3', 'default_hooks.checkpoint.max_keep_ckpts': '1'}
+    assert dict(o.split('=') for o in detection_schedule(8))[
+        'param_scheduler.0.end'] == '100'
+
+
+def test_segmentation_schedule_keeps_the_warmup_share():
+    options = dict(option.split('=') for option in segmentation_schedule(300))
+    assert options['param_scheduler.0.end'] == '14'  # ceil(50 * 300 / 1100)
+    assert options['param_scheduler.1.begin'] == '14'
+    assert options['param_scheduler.1.end'] == '300'
+    assert options['train_cfg.val_interval'] == '300'
+
+
+@pytest.mark.parametrize('call, argument', [
+    (lambda: detection_schedule(0), 'epochs'),
+    (lambda: detection_schedule(9), 'epochs'),
+    (lambda: segmentation_schedule(1101), 'iters')])
+def test_schedules_outside_the_demo_are_refused(call, argument):
+    with pytest.raises(ValueError, match=f'{argument} must be between 1 and'):
+        call()
+
+
+def test_final_metrics_reads_the_newest_validation(tmp_path):
+    old = tmp_path / '20260101_000000' / 'vis_data'
+    new = tmp_path / '20260102_000000' / 'vis_data'
+    for folder in (old, new):
+        folder.mkdir(parents=True)
+    (old / 'scalars.json').write_text(json.dumps({'mIoU': 10.0, 'step': 5}) + '\n')
+    (new / 'scalars.json').write_text('\n'.join([
+        json.dumps({'loss': 1.0, 'step': 1}),
+        json.dumps({'mIoU': 20.0, 'aAcc': 90.0, 'step': 10}),
+        json.dumps({'loss': 0.5, 'step': 11})]) + '\n')
+    assert final_metrics(tmp_path, ['mIoU']) == {'mIoU': 20.0, 'step': 10}
+    assert final_metrics(tmp_path, [BBOX_METRIC]) is None
+
+
+def test_seed_summary():
+    assert seed_summary([0.3, 0.1]) == dict(mean=pytest.approx(0.2), low=0.1,
+                                            high=0.3, values=[0.3, 0.1])
+
+
+def _run(entry, task, seed, metrics):
+    return dict(task=task, name=entry.name, config=entry.config, seed=seed,
+                wall_seconds=600.0 + seed * 60, returncode=0, metrics=metrics)
+
+
+def _costs(entries):
+    results = [dict(model=e.config, params=3_000_000 + i, gflops=10.0 + i,
+                    cpu_seconds=1.0 + i) for i, e in enumerate(entries)]
+    train = [dict(model=e.config, cpu_seconds=5.0 + i) for i, e in enumerate(entries)]
+    peaks = [dict(model=e.config, peak_bytes=(100 + i) * 2**20)
+             for i, e in enumerate(entries)]
+    return dict(inference=dict(results=results),
+                train=dict(results=train, peaks=peaks))
+
+
+SETTINGS = dict(epochs=3, seg_iters=300, seeds=[0, 1], threads=1, jobs=2,
+                sizes=dict(inference='800x1333', train='800x1333', peak='1536x1536'),
+                machine=dict(processor='x86_64', cpu_count=2, torch='2.x',
+                             date='2026-12-01'))
+
+
+def test_report_rows_join_seeds_and_costs():
+    detector, missing = DETECTORS[0], DETECTORS[1]
+    runs = [_run(detector, 'detection', 0, {BBOX_METRIC: 0.30, SEGM_METRIC: 0.2}),
+            _run(detector, 'detection', 1, {BBOX_METRIC: 0.20, SEGM_METRIC: 0.1}),
+            _run(SEGMENTORS[0], 'segmentation', 0, {MIOU_METRIC: 40.0})]
+    rows = comparison_rows(runs, _costs([detector, missing]), [detector, missing],
+                           SEGMENTORS[:1])
+    first, second = rows['detection']
+    assert first[BBOX_METRIC] == dict(mean=pytest.approx(0.25), low=0.2, high=0.3,
+                                      values=[0.3, 0.2])
+    assert first['seeds'] == [0, 1] and first['train_minutes'] == pytest.approx(10.5)
+    assert (first['params_m'], first['gflops'], first['latency_s'],
+            first['train_iter_s'], first['train_peak_mib']) == (3.0, 10.0, 1.0, 5.0,
+                                                                100.0)
+    assert second[BBOX_METRIC] is None and second['latency_s'] == 2.0
+    assert rows['segmentation'][0][MIOU_METRIC]['values'] == [40.0]
+
+
+def test_report_writes_table_and_plots(tmp_path):
+    detector = DETECTORS[0]
+    runs = [_run(detector, 'detection', s, {BBOX_METRIC: v, SEGM_METRIC: v / 2})
+            for s, v in ((0, 0.31), (1, 0.27))]
+    paths = write_report(runs, _costs(DETECTORS[:2]), DETECTORS[:2], SEGMENTORS[:1],
+                         SETTINGS, str(tmp_path))
+    table = (tmp_path / 'table.md').read_text()
+    assert '**0.290** (0.310, 0.270)' in table
+    assert table.count('not run') == 3  # 2 mAPs of the second row, 1 mIoU
+    assert 'mask-rcnn_soft-tiny_fpn_demo.py' in table and '1,536×1,536' not in table
+    assert 'training peak 1536×1536 (MiB)' in table
+    for path in paths[2:]:
+        assert Path(path).read_bytes()[:4] == b'\x89PNG'
+    data = json.loads((tmp_path / 'comparison.json').read_text())
+    assert data['settings']['epochs'] == 3 and len(data['detection']) == 2
+
+
+def _tool(*args, cwd=REPO):
+    return subprocess.run([sys.executable, 'tools/analysis/compare_backbones.py',
+                           *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_tool_rejects_unknown_names():
+    done = _tool('--detectors', 'ResNet-101', '--phases', 'report')
+    assert done.returncode != 0
+    assert "--detectors: ['ResNet-101'] not known" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.mmcv_ops  # trains mmdet and mmseg models
+def test_tool_trains_measures_and_reports(tmp_path, small_coco, small_ade):
+    """One real run per task on the small generated datasets (one iteration
+    and one validation each), the costs at 64x64, then the report; a second
+    call reuses the finished runs."""
+    work, out = tmp_path / 'work', tmp_path / 'out'
+    common = ['--seeds', '0', '--jobs', '1', '--work-dir', str(work), '--out-dir',
+              str(out), '--epochs', '1', '--seg-iters', '2']
+    small = ['--inference-size', '64x64', '--train-size', '64x64', '--peak-size',
+             '64x96']
+    detection = _tool(*common, *small, '--detectors', 'SOFT++ half-width (demo)',
+                      '--segmentors', '--cfg-options',
+                      f'train_dataloader.dataset.data_root={small_coco}',
+                      f'val_dataloader.dataset.data_root={small_coco}',
+                      f'val_evaluator.ann_file={small_coco}/annotations/'
+                      'instances_val.json')
+    assert detection.returncode == 0, detection.stderr[-3000:]
+    segmentation = _tool(*common, '--phases', 'train', '--detectors', '--segmentors',
+                         'PVTv2-b0', '--cfg-options',
+                         f'train_dataloader.dataset.data_root={small_ade}',
+                         f'val_dataloader.dataset.data_root={small_ade}')
+    assert segmentation.returncode == 0, segmentation.stderr[-3000:]
+    result = json.loads((work / 'detection' / 'mask-rcnn_soft-tiny_fpn_demo_seed0'
+                         / 'result.json').read_text())
+    assert 0 <= result['metrics'][BBOX_METRIC] <= 1 and result['seed'] == 0
+    seg = json.loads((work / 'segmentation' / 'upernet_pvtv2-b0_demo_seed0'
+                      / 'result.json').read_text())
+    assert 0 <= seg['metrics'][MIOU_METRIC] <= 100
+    costs = json.loads((work / 'costs.json').read_text())
+    (inference, ) = costs['inference']['results']
+    (training, ) = costs['train']['results']
+    assert inference['model'] == DEMO_DETECTOR and inference['gflops'] > 0
+    assert (inference['height'], training['height']) == (64, 64)
+    assert costs['train']['peaks'][0]['width'] == 96
+    # The report of both tasks, without training again.
+    again = _tool(*common, '--phases', 'train', 'report', '--detectors',
+                  'SOFT++ half-width (demo)', '--segmentors', 'PVTv2-b0')
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert 'training' not in again.stdout
+    table = (out / 'table.md').read_text()
+    assert f"**{result['metrics'][BBOX_METRIC]:.3f}**" in table
+    assert f"**{seg['metrics'][MIOU_METRIC]:.3f}**" in table
