@@ -152,6 +152,7 @@ def plot_map_against(rows: Sequence[Dict], cost: str, label: str, path: str) -> 
                       color=colour, capsize=3)
         axes.annotate(row['name'], (row[cost], summary['mean']), fontsize=7,
                       xytext=(4, 3), textcoords='offset points')
+    axes.margins(x=0.15)  # room for the labels of the outermost points
     axes.set_xlabel(label)
     axes.set_ylabel('bbox mAP (demo data; bars: range over seeds)')
     axes.set_title('mmsoft (red) and the libraries\' backbones (blue)')
