@@ -41,18 +41,22 @@ def test_timm_peer_mask_rcnns_are_the_swin_config_with_their_backbones():
     # Configs only: timm and mmpretrain are imported when the detector is built.
     swin = detector_config('swin-t')
     li, xcit = detector_config('pvtv2-b2-li'), detector_config('xcit-s12')
-    for cfg in (li, xcit):
-        assert cfg.model.backbone.type == 'mmpretrain.TIMMBackbone'
-        assert cfg.model.backbone.features_only and not cfg.model.backbone.pretrained
+    # XCiT's timm trunk sits inside its detection resampling to strides 4-32.
+    assert xcit.model.backbone.type == 'IsotropicPyramid'
+    assert xcit.model.backbone.embed_dims == 384
+    xcit_trunk = xcit.model.backbone.trunk
+    for cfg, timm_model in ((li, li.model.backbone), (xcit, xcit_trunk)):
+        assert timm_model.type == 'mmpretrain.TIMMBackbone'
+        assert timm_model.features_only and not timm_model.pretrained
         assert cfg.model.roi_head == swin.model.roi_head
         assert cfg.model.rpn_head == swin.model.rpn_head
     assert li.model.backbone.model_name == 'pvt_v2_b2_li'
     assert tuple(li.model.backbone.out_indices) == (0, 1, 2, 3)
     assert li.model.neck.in_channels == [64, 128, 320, 512]
-    # XCiT's detection settings; build_detector adds the resampling.
-    assert xcit.model.backbone.model_name == 'xcit_small_12_p16_224'
-    assert tuple(xcit.model.backbone.out_indices) == (3, 5, 7, 11)
-    assert xcit.model.backbone.drop_path_rate == 0.05
+    # XCiT's detection settings.
+    assert xcit_trunk.model_name == 'xcit_small_12_p16_224'
+    assert tuple(xcit_trunk.out_indices) == (3, 5, 7, 11)
+    assert xcit_trunk.drop_path_rate == 0.05
     assert xcit.model.neck.in_channels == [384] * 4
     assert swin.model.neck.in_channels == [96, 192, 384, 768]  # not changed
 

@@ -6,10 +6,10 @@ XCiT-S12, each the Swin-T config with the backbone and the FPN's input
 widths swapped (mmdet ships PVTv2 only in RetinaNet configs, and neither
 PVTv2-b2-li nor XCiT). PVTv2-b2 is mmdet's (RetinaNet-PVTv2-b2's backbone);
 PVTv2-b2-li and XCiT-S12 are timm's, built through mmpretrain's
-``TIMMBackbone`` (``type='mmpretrain.TIMMBackbone'``, no new registry
-names), XCiT's trunk then wrapped in its detection resampling to strides
-4-32 (:class:`~mmsoft.analysis.peers.IsotropicPyramid`, the module the
-backbone benchmark measures). The iteration
+``TIMMBackbone`` (``type='mmpretrain.TIMMBackbone'``), XCiT's trunk
+inside its detection resampling to strides 4-32
+(``type='IsotropicPyramid'``, :class:`~mmsoft.analysis.peers.IsotropicPyramid`,
+the module the backbone benchmark measures). The iteration
 is what ``model.train_step`` runs between data loading and the optimizer
 step: the loss forward on a pre-processed batch and its backward. Images and
 annotations (boxes, labels, masks) are generated.
@@ -31,8 +31,9 @@ from mmengine.config import Config
 from .config_models import build_model_from_config
 from .measure import (add_live_memory_flag, peak_memory_of, start_worker,
                       timing_fields)
+# Importing peers also registers IsotropicPyramid, XCiT-S12's backbone type.
 from .peers import (PVTV2_B2_LI, PVTV2_B2_LI_CHANNELS, XCIT_S12_DIMS,
-                    XCIT_S12_TRUNK, IsotropicPyramid)
+                    XCIT_S12_TRUNK)
 from .saved_tensors import SavedTensorRecorder
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / 'configs'
@@ -59,13 +60,12 @@ SWAPPED_BACKBONES = {
     'pvtv2-b2': (PVTV2_B2_BACKBONE, PVTV2_B2_CHANNELS),
     'pvtv2-b2-li': (dict(type='mmpretrain.TIMMBackbone', pretrained=False,
                          **PVTV2_B2_LI), PVTV2_B2_LI_CHANNELS),
-    # XCiT's trunk: four stride-16 maps, resampled by build_detector.
-    'xcit-s12': (dict(type='mmpretrain.TIMMBackbone', pretrained=False,
-                      **XCIT_S12_TRUNK), [XCIT_S12_DIMS] * 4),
+    # XCiT's trunk (four stride-16 maps) resampled to strides 4-32.
+    'xcit-s12': (dict(type='IsotropicPyramid',
+                      trunk=dict(type='mmpretrain.TIMMBackbone', pretrained=False,
+                                 **XCIT_S12_TRUNK),
+                      embed_dims=XCIT_S12_DIMS), [XCIT_S12_DIMS] * 4),
 }
-# Detector name -> channels of the trunk that build_detector wraps in
-# IsotropicPyramid (its maps at strides 4, 8, 16 and 32).
-PYRAMID_WRAPPED = {'xcit-s12': XCIT_S12_DIMS}
 # Objects per generated image: COCO's train2017 mean is 7.3.
 OBJECTS_PER_IMAGE = 7
 
@@ -95,10 +95,6 @@ def detector_config(name: str) -> Config:
 def build_detector(name: str, cfg_options: Optional[dict] = None) -> nn.Module:
     """Detector ``name`` initialised from scratch, in train mode.
 
-    For XCiT-S12 (:data:`PYRAMID_WRAPPED`) the config's backbone is timm's
-    trunk; the detector's backbone becomes that trunk followed by XCiT's
-    resampling to strides 4-32 (:class:`~.peers.IsotropicPyramid`).
-
     Args:
         name (str): One of :data:`DETECTOR_CONFIGS`.
         cfg_options (dict, optional): Changes to the config, as
@@ -109,8 +105,6 @@ def build_detector(name: str, cfg_options: Optional[dict] = None) -> nn.Module:
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     model = build_model_from_config(cfg)
-    if name in PYRAMID_WRAPPED:
-        model.backbone = IsotropicPyramid(model.backbone, PYRAMID_WRAPPED[name])
     model.init_weights()
     return model.train()
 

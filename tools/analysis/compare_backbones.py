@@ -144,10 +144,15 @@ def finish(job: Dict, returncode: int, seconds: float) -> Dict:
     return result
 
 
+def thread_env(threads: int) -> Dict[str, str]:
+    """This process's environment with ``threads`` threads for torch."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads),
+                MKL_NUM_THREADS=str(threads))
+
+
 def train_all(args) -> List[Dict]:
     """Runs every unfinished job, ``args.jobs`` at a time."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
-               MKL_NUM_THREADS=str(args.threads))
+    env = thread_env(args.threads)
     pending = [job for job in training_jobs(args)
                if not (job['work_dir'] / 'result.json').exists()]
     running, failed = [], []
@@ -204,13 +209,11 @@ def benchmark(args, name: str, *options: str) -> Dict:
     """Runs ``tools/analysis/benchmark.py`` on the detectors' backbones (built
     from their configs) and returns its ``results.json``."""
     out_dir = args.work_dir / 'costs' / name
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
-               MKL_NUM_THREADS=str(args.threads))
     command = [sys.executable, 'tools/analysis/benchmark.py', '--device', 'cpu',
                '--models', *[entry.config for entry in args.detectors],
                '--out-dir', str(out_dir), *options]
     print('$ ' + ' '.join(command), flush=True)
-    subprocess.run(command, cwd=REPO, env=env, check=True)
+    subprocess.run(command, cwd=REPO, env=thread_env(args.threads), check=True)
     return json.loads((REPO / out_dir / 'results.json').read_text())
 
 
