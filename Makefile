@@ -1,12 +1,13 @@
 # Two entry points on a fresh machine: `make demo` and `make test`.
-# Both create .venv/ when missing and install the pinned stack
-# (requirements/*.txt) and mmsoft in editable mode; a second run only checks.
+# Both create .venv/ when missing and install the locked stack
+# (requirements/locks/, written from requirements/*.txt by `make lock`) and
+# mmsoft in editable mode; a second run only checks.
 #
 # `make test` tests both ends of the supported torch range: the full suite in
 # .venv/ (test-stack: torch 2.14.1 and torchvision, mmcv with its compiled
 # ops), then the suite without the tests marked `mmcv_ops` or `torchvision`
 # in .venv-floor/ (test-floor: torch 2.1, mmcv-lite, no torchvision;
-# tools/install_floor_env.sh, requirements/floor*.txt). Both run
+# tools/install_floor_env.sh, requirements/locks/floor*.txt). Both run
 # even when the first fails; the status is a failure if either failed.
 # PYTEST_ARGS is passed to both (a `-m` in it replaces the floor's marker
 # expression: use FLOOR_MARKERS for the floor run).
@@ -23,16 +24,15 @@ PYTEST_ARGS ?=
 GPU_CHECK_PYTHON ?= $(if $(wildcard $(PYTHON)),$(PYTHON),python)
 GPU_CHECK_ARGS ?=
 
-.PHONY: install install-floor demo test test-stack test-floor gpu-check clean-venv
+.PHONY: install install-floor lock demo test test-stack test-floor gpu-check clean-venv
 
-$(STAMP): requirements/build.txt requirements/mmcv.txt requirements/runtime.txt \
-		requirements/tests.txt requirements/deploy.txt requirements/mim.txt \
-		setup.cfg tools/install_env.sh tools/build_mmcv_wheel.sh tools/venv.sh
+$(STAMP): requirements/locks/stack.txt requirements/locks/mmcv.txt setup.cfg \
+		tools/install_env.sh tools/build_mmcv_wheel.sh tools/install_common.sh
 	bash tools/install_env.sh $(VENV)
 	touch $(STAMP)
 
-$(FLOOR_STAMP): requirements/floor.txt requirements/floor-nodeps.txt setup.cfg \
-		tools/install_floor_env.sh tools/venv.sh
+$(FLOOR_STAMP): requirements/locks/floor.txt requirements/locks/floor-nodeps.txt setup.cfg \
+		tools/install_floor_env.sh tools/install_common.sh
 	bash tools/install_floor_env.sh $(FLOOR_VENV)
 	touch $(FLOOR_STAMP)
 
@@ -40,11 +40,18 @@ install: $(STAMP)
 
 install-floor: $(FLOOR_STAMP)
 
+# Rewrites requirements/locks/ from requirements/*.txt (tools/lock.sh).
+lock:
+	bash tools/lock.sh
+
 demo: $(STAMP)
 	PYTHON="$(abspath $(PYTHON))" bash tools/demo.sh
 
+# Both environments install side by side (the floor's download overlaps the
+# stack's), then the suites run one after the other.
 test:
 	@status=0; \
+	$(MAKE) --no-print-directory -j2 install install-floor || status=1; \
 	$(MAKE) --no-print-directory test-stack || status=1; \
 	$(MAKE) --no-print-directory test-floor || status=1; \
 	exit $$status
@@ -59,4 +66,4 @@ gpu-check:
 	$(GPU_CHECK_PYTHON) tools/analysis/gpu_check.py --out work_dirs/gpu_check/gpu_check.json $(GPU_CHECK_ARGS)
 
 clean-venv:
-	rm -rf $(VENV) $(FLOOR_VENV)
+	rm -rf $(VENV) $(FLOOR_VENV) .venv-lock

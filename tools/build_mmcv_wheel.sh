@@ -1,33 +1,109 @@
 #!/usr/bin/env bash
 # Builds mmcv's wheel, with its compiled ops, against the torch of a Python
-# environment (no build isolation: the ops link that torch).
+# environment, from the sdist pinned (with its hash) in
+# requirements/locks/mmcv.txt.
+#
+#   bash tools/build_mmcv_wheel.sh key PYTHON
+#       prints the wheel cache's key: mmcv's locked requirement and hash, the
+#       torch of PYTHON, this script's content, the compiler and every
+#       setting that changes the compiled ops. A change to any of them
+#       rebuilds.
+#   bash tools/build_mmcv_wheel.sh prepare PYTHON
+#       every step before the compile, with an empty pip cache: download the
+#       sdist (hash-checked) and read its metadata, unpack it, raise its C++
+#       standard where torch needs it. Seconds; tools/install_env.sh runs it
+#       on every install, a cached wheel or not, so that a change on the index
+#       that breaks these steps shows at once.
+#   bash tools/build_mmcv_wheel.sh build PYTHON WHEEL_DIR
+#       prepare, then compile the wheel into WHEEL_DIR (20-40 min on 2 cores).
+#
+# No step builds in isolation: pip would resolve the newest setuptools for
+# it, and setuptools 82+ has no pkg_resources, which mmcv's setup.py imports.
+# The environment's own pinned setuptools runs the metadata step and the
+# build, and the ops link the environment's torch.
 #
 # mmcv 2.1.0's setup.py compiles its C++ ops as C++17; torch 2.14's headers
 # need C++20 (`#error C++20 or later compatible compiler is required to use
 # ATen`). From torch 2.14 on, the sdist's setup.py is built with the standard
 # raised to C++20; on older torch it is built as published.
 #
-# Usage: bash tools/build_mmcv_wheel.sh PYTHON WHEEL_DIR
-# Environment: MAX_JOBS (compile jobs, default: the number of cores).
+# Environment: MAX_JOBS (compile jobs, default: the number of cores); CC, CXX,
+# CFLAGS, CXXFLAGS, LDFLAGS, TORCH_CUDA_ARCH_LIST, FORCE_CUDA, CUDA_HOME are
+# passed to the build and are part of the key.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY="$1"
-WHEEL_DIR="$2"
-REQUIREMENT=$(grep -E '^mmcv==' requirements/mmcv.txt)
-SRC=$(mktemp -d)
-trap 'rm -rf "$SRC"' EXIT
+SCRIPT="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$SCRIPT")/.."
+# shellcheck source=tools/install_common.sh
+source tools/install_common.sh
+TAG=build-mmcv
+LOCK=requirements/locks/mmcv.txt
+BUILD_SETTINGS=(CC CXX CFLAGS CXXFLAGS LDFLAGS TORCH_CUDA_ARCH_LIST FORCE_CUDA CUDA_HOME)
 
-"$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
-    --no-binary :all: -d "$SRC" "$REQUIREMENT"
-tar -xzf "$SRC"/mmcv-*.tar.gz -C "$SRC"
-SETUP=$(ls "$SRC"/mmcv-*/setup.py)
-if "$PY" -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 14))"; then
-    echo "[build-mmcv] torch $("$PY" -c 'import torch; print(torch.__version__)') needs C++20: building the ops as C++20"
-    sed -i "s/'-std=c++17'/'-std=c++20'/g" "$SETUP"
-    grep -q "'-std=c++20'" "$SETUP" || {
-        echo "[build-mmcv] $SETUP sets no -std=c++17 to raise" >&2; exit 1; }
-fi
-mkdir -p "$WHEEL_DIR"
-MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
-    "$PY" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation \
-    --no-deps --no-cache-dir -w "$WHEEL_DIR" "$(dirname "$SETUP")"
+usage() {
+    echo "usage: bash tools/build_mmcv_wheel.sh {key PYTHON | prepare PYTHON | build PYTHON WHEEL_DIR}" >&2
+    exit 2
+}
+
+# cache_key PYTHON: "mmcv-<version>-torch-<version>-<digest>".
+cache_key() {
+    local py="$1" version torch_info settings="" name
+    version=$(sed -n 's/^mmcv==\([^ ]*\).*/\1/p' "$LOCK")
+    torch_info=$("$py" -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())")
+    for name in "${BUILD_SETTINGS[@]}"; do settings+="$name=${!name:-};"; done
+    local digest
+    digest=$({
+        cat "$LOCK"
+        echo "$torch_info"
+        sha256sum < "$SCRIPT"
+        "${CXX:-c++}" --version 2>&1 | head -n 1
+        echo "$settings"
+    } | sha256sum | cut -c1-16)
+    echo "mmcv-$version-torch-${torch_info%% *}-$digest"
+}
+
+# prepare PYTHON SRC: the patched source tree of mmcv under SRC; prints its
+# folder.
+prepare() {
+    local py="$1" src="$2"
+    run_step "$TAG" "downloading the mmcv sdist and reading its metadata ($LOCK, no pip cache)" mmcv \
+        env PIP_NO_CACHE_DIR=1 "$py" -m pip download --disable-pip-version-check \
+        --no-deps --no-build-isolation --no-binary :all: --require-hashes \
+        -d "$src" -r "$LOCK" >&2
+    tar -xzf "$src"/mmcv-*.tar.gz -C "$src"
+    local setup
+    setup=$(ls "$src"/mmcv-*/setup.py)
+    if "$py" -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 14))"; then
+        echo "[$TAG] torch $("$py" -c 'import torch; print(torch.__version__)') needs C++20: building the ops as C++20" >&2
+        sed -i "s/'-std=c++17'/'-std=c++20'/g" "$setup"
+        grep -q "'-std=c++20'" "$setup" || {
+            echo "[$TAG] $setup sets no -std=c++17 to raise" >&2; exit 1; }
+    fi
+    dirname "$setup"
+}
+
+[ $# -ge 2 ] || usage
+MODE="$1"
+PY="$2"
+case "$MODE" in
+    key)
+        cache_key "$PY" ;;
+    prepare)
+        [ $# -eq 2 ] || usage
+        SRC=$(mktemp -d)
+        trap 'rm -rf "$SRC"' EXIT
+        prepare "$PY" "$SRC" >/dev/null
+        echo "[$TAG] ready to compile (prepare only: nothing built)" ;;
+    build)
+        [ $# -eq 3 ] || usage
+        WHEEL_DIR="$3"
+        SRC=$(mktemp -d)
+        trap 'rm -rf "$SRC"' EXIT
+        TREE=$(prepare "$PY" "$SRC")
+        mkdir -p "$WHEEL_DIR"
+        run_step "$TAG" "compiling mmcv with its ops (MAX_JOBS=${MAX_JOBS:-$(nproc)}; 20-40 min on 2 cores)" mmcv \
+            env MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+            "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation \
+            --no-deps --no-cache-dir -w "$WHEEL_DIR" "$TREE" ;;
+    *)
+        usage ;;
+esac

@@ -1,45 +1,58 @@
 #!/usr/bin/env bash
-# Creates .venv/ (when missing) and installs the pinned OpenMMLab stack and
-# mmsoft in editable mode. Idempotent: a second run only verifies.
+# Creates .venv/ (when missing) and installs the locked OpenMMLab stack
+# (requirements/locks/stack.txt), mmcv with its ops and mmsoft in editable
+# mode. Idempotent: a second run only verifies.
+#
+# mmcv's compiled ops link one torch: the built wheel is kept under
+# $MMSOFT_WHEEL_CACHE (default ~/.cache/mmsoft/wheels), in a folder named by
+# `tools/build_mmcv_wheel.sh key`, which changes with mmcv's locked sdist, the
+# torch, the build script, the compiler and the build settings. Every run, a
+# cached wheel or not, repeats the steps before the compile with an empty pip
+# cache (`build_mmcv_wheel.sh prepare`): they take seconds and are what a
+# release elsewhere can break.
 #
 # Usage: bash tools/install_env.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
 PY="$VENV/bin/python"
+TAG=install
+# shellcheck source=tools/install_common.sh
+source tools/install_common.sh
 
-source tools/venv.sh
-ensure_venv "$VENV" install
-PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
-
-echo "[install] build requirements (torch 2.14.1 + torchvision 0.29.1, ~5.5 GB the first time; setuptools<82, ninja)"
-"${PIP[@]}" -r requirements/build.txt
+if ! "$PY" -c "import torch" 2>/dev/null; then
+    # torch and its nvidia-* wheels, the rest of the stack and mmcv's build.
+    check_disk "$TAG" 8 5 "$VENV"
+fi
+check_registry "$TAG" python3
+ensure_venv "$VENV" "$TAG"
+install_locked "$TAG" "$VENV" requirements/locks/stack.txt
 TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__)")
 
-# mmcv's compiled ops are linked against one torch: its wheel is kept per torch
-# version (not in pip's own cache, which keys a wheel by the sdist only and
-# would hand a build for another torch to this one).
-MMCV_WHEELS="${MMSOFT_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmsoft/wheels}/torch-$TORCH_VERSION"
-MMCV_STAMP="$VENV/.mmcv-built-for-torch"
-if [ "$(cat "$MMCV_STAMP" 2>/dev/null)" != "$TORCH_VERSION" ] || \
-        ! "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; then
-    if ! ls "$MMCV_WHEELS"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
-        echo "[install] building mmcv 2.1.0 with its ops from source against torch $TORCH_VERSION" \
-             "(20-40 min on 2 cores; kept in $MMCV_WHEELS afterwards)"
-        bash tools/build_mmcv_wheel.sh "$PY" "$MMCV_WHEELS"
-    fi
-    MMCV_WHEEL=$(ls "$MMCV_WHEELS"/mmcv-2.1.0-*.whl)
-    "${PIP[@]}" --force-reinstall --no-deps "$MMCV_WHEEL"
-    "${PIP[@]}" "$MMCV_WHEEL"  # its dependencies (mmengine, opencv, ...)
+KEY=$(bash tools/build_mmcv_wheel.sh key "$PY")
+MMCV_WHEELS="${MMSOFT_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmsoft/wheels}/$KEY"
+if ls "$MMCV_WHEELS"/mmcv-*.whl >/dev/null 2>&1; then
+    echo "[$TAG] mmcv wheel for this torch and build script found in $MMCV_WHEELS"
+    bash tools/build_mmcv_wheel.sh prepare "$PY"
+else
+    echo "[$TAG] building mmcv with its ops from source against torch $TORCH_VERSION" \
+         "(kept in $MMCV_WHEELS afterwards)"
+    bash tools/build_mmcv_wheel.sh build "$PY" "$MMCV_WHEELS"
+fi
+MMCV_WHEEL=$(ls "$MMCV_WHEELS"/mmcv-*.whl)
+MMCV_STAMP="$VENV/.mmcv-wheel"
+if [ "$(cat "$MMCV_STAMP" 2>/dev/null)" != "$MMCV_WHEEL" ] || \
+        ! "$PY" -c "import mmcv.ops" 2>/dev/null; then
+    run_step "$TAG" "installing $(basename "$MMCV_WHEEL")" mmcv \
+        "$PY" -m pip install --disable-pip-version-check --force-reinstall \
+        --no-deps "$MMCV_WHEEL"
     "$PY" -c "import mmcv.ops" || {
-        echo "[install] mmcv was installed without its compiled ops" >&2; exit 1; }
-    echo "$TORCH_VERSION" > "$MMCV_STAMP"
+        echo "[$TAG] mmcv was installed without its compiled ops ($MMCV_WHEEL)" >&2; exit 1; }
+    echo "$MMCV_WHEEL" > "$MMCV_STAMP"
 fi
 
-echo "[install] OpenMMLab runtime (mmengine, mmdet, mmsegmentation, pycocotools), onnx, onnxruntime, openmim"
-"${PIP[@]}" -r requirements/runtime.txt -r requirements/tests.txt -r requirements/deploy.txt \
-    -r requirements/mim.txt
-echo "[install] mmsoft (editable)"
-"${PIP[@]}" --no-build-isolation --no-deps -e .
+install_editable "$TAG" "$VENV"
 link_package_for_mim "$VENV"
-"$PY" -c "import mmsoft, mmdet, mmseg, mmcv.ops; print('[install] ok: mmsoft', mmsoft.__version__)"
+run_step "$TAG" "checking that every installed package's requirements hold (pip check)" \
+    "the locked stack" "$PY" -m pip check
+"$PY" -c "import mmsoft, mmdet, mmseg, mmcv.ops; print('[$TAG] ok: mmsoft', mmsoft.__version__)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Creates the floor environment (default .venv-floor/, when missing): the
-# lowest supported torch (2.1.2), mmcv-lite 2.1.0 (no compiled ops), mmengine,
-# mmdet and mmsegmentation, and mmsoft in editable mode. Tests run there with
+# Creates the floor environment (default .venv-floor/, when missing) from
+# requirements/locks/floor*.txt: the lowest supported torch (2.1.2), mmcv-lite
+# 2.1.0 (no compiled ops), mmengine, mmdet and mmsegmentation, and mmsoft in
+# editable mode. Tests run there with
 # `pytest tests -m "not mmcv_ops"` (`make test-floor`). Idempotent: a second
 # run only verifies.
 #
@@ -11,18 +12,20 @@ cd "$(dirname "$0")/.."
 VENV="${1:-.venv-floor}"
 PY="$VENV/bin/python"
 
-source tools/venv.sh
-ensure_venv "$VENV" install-floor
-PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
+TAG=install-floor
+# shellcheck source=tools/install_common.sh
+source tools/install_common.sh
 
-# Both requirement files hold numpy>=1.26,<2, so that no pip command here can
-# move numpy to 2.x under torch 2.1.
-echo "[install-floor] torch 2.1.2 (CUDA build, ~2.6 GB the first time), mmcv-lite, mmengine, runtime, pytest, onnx"
-"${PIP[@]}" -r requirements/floor.txt
-echo "[install-floor] mmdet and mmsegmentation (--no-deps, see requirements/floor-nodeps.txt)"
-"${PIP[@]}" --no-deps -r requirements/floor-nodeps.txt
-echo "[install-floor] mmsoft (editable)"
-"${PIP[@]}" --no-build-isolation --no-deps -e .
+if ! "$PY" -c "import torch" 2>/dev/null; then
+    check_disk "$TAG" 6 4 "$VENV"  # torch 2.1.2 and its nvidia-* wheels
+fi
+check_registry "$TAG" python3
+ensure_venv "$VENV" "$TAG"
+# mmdet and mmsegmentation without their dependencies (see
+# requirements/floor-nodeps.txt): every package is in the locks, installed
+# with --no-deps.
+install_locked "$TAG" "$VENV" requirements/locks/floor.txt requirements/locks/floor-nodeps.txt
+install_editable "$TAG" "$VENV"
 "$PY" - <<'PY'
 import mmcv
 import numpy

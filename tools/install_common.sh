@@ -1,0 +1,187 @@
+# Sourced by the installers (tools/install_env.sh, tools/install_floor_env.sh,
+# tools/build_mmcv_wheel.sh, tools/lock.sh).
+#
+# Each step runs through run_step, which writes the step's output to a log
+# (install-logs/ in the checkout, or $MMSOFT_INSTALL_LOGS) and, when the step
+# fails, names the step, the package, the log and what to try, instead of
+# leaving only pip's traceback.
+
+MMSOFT_INSTALL_LOGS="${MMSOFT_INSTALL_LOGS:-$(pwd)/install-logs}"
+
+# log_name TEXT: a file name for a step's log.
+log_name() {
+    printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '-' | tr -s '-' | cut -c1-80
+}
+
+# run_step TAG STEP PACKAGE CMD...: runs CMD with its output in a log.
+run_step() {
+    local tag="$1" step="$2" package="$3"; shift 3
+    mkdir -p "$MMSOFT_INSTALL_LOGS"
+    local log
+    log="$MMSOFT_INSTALL_LOGS/$tag-$(log_name "$step").log"
+    local start=$SECONDS
+    echo "[$tag] $step (log: $log)"
+    if "$@" >"$log" 2>&1; then
+        echo "[$tag]   done in $((SECONDS - start)) s"
+        return 0
+    fi
+    explain_failure "$tag" "$step" "$package" "$log"
+    exit 1
+}
+
+# explain_failure TAG STEP PACKAGE LOG: what failed, the log's end and what
+# to try, on standard error.
+explain_failure() {
+    local tag="$1" step="$2" package="$3" log="$4" hint
+    if grep -qiE 'No space left on device|Errno 28' "$log"; then
+        hint="the disk ran full. Free space where the environment lives and in \
+\$TMPDIR (${TMPDIR:-/tmp}), or point TMPDIR at a larger disk, then run the \
+command again."
+    elif grep -qiE 'NewConnectionError|Name or service not known|Temporary failure in name resolution|Connection (refused|reset)|Network is unreachable|Max retries exceeded|ConnectTimeout|Read ?timed ?out|ProxyError|SSLError|certificate verify failed|Could not fetch URL|failed to fetch|error sending request' "$log"; then
+        hint="the package registry could not be reached. Check the network, a \
+proxy (HTTPS_PROXY) or the configured index (pip config list), then run the \
+command again: what is already installed is kept."
+    elif grep -qE 'DO NOT MATCH THE HASHES|hash mismatch|Hash mismatch' "$log"; then
+        hint="a downloaded file does not match the hash in requirements/locks/. \
+The index serves another file under that version: check which index pip uses \
+(pip config list), or regenerate the locks with 'make lock' and review the diff."
+    elif grep -qE 'No matching distribution|Could not find a version|not find a version' "$log"; then
+        hint="the index holds no file of a locked version for this Python and \
+platform. The locks are made for CPython 3.11 on x86-64 Linux \
+(python3 --version: $(python3 --version 2>&1)); elsewhere install mmsoft \
+into your own environment (see the README's Installation)."
+    elif grep -q "No module named 'pkg_resources'" "$log"; then
+        hint="a build ran with setuptools 82 or newer, which has no pkg_resources. \
+Builds must use the pinned tools of requirements/build-constraints.txt."
+    elif grep -qE 'error: command .* failed|fatal error:|ninja: build stopped' "$log"; then
+        hint="the compiler failed. Check that gcc/g++ and the Python headers are \
+installed (python3-dev), and look for the first 'error:' in the log."
+    else
+        hint="read the log above for the first error."
+    fi
+    {
+        echo "[$tag] FAILED: $step"
+        echo "[$tag]   package: $package"
+        echo "[$tag]   log:     $log (last lines below)"
+        tail -n 25 "$log" | sed 's/^/    | /'
+        echo "[$tag]   what to try: $hint"
+    } >&2
+}
+
+# free_gib PATH: free space (GiB, rounded down) on the file system of PATH or
+# of its nearest existing parent.
+free_gib() {
+    local path="$1"
+    while [ ! -e "$path" ]; do path=$(dirname "$path"); done
+    df -Pk "$path" | awk 'NR == 2 { print int($4 / 1048576) }'
+}
+
+# check_disk TAG VENV_GIB TMP_GIB VENV: refuses to start when the file system
+# of VENV has less than VENV_GIB free, or $TMPDIR less than TMP_GIB (both on
+# one file system: their sum).
+check_disk() {
+    local tag="$1" venv_gib="$2" tmp_gib="$3" venv="$4"
+    local tmp="${TMPDIR:-/tmp}" venv_free tmp_free venv_dev tmp_dev
+    venv_free=$(free_gib "$venv")
+    tmp_free=$(free_gib "$tmp")
+    venv_dev=$(stat -c %d "$(cd "$(dirname "$venv")" && pwd)")
+    tmp_dev=$(stat -c %d "$tmp")
+    if [ "$venv_dev" = "$tmp_dev" ]; then
+        venv_gib=$((venv_gib + tmp_gib)); tmp_gib=0
+    fi
+    if [ "$venv_free" -lt "$venv_gib" ] || [ "$tmp_free" -lt "$tmp_gib" ]; then
+        {
+            echo "[$tag] not enough free disk space to install $venv:"
+            echo "[$tag]   needed: $venv_gib GiB for the environment, $tmp_gib GiB more in \$TMPDIR ($tmp) for downloads and builds"
+            echo "[$tag]   free:   $venv_free GiB there, $tmp_free GiB in $tmp"
+            echo "[$tag]   what to try: free space, or set TMPDIR to a larger disk"
+        } >&2
+        exit 1
+    fi
+}
+
+# check_registry TAG PYTHON: fails at once, saying so, when the package index
+# that pip is configured with cannot be reached.
+check_registry() {
+    local tag="$1" py="$2"
+    if ! "$py" - <<'PY' 2>"$MMSOFT_INSTALL_LOGS/$tag-registry.log"; then
+import os
+import ssl
+import subprocess
+import sys
+import urllib.request
+
+url = os.environ.get('PIP_INDEX_URL') or subprocess.run(
+    [sys.executable, '-m', 'pip', 'config', 'get', 'global.index-url'],
+    capture_output=True, text=True).stdout.strip()
+if not url:  # pip's own default index
+    from pip._internal.models.index import PyPI
+    url = PyPI.simple_url
+context = ssl.create_default_context(cafile=os.environ.get('PIP_CERT') or None)
+request = urllib.request.Request(url.rstrip('/') + '/pip/',
+                                 headers={'Accept': 'text/html'})
+try:
+    urllib.request.urlopen(request, timeout=30, context=context).close()
+except Exception as error:  # noqa: BLE001 (any failure means: not reachable)
+    sys.exit(f'{url}: {error}')
+PY
+        {
+            echo "[$tag] the package registry cannot be reached:"
+            sed 's/^/    | /' "$MMSOFT_INSTALL_LOGS/$tag-registry.log"
+            echo "[$tag]   what to try: check the network, a proxy (HTTPS_PROXY) or the index (pip config list), then run the command again"
+        } >&2
+        exit 1
+    fi
+}
+
+# ensure_venv DIR TAG: creates the virtual environment DIR when it has no
+# python yet.
+ensure_venv() {
+    local venv="$1" tag="$2"
+    mkdir -p "$MMSOFT_INSTALL_LOGS"
+    if [ ! -x "$venv/bin/python" ]; then
+        run_step "$tag" "creating the virtual environment $venv" python3 \
+            python3 -m venv "$venv"
+    fi
+}
+
+# install_locked TAG VENV LOCK...: installs exactly what the lock files pin,
+# each file checked against its hash, wheels only (no build runs, so no build
+# tool is resolved from the index).
+install_locked() {
+    local tag="$1" venv="$2"; shift 2
+    local args=() lock
+    for lock in "$@"; do args+=(-r "$lock"); done
+    run_step "$tag" "installing $* (hash-checked wheels)" "$*" \
+        "$venv/bin/python" -m pip install \
+        --disable-pip-version-check --require-hashes --only-binary :all: \
+        --no-deps "${args[@]}"
+}
+
+# install_editable TAG VENV: mmsoft from the checkout, built with the
+# environment's own pinned setuptools.
+install_editable() {
+    local tag="$1" venv="$2"
+    run_step "$tag" "installing mmsoft (editable)" mmsoft \
+        "$venv/bin/python" -m pip install --disable-pip-version-check \
+        --no-build-isolation --no-deps -e .
+}
+
+# link_package_for_mim DIR: makes OpenMMLab's mim find the editable mmsoft of
+# the virtual environment DIR. mim (0.3.9) reads a package's configs, tools
+# and model index from <location>/mmsoft/.mim, where <location> is the folder
+# of the installed metadata: site-packages. An editable install (PEP 660)
+# leaves the package in the checkout, so site-packages/mmsoft becomes a link
+# to it: imports then resolve through the link to the same files. The link is
+# listed in the install's RECORD, so `pip uninstall mmsoft` removes it.
+link_package_for_mim() {
+    local venv="$1" site record
+    site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    if [ -e "$site/mmsoft" ] && [ ! -L "$site/mmsoft" ]; then
+        echo "[mim] $site/mmsoft is not a link (a regular install?): left as it is" >&2
+        return 0
+    fi
+    ln -sfn "$(pwd)/mmsoft" "$site/mmsoft"
+    record=$(ls "$site"/mmsoft-*.dist-info/RECORD)
+    grep -qx 'mmsoft,,' "$record" || echo 'mmsoft,,' >> "$record"
+}
