@@ -48,10 +48,11 @@ demo: $(STAMP)
 	PYTHON="$(abspath $(PYTHON))" bash tools/demo.sh
 
 # Both environments install side by side (the floor's download overlaps the
-# stack's), then the suites run one after the other.
+# stack's; a failed install stops here), then the suites run one after the
+# other.
 test:
 	@status=0; \
-	$(MAKE) --no-print-directory -j2 install install-floor || status=1; \
+	$(MAKE) --no-print-directory -j2 install install-floor || exit 1; \
 	$(MAKE) --no-print-directory test-stack || status=1; \
 	$(MAKE) --no-print-directory test-floor || status=1; \
 	exit $$status

@@ -104,6 +104,7 @@ check_disk() {
 # that pip is configured with cannot be reached.
 check_registry() {
     local tag="$1" py="$2"
+    mkdir -p "$MMSOFT_INSTALL_LOGS"
     if ! "$py" - <<'PY' 2>"$MMSOFT_INSTALL_LOGS/$tag-registry.log"; then
 import os
 import ssl
