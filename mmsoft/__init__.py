@@ -9,7 +9,11 @@ the whole process, through :func:`~mmsoft.checkpoint.allow_mmengine_checkpoint_g
 """
 from .models import *  # noqa: F401,F403
 from .checkpoint.safe_load import allow_mmengine_checkpoint_globals
+from .utils.torch_compat import warn_if_untested_torch
 from .version import __version__
+
+# Once per process: Python shows a warning from this line once.
+warn_if_untested_torch()
 
 # mmengine checkpoints (message hub, numpy scalars) load with torch.load's
 # default weights_only=True once their few globals are allow-listed.

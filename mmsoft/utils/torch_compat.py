@@ -1,7 +1,9 @@
 """The torch APIs mmsoft uses that are newer than its oldest supported torch.
 
-mmsoft supports torch 2.1 to 2.14 (``SUPPORTED_TORCH`` below: the two ends
-the test suite runs on). Every API that appeared inside that range is
+mmsoft is tested on torch 2.1 to 2.14 (``SUPPORTED_TORCH`` below: the two
+ends the test suite runs on). Its requirements set no ceiling, so that
+installing it never swaps a user's torch; on a torch outside the tested range,
+``import mmsoft`` warns once (:func:`warn_if_untested_torch`). Every API that appeared inside that range is
 detected here, once, and everything else in the package calls these
 functions instead of the API itself:
 
@@ -19,12 +21,20 @@ by default, ``(obj, name)`` entries
 ``torch.onnx.export(dynamo=...)``      2.5      the TorchScript exporter is the
                                                 only one and takes no argument
 =====================================  =======  ==================================
+
+One torch bug is detected here too, by running the operation once at import
+(:data:`GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT`): torch 2.1's CPU kernel of
+the exact GELU's backward reads a gradient laid out unlike GELU's input
+(e.g. transposed) with the input's strides, and returns wrong values in
+float32 and NaN in bfloat16.
 """
 import importlib
 import inspect
+import warnings
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 #: Oldest and newest torch (major, minor) that the test suite runs on.
 SUPPORTED_TORCH = ((2, 1), (2, 14))
@@ -44,6 +54,33 @@ def torch_version(version: Optional[str] = None) -> Tuple[int, int]:
 
 
 TORCH_VERSION = torch_version()
+
+
+class UntestedTorchWarning(UserWarning):
+    """The installed torch lies outside the range mmsoft is tested on."""
+
+
+def warn_if_untested_torch(version: Optional[str] = None) -> bool:
+    """Warns when ``version`` (default: the installed torch) lies outside
+    :data:`SUPPORTED_TORCH`.
+
+    Args:
+        version (str, optional): A torch version string.
+
+    Returns:
+        bool: Whether it warned.
+    """
+    floor, ceiling = SUPPORTED_TORCH
+    found = torch_version(version)
+    if floor <= found <= ceiling:
+        return False
+    warnings.warn(
+        f'mmsoft is tested on torch {floor[0]}.{floor[1]} to '
+        f'{ceiling[0]}.{ceiling[1]}; the installed torch is '
+        f'{version or torch.__version__}. It may work; if something fails, '
+        'a torch in the tested range is the first thing to try.',
+        UntestedTorchWarning, stacklevel=2)
+    return True
 
 
 def is_compiling() -> bool:
@@ -110,3 +147,21 @@ def onnx_export_takes_dynamo() -> bool:
     """Whether ``torch.onnx.export`` has the ``dynamo`` argument (torch >=
     2.5; before, its TorchScript exporter is the only one)."""
     return 'dynamo' in inspect.signature(torch.onnx.export).parameters
+
+
+def _gelu_backward_ignores_gradient_strides() -> bool:
+    """Whether the exact GELU's backward on the CPU gives a transposed
+    gradient a different result than the same gradient made contiguous."""
+    with torch.enable_grad():
+        inputs = torch.linspace(-3, 3, 2 * 8 * 16).view(2, 8, 16).requires_grad_()
+        gradient = torch.linspace(1, 2, 2 * 16 * 8).view(2, 16, 8).transpose(1, 2)
+        (strided,) = torch.autograd.grad(F.gelu(inputs), inputs, gradient)
+        (contiguous,) = torch.autograd.grad(F.gelu(inputs), inputs,
+                                            gradient.contiguous())
+    return not torch.allclose(strided, contiguous)
+
+
+#: Whether mmsoft's GELU (:mod:`mmsoft.models.layers.shared.gelu`) hands its
+#: backward a contiguous gradient: True where torch's kernel gets a strided
+#: one wrong (torch 2.1 on x86 CPUs).
+GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT = _gelu_backward_ignores_gradient_strides()

@@ -9,6 +9,7 @@ from ...utils import (check_divisible, check_mlp_ratio, check_out_indices,
                       check_positive_int, check_rate, resolve_arch)
 from ..layers import (ConvPatchEmbed, FeaturePyramidAdapter,
                       FourierPositionEncoding, UFOBlock, init_transformer_weights)
+from ..layers.shared.gelu import GELU
 from ..layers.shared.valid_region import ValidShapes
 from .base import MultiStageBackbone, tokens_to_map
 
@@ -136,7 +137,7 @@ class UFOViT(MultiStageBackbone):
 
         self.patch_embed = ConvPatchEmbed(
             [in_channels, dims // 8, dims // 4, dims // 2, dims], STEM_STRIDES,
-            act_layer=nn.GELU, last_act=False)
+            act_layer=GELU, last_act=False)
         self.pos_embed = FourierPositionEncoding(dims, settings['pos_hidden_dims'])
         self.pos_drop = nn.Dropout(drop_rate)
         drop_path_rates = torch.linspace(0, drop_path_rate, depth).tolist()

@@ -38,7 +38,7 @@ class ConvPatchEmbed(MemoryEfficient, nn.Module):
     the reference checkpoints (``proj.0``, ``proj.1``, ``proj.3``, ...).
 
     UFO-ViT's stem (``channels=[C_in, C/8, C/4, C/2, C]``, four stride-2
-    layers, ``act_layer=nn.GELU``, ``last_act=False``) computes XCiT's
+    layers, ``act_layer=GELU``, ``last_act=False``) computes XCiT's
     ``ConvPatchEmbed`` (timm ``xcit.py``, patch 16; three layers for
     patch 8), odd sizes included, with two deliberate differences
     (``tests/test_ufo_vit_vs_xcit.py``):

@@ -7,6 +7,7 @@ import torch.nn as nn
 from ....utils import check_out_indices, check_positive_int
 from ...memory_efficient.norm_act_conv import fused_conv_stack
 from ...memory_efficient.switch import MemoryEfficient
+from .gelu import GELU
 from .valid_region import ValidShapes, mask_map, scaled_shapes, strided_shapes
 
 NUM_SCALES = 4
@@ -50,7 +51,7 @@ class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
         if scale == 0:
             return nn.Sequential(
                 nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2),
-                nn.BatchNorm2d(dims), nn.GELU(),
+                nn.BatchNorm2d(dims), GELU(),
                 nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2))
         if scale == 1:
             return nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2)

@@ -6,6 +6,7 @@ import torch.nn as nn
 
 from ...memory_efficient.recomputed_mlp import recomputed_mlp
 from ...memory_efficient.switch import MemoryEfficient
+from .gelu import GELU
 
 
 class TanhGELU(nn.GELU):
@@ -27,7 +28,7 @@ class MLP(MemoryEfficient, nn.Module):
     Args:
         in_dims (int): Input and output width.
         hidden_dims (int): Hidden width.
-        act_layer (type): Activation class. Default: ``nn.GELU``.
+        act_layer (type): Activation class. Default: :class:`.gelu.GELU`.
         drop (float): Dropout after the activation and the output. Default: 0.
         keep_hidden (bool): On the memory-efficient path, keep ``fc1``'s
             output for backward (True) or recompute it from the input as
@@ -36,7 +37,7 @@ class MLP(MemoryEfficient, nn.Module):
     """
 
     def __init__(self, in_dims: int, hidden_dims: int,
-                 act_layer: type = nn.GELU, drop: Optional[float] = 0.,
+                 act_layer: type = GELU, drop: Optional[float] = 0.,
                  keep_hidden: bool = True):
         super().__init__()
         self.keep_hidden = keep_hidden

@@ -37,6 +37,7 @@ from ...memory_efficient.kernel_attention import (
     symmetric_scale)
 from ...memory_efficient.switch import MemoryEfficient, records_gradient
 from ..shared.attention_heads import merge_heads, split_heads
+from ..shared.gelu import gelu
 from ..shared.precision import full_precision
 from ..shared.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
                                    tokens_of_region)
@@ -223,7 +224,7 @@ class SoftAttention(BaseModule, MemoryEfficient):
         grid = self.cap_bottleneck_grid(grid, self.max_bottleneck_tokens)  # h'w' <= cap
         bottleneck = grid.reshape(batch, self.num_heads, self.head_dims, -1)
         bottleneck = bottleneck.transpose(-1, -2) * scale  # (B, h, m, d)
-        return F.gelu(self.bottleneck_norm(bottleneck))  # L: (B, h, m, d)
+        return gelu(self.bottleneck_norm(bottleneck))  # L: (B, h, m, d)
 
     def global_term(self, query_map: torch.Tensor,
                     values: torch.Tensor) -> torch.Tensor:

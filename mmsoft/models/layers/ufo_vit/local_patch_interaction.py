@@ -7,6 +7,7 @@ import torch.nn as nn
 from ....utils import check_positive_int
 from ...memory_efficient.recompute import recomputed_local_mixing
 from ...memory_efficient.switch import MemoryEfficient
+from ..shared.gelu import GELU
 from ..shared.valid_region import ValidShapes, mask_map
 
 
@@ -33,11 +34,11 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
         embed_dims (int): Token width C.
         kernel_size (int): Odd kernel size of both depth-wise convolutions.
             Default: 3.
-        act_layer (type): Activation class. Default: ``nn.GELU``.
+        act_layer (type): Activation class. Default: :class:`~mmsoft.models.layers.shared.gelu.GELU`.
     """
 
     def __init__(self, embed_dims: int, kernel_size: int = 3,
-                 act_layer: type = nn.GELU):
+                 act_layer: type = GELU):
         super().__init__()
         check_positive_int('embed_dims', embed_dims)
         check_positive_int('kernel_size', kernel_size)

@@ -8,6 +8,7 @@ from mmcv.cnn.bricks import DropPath
 from ...memory_efficient.layer_scale import ufo_block_with_folded_scales
 from ...memory_efficient.switch import MemoryEfficient
 from ...tracing import is_tracing
+from ..shared.gelu import GELU
 from ..shared.layer_norm import LayerNormSavingOutput
 from ..shared.mlp import MLP
 from ..shared.valid_region import ValidShapes, valid_mask
@@ -77,7 +78,7 @@ class UFOBlock(MemoryEfficient, nn.Module):
         self.lpi = LocalPatchInteraction(embed_dims, lpi_kernel_size)
         self.gamma2 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
         self.norm3 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
-        self.ffn = MLP(embed_dims, int(embed_dims * mlp_ratio), nn.GELU, drop)
+        self.ffn = MLP(embed_dims, int(embed_dims * mlp_ratio), GELU, drop)
         self.gamma3 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
