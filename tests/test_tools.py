@@ -32,6 +32,7 @@ DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')
 SEG_CONFIG = osp.join(REPO, 'configs/demo/upernet_soft-tiny_demo.py')
 TRAIN = osp.join(REPO, 'tools/train.py')
 TEST = osp.join(REPO, 'tools/test.py')
+CHECK_METRIC = osp.join(REPO, 'tools/analysis/check_metric.py')
 SIZE = 96
 
 
@@ -151,6 +152,19 @@ def test_test_tool_reports_coco_metrics(trained, small_coco, tmp_path):
         predictions[0]['pred_instances'])
     assert len(glob.glob(osp.join(show_dir, '*.png'))) == 4
     assert f'painted predictions: {show_dir}' in output
+    # make demo's last step reads that evaluation back.
+    bbox_map = float(table['coco/bbox_mAP'])
+    passed = check(run([sys.executable, CHECK_METRIC, str(tmp_path), 'coco/bbox_mAP',
+                        str(bbox_map)]))
+    assert f'coco/bbox_mAP = {bbox_map:.3f}' in passed
+    above = run([sys.executable, CHECK_METRIC, str(tmp_path), 'coco/bbox_mAP',
+                 str(bbox_map + 0.01)])
+    assert above.returncode == 1 and 'below the expected minimum' in above.stderr
+    missing = run([sys.executable, CHECK_METRIC, str(tmp_path), 'coco/mIoU', '0'])
+    assert missing.returncode == 1 and "metric='coco/mIoU'" in missing.stderr
+    empty = run([sys.executable, CHECK_METRIC, str(tmp_path / 'painted'),
+                 'coco/bbox_mAP', '0'])
+    assert empty.returncode == 1 and 'holds no evaluation' in empty.stderr
 
 
 @pytest.fixture(scope='module')

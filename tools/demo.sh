@@ -9,6 +9,9 @@
 #   WORK_DIR  logs and checkpoints (work_dirs/<config name>)
 #   SHOW_DIR  painted predictions (outputs/<config name>/predictions)
 #   SEED      data generator seed (0)
+#   TRAIN_SEED  training seed (the config's: 0)
+#   MIN_BBOX_MAP  the bbox mAP below which the demo reports a failure
+#             (0.25: under every seed's result measured, see the README)
 #   PYTHON    interpreter (the checkout's .venv/bin/python when it exists,
 #             else python; see tools/_python.sh)
 set -euo pipefail
@@ -20,22 +23,30 @@ NAME=$(basename "$CONFIG" .py)
 WORK_DIR=${WORK_DIR:-work_dirs/$NAME}
 SHOW_DIR=${SHOW_DIR:-outputs/$NAME/predictions}
 SEED=${SEED:-0}
+TRAIN_SEED=${TRAIN_SEED:-}
+MIN_BBOX_MAP=${MIN_BBOX_MAP:-0.25}
+SEED_OPTIONS=()
+if [ -n "$TRAIN_SEED" ]; then
+    SEED_OPTIONS=(--cfg-options "randomness.seed=$TRAIN_SEED")
+fi
 
 step() { printf '\n==> %s\n' "$*"; }
 
-step "[1/3] generating the COCO-format shapes dataset (data/demo_coco/, seed $SEED)"
+step "[1/4] generating the COCO-format shapes dataset (data/demo_coco/, seed $SEED)"
 "$PYTHON" tools/generate_demo_data.py coco --seed "$SEED"
 
-step "[2/3] training $CONFIG (logs and checkpoints in $WORK_DIR)"
+step "[2/4] training $CONFIG (logs and checkpoints in $WORK_DIR)"
 start=$(date +%s)
-"$PYTHON" tools/train.py "$CONFIG" --work-dir "$WORK_DIR"
+"$PYTHON" tools/train.py "$CONFIG" --work-dir "$WORK_DIR" ${SEED_OPTIONS[@]+"${SEED_OPTIONS[@]}"}
 echo "training took $(( $(date +%s) - start )) s"
 
 CHECKPOINT=$(cat "$WORK_DIR/last_checkpoint")
-step "[3/3] evaluating $CHECKPOINT with CocoMetric and painting predictions"
+step "[3/4] evaluating $CHECKPOINT with CocoMetric and painting predictions"
 rm -rf "$SHOW_DIR"
 "$PYTHON" tools/test.py "$CONFIG" "$CHECKPOINT" --work-dir "$WORK_DIR" \
     --show-dir "$SHOW_DIR"
 
 count=$(find "$SHOW_DIR" -name '*.png' -o -name '*.jpg' | wc -l)
+step "[4/4] checking the result: bbox mAP at least $MIN_BBOX_MAP"
+"$PYTHON" tools/analysis/check_metric.py "$WORK_DIR" coco/bbox_mAP "$MIN_BBOX_MAP"
 step "done: $count painted validation images in $(cd "$SHOW_DIR" && pwd)"

@@ -65,14 +65,15 @@ def scaled_shapes(valid_shapes: ValidShapes, factor: int) -> ValidShapes:
 
 def valid_mask(valid_shapes: ValidShapes, hw_shape: Sequence[int],
                device=None) -> torch.Tensor:
-    """True inside each image's region of an (H, W) grid: (B, H, W) bool."""
-    rows = torch.arange(hw_shape[0], device=device)
-    cols = torch.arange(hw_shape[1], device=device)
-    heights = torch.tensor([h for h, _ in valid_shapes], device=device)
-    widths = torch.tensor([w for _, w in valid_shapes], device=device)
-    inside_rows = rows[None, :] < heights[:, None]  # (B, H)
-    inside_cols = cols[None, :] < widths[:, None]  # (B, W)
-    return inside_rows[:, :, None] & inside_cols[:, None, :]
+    """True inside each image's region of an (H, W) grid: (B, H, W) bool.
+
+    Made on ``device`` from comparisons with the Python sizes: no tensor is
+    copied from the host (a blocking copy on CUDA).
+    """
+    rows = torch.arange(hw_shape[0], device=device)  # (H, )
+    cols = torch.arange(hw_shape[1], device=device)  # (W, )
+    return torch.stack([(rows < height)[:, None] & (cols < width)[None, :]
+                        for height, width in valid_shapes])  # (B, H, W)
 
 
 def mask_map(feature_map: torch.Tensor, valid_shapes: Optional[ValidShapes],

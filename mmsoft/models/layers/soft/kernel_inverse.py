@@ -162,15 +162,13 @@ def pseudo_inverse_newton_scale(mat: torch.Tensor,
     eye = _eye_like(mat)
     square = mat @ mat  # (B, ..., m, m)
     alpha = 2 / _per_image_max(mat.sum(-1)).pow(2)  # (B, 1, ..., 1)
+    # Every round runs: once an image's residual is small enough its alpha
+    # stays put, and deciding to stop early would read the values on the
+    # host (a device sync).
     for _ in range(max_halvings):
         residual = (eye - alpha * square).abs().sum(-2)  # (B, ..., m)
         too_large = _per_image_max(residual) > 1.01  # (B, 1, ..., 1)
         alpha = torch.where(too_large, alpha * 0.5, alpha)
-        # Once an image's residual is small enough its alpha stays put, so
-        # further rounds change nothing: stop early in eager mode, run them
-        # all where data-dependent control flow cannot be traced.
-        if not is_tracing() and not bool(too_large.any()):
-            break
     return alpha
 
 

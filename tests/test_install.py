@@ -1,0 +1,214 @@
+"""The installers: locks that pin every requirement, the mmcv wheel cache's
+key, and errors a person can act on.
+
+The installs themselves run on every CI run (``make test`` starts with
+them, the steps before mmcv's compile with an empty pip cache); these tests
+check what those runs cannot show: that the locks match the human-edited
+requirements, that the wheel cache's key moves with what changes the wheel,
+and what the installer says when a step fails.
+"""
+import os
+import os.path as osp
+import re
+import shutil
+import subprocess
+import sys
+from typing import Dict, List
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+REQUIREMENTS = osp.join(REPO, 'requirements')
+#: Each lock and the human-edited files it is written from (tools/lock.sh).
+LOCKS = {
+    'stack.txt': ['pip.txt', 'build.txt', 'runtime.txt', 'tests.txt', 'deploy.txt',
+                  'mim.txt'],
+    'mmcv.txt': ['mmcv.txt'],
+    'floor.txt': ['pip.txt', 'floor.txt'],
+    'floor-nodeps.txt': ['floor-nodeps.txt'],
+}
+
+
+def requirements_of(path: str) -> List[Requirement]:
+    """The requirements of a human-edited file."""
+    with open(path) as file:
+        lines = [line.split('#')[0].strip() for line in file]
+    return [Requirement(line) for line in lines if line]
+
+
+def lock_entries(path: str) -> Dict[str, dict]:
+    """``{name: {'version': ..., 'hashes': [...]}}`` of a lock file."""
+    with open(path) as file:
+        text = file.read().replace('\\\n', ' ')
+    entries = {}
+    for line in text.splitlines():
+        match = re.match(r'^([A-Za-z0-9._-]+)==(\S+)(.*)$', line)
+        if match:
+            entries[canonicalize_name(match[1])] = dict(
+                version=match[2], hashes=re.findall(r'--hash=sha256:[0-9a-f]{64}',
+                                                    match[3]))
+    return entries
+
+
+@pytest.mark.parametrize('lock', list(LOCKS))
+def test_lock_pins_every_requirement_with_hashes(lock):
+    entries = lock_entries(osp.join(REQUIREMENTS, 'locks', lock))
+    assert entries
+    assert all(entry['hashes'] for entry in entries.values()), lock
+    for source in LOCKS[lock]:
+        for requirement in requirements_of(osp.join(REQUIREMENTS, source)):
+            name = canonicalize_name(requirement.name)
+            assert name in entries, f'{lock} lacks {name} ({source}): run make lock'
+            assert requirement.specifier.contains(entries[name]['version'],
+                                                  prereleases=True), (
+                f'{lock} pins {name}=={entries[name]["version"]}, {source} asks '
+                f'{requirement}: run make lock')
+
+
+def test_stack_lock_leaves_mmcv_to_its_build():
+    """mmcv comes from tools/build_mmcv_wheel.sh (its sdist pinned in
+    locks/mmcv.txt), never from the stack's lock."""
+    assert 'mmcv' not in lock_entries(osp.join(REQUIREMENTS, 'locks', 'stack.txt'))
+    assert list(lock_entries(osp.join(REQUIREMENTS, 'locks', 'mmcv.txt'))) == ['mmcv']
+
+
+def test_build_tools_are_the_locked_ones():
+    """The build constraints (the lock tool's isolated build) name the
+    setuptools and wheel that both environments install."""
+    constraints = {canonicalize_name(r.name): r for r in
+                   requirements_of(osp.join(REQUIREMENTS, 'build-constraints.txt'))}
+    assert set(constraints) == {'setuptools', 'wheel'}
+    for lock in ('stack.txt', 'floor.txt'):
+        entries = lock_entries(osp.join(REQUIREMENTS, 'locks', lock))
+        for name, requirement in constraints.items():
+            assert str(requirement.specifier) == f'=={entries[name]["version"]}'
+
+
+# --------------------------------------------------------------------------
+# The mmcv wheel cache's key
+# --------------------------------------------------------------------------
+def wheel_key(repo: str, **settings) -> str:
+    env = {key: value for key, value in os.environ.items()
+           if key not in ('CC', 'CXX', 'CFLAGS', 'CXXFLAGS', 'LDFLAGS',
+                          'TORCH_CUDA_ARCH_LIST', 'FORCE_CUDA', 'CUDA_HOME')}
+    env.update(settings)
+    done = subprocess.run(['bash', osp.join(repo, 'tools', 'build_mmcv_wheel.sh'),
+                           'key', sys.executable], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope='module')
+def repo_copy(tmp_path_factory):
+    """The files the key is made of, in a scratch checkout."""
+    root = tmp_path_factory.mktemp('repo')
+    shutil.copytree(osp.join(REPO, 'tools'), root / 'tools',
+                    ignore=shutil.ignore_patterns('__pycache__'))
+    (root / 'requirements' / 'locks').mkdir(parents=True)
+    shutil.copy(osp.join(REQUIREMENTS, 'locks', 'mmcv.txt'),
+                root / 'requirements' / 'locks')
+    return str(root)
+
+
+def test_wheel_key_names_mmcv_and_torch_and_is_stable(repo_copy):
+    import torch
+    key = wheel_key(repo_copy)
+    version = lock_entries(osp.join(REQUIREMENTS, 'locks', 'mmcv.txt'))['mmcv']['version']
+    assert re.fullmatch(rf'mmcv-{re.escape(version)}-torch-'
+                        rf'{re.escape(torch.__version__)}-[0-9a-f]{{16}}', key)
+    assert wheel_key(repo_copy) == key
+    assert wheel_key(REPO) == key  # the scratch copy holds all it depends on
+
+
+def test_wheel_key_changes_with_build_settings(repo_copy):
+    key = wheel_key(repo_copy)
+    changed = {wheel_key(repo_copy, **{name: value}) for name, value in [
+        ('CXXFLAGS', '-O1'), ('TORCH_CUDA_ARCH_LIST', '9.0'), ('FORCE_CUDA', '1'),
+        ('CXX', 'g++')]}
+    assert key not in changed and len(changed) == 4
+
+
+def test_wheel_key_changes_with_the_build_script_and_the_sdist(repo_copy, tmp_path):
+    key = wheel_key(repo_copy)
+    edited = str(tmp_path / 'edited')
+    shutil.copytree(repo_copy, edited)
+    with open(osp.join(edited, 'tools', 'build_mmcv_wheel.sh'), 'a') as file:
+        file.write('\n# another build step\n')
+    assert wheel_key(edited) != key
+    relocked = str(tmp_path / 'relocked')
+    shutil.copytree(repo_copy, relocked)
+    lock = osp.join(relocked, 'requirements', 'locks', 'mmcv.txt')
+    with open(lock) as file:
+        text = file.read()
+    with open(lock, 'w') as file:
+        file.write(re.sub(r'sha256:[0-9a-f]{64}', 'sha256:' + '0' * 64, text))
+    assert wheel_key(relocked) != key
+
+
+# --------------------------------------------------------------------------
+# What the installer says
+# --------------------------------------------------------------------------
+def run_installer_function(snippet: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    """``snippet`` in bash after sourcing tools/install_common.sh, with the
+    logs in ``tmp_path``."""
+    environment = dict(os.environ, MMSOFT_INSTALL_LOGS=str(tmp_path / 'logs'), **env)
+    return subprocess.run(
+        ['bash', '-c', f'set -euo pipefail; source tools/install_common.sh; {snippet}'],
+        cwd=REPO, env=environment, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize('output, hint', [
+    ('WARNING: Retrying ... NewConnectionError: Temporary failure in name resolution',
+     'the package registry could not be reached'),
+    ('OSError: [Errno 28] No space left on device', 'the disk ran full'),
+    ('ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.',
+     'does not match the hash in requirements/locks/'),
+    ("ModuleNotFoundError: No module named 'pkg_resources'",
+     'requirements/build-constraints.txt'),
+    ('ERROR: No matching distribution found for torch==2.14.1',
+     'CPython 3.11 on x86-64 Linux'),
+    ('something else went wrong', 'read the log above'),
+])
+def test_failed_step_names_the_step_package_log_and_what_to_try(output, hint, tmp_path):
+    done = run_installer_function(
+        "run_step install 'installing the locked stack' torch "
+        "sh -c 'echo \"$STEP_OUTPUT\" >&2; exit 3'; echo not reached", tmp_path,
+        STEP_OUTPUT=output)
+    assert done.returncode == 1 and 'not reached' not in done.stdout
+    assert '[install] FAILED: installing the locked stack' in done.stderr
+    assert '[install]   package: torch' in done.stderr
+    log = re.search(r'log: +(\S+\.log)', done.stderr)[1]
+    assert osp.isfile(log) and output in open(log).read()
+    assert output in done.stderr  # the log's end
+    assert hint in done.stderr
+
+
+def test_successful_step_says_how_long_it_took(tmp_path):
+    done = run_installer_function("run_step install 'a step' pkg true", tmp_path)
+    assert done.returncode == 0
+    assert re.search(r'\[install\] a step \(log: .+\)\n\[install\]   done in \d+ s',
+                     done.stdout)
+
+
+def test_short_disk_space_stops_before_downloading(tmp_path):
+    done = run_installer_function(
+        f'check_disk install 100000 5 {tmp_path}/venv; echo not reached', tmp_path)
+    assert done.returncode == 1 and 'not reached' not in done.stdout
+    assert 'not enough free disk space' in done.stderr
+    assert re.search(r'needed: +\d+ GiB', done.stderr)
+    assert re.search(r'free: +\d+ GiB', done.stderr)
+    assert run_installer_function(f'check_disk install 0 0 {tmp_path}/venv',
+                                  tmp_path).returncode == 0
+
+
+def test_unreachable_registry_is_named(tmp_path):
+    """An index on a closed loopback port: the installer says so at once."""
+    done = run_installer_function(
+        f'check_registry install {sys.executable}; echo not reached', tmp_path,
+        PIP_INDEX_URL='http://127.0.0.1:9/simple')
+    assert done.returncode == 1 and 'not reached' not in done.stdout
+    assert '[install] the package registry cannot be reached' in done.stderr
+    assert 'http://127.0.0.1:9/simple' in done.stderr

@@ -1,0 +1,65 @@
+"""Check the newest evaluation of a work directory against a floor.
+
+``tools/test.py`` (mmengine's Runner) writes each evaluation's metrics to
+``WORK_DIR/<timestamp>/<timestamp>.json``. This reads the newest one and
+exits with status 1, saying so, when ``METRIC`` is missing or below
+``MINIMUM``; ``make demo`` ends with it::
+
+    python tools/analysis/check_metric.py WORK_DIR METRIC MINIMUM
+
+e.g. ``python tools/analysis/check_metric.py work_dirs/mask-rcnn_soft-tiny_fpn_demo
+coco/bbox_mAP 0.25``.
+"""
+import argparse
+import glob
+import json
+import os.path as osp
+import sys
+from typing import List, Optional, Tuple
+
+
+def newest_metrics(work_dir: str) -> Tuple[str, dict]:
+    """The newest ``<timestamp>/<timestamp>.json`` of ``work_dir`` and its
+    metrics.
+
+    Raises:
+        FileNotFoundError: ``work_dir`` holds no evaluation.
+    """
+    paths = [path for path in glob.glob(osp.join(work_dir, '*', '*.json'))
+             if osp.basename(path) == osp.basename(osp.dirname(path)) + '.json']
+    if not paths:
+        raise FileNotFoundError(
+            f'work_dir={work_dir!r} holds no evaluation '
+            '(<timestamp>/<timestamp>.json, written by tools/test.py)')
+    path = max(paths, key=osp.basename)  # timestamps sort as text
+    with open(path) as file:
+        return path, json.load(file)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        description='Check the newest evaluation of a work directory.')
+    parser.add_argument('work_dir', help='the work directory of tools/test.py')
+    parser.add_argument('metric', help="a metric's name, e.g. coco/bbox_mAP")
+    parser.add_argument('minimum', type=float, help='the lowest value that passes')
+    args = parser.parse_args(argv)
+    try:
+        path, metrics = newest_metrics(args.work_dir)
+    except FileNotFoundError as error:
+        print(f'check_metric: {error}', file=sys.stderr)
+        return 1
+    if args.metric not in metrics:
+        print(f'check_metric: {path} has no metric={args.metric!r}; it has: '
+              f'{", ".join(sorted(metrics))}', file=sys.stderr)
+        return 1
+    value = float(metrics[args.metric])
+    if value < args.minimum:
+        print(f'check_metric: {args.metric} = {value:.3f} is below the expected '
+              f'minimum {args.minimum} ({path})', file=sys.stderr)
+        return 1
+    print(f'{args.metric} = {value:.3f} (at least {args.minimum}: ok; {path})')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
