@@ -399,6 +399,64 @@ def test_norm_eval_and_with_cp():
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
+def _batch_norms(model):
+    return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+@pytest.mark.parametrize('memory_efficient', [True, False])
+def test_with_cp_updates_running_statistics_once(memory_efficient):
+    """with_cp and norm_eval=False: every BatchNorm's running statistics and
+    batch count after one step equal those without checkpoints (the block's
+    rerun in backward updates none of them)."""
+    torch.manual_seed(8)
+    plain = UFOViT(arch=MINI_ARCH, norm_eval=False, drop_path_rate=0.,
+                   memory_efficient=memory_efficient).train()
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.with_cp = True
+    x = torch.randn(2, 3, 48, 64)
+    for net in (plain, checkpointed):
+        sum((out**2).mean() for out in net(x, [(48, 64), (40, 48)])).backward()
+    lpi_norms = {id(block.lpi.bn) for block in plain.blocks}
+    checked = 0
+    for norm, norm_cp in zip(_batch_norms(plain), _batch_norms(checkpointed)):
+        assert int(norm_cp.num_batches_tracked) == int(norm.num_batches_tracked) == 1
+        torch.testing.assert_close(norm_cp.running_mean, norm.running_mean)
+        torch.testing.assert_close(norm_cp.running_var, norm.running_var)
+        checked += id(norm) in lpi_norms
+    assert checked == len(plain.blocks)
+    for param, param_cp in zip(plain.parameters(), checkpointed.parameters()):
+        if param.grad is not None:
+            torch.testing.assert_close(param_cp.grad, param.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_sync_batch_norm_is_never_recomputed_as_a_plain_one():
+    """mmengine's sync_bn='torch' converts every BatchNorm into a
+    SyncBatchNorm (torch's convert_sync_batchnorm): the local patch
+    interactions then keep autograd's path, the stem and pyramid fuse none of
+    their norms, and with_cp's rerun runs each SyncBatchNorm module itself
+    (without a process group it normalises as a BatchNorm, so the gradients
+    equal the unconverted model's)."""
+    from mmsoft.models.memory_efficient.recompute import recomputes_locally
+    torch.manual_seed(8)
+    model = UFOViT(arch=MINI_ARCH, norm_eval=False, drop_path_rate=0.).train()
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
+    assert converted.patch_embed.proj[1].__class__ is torch.nn.SyncBatchNorm
+    grid = torch.randn(2, MINI_ARCH['embed_dims'], 6, 8, requires_grad=True)
+    assert model.blocks[0].lpi.recomputes(grid)
+    assert not converted.blocks[0].lpi.recomputes(grid)
+    assert not any(recomputes_locally(norm) for norm in _batch_norms(converted))
+    converted.with_cp = True
+    x = torch.randn(2, 3, 48, 64)
+    for net in (model, converted):
+        sum((out**2).mean() for out in net(x)).backward()
+    for norm, synced in zip(_batch_norms(model), _batch_norms(converted)):
+        assert isinstance(synced, torch.nn.SyncBatchNorm)
+        assert int(synced.num_batches_tracked) == 1
+        torch.testing.assert_close(synced.running_mean, norm.running_mean)
+    for param, synced in zip(model.parameters(), converted.parameters()):
+        torch.testing.assert_close(synced.grad, param.grad, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.mmcv_ops  # imports mmdet.models/mmseg.models
 def test_registered_in_root_and_downstream_registries():
     from mmdet.registry import MODELS as DET_MODELS

@@ -3,7 +3,6 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -11,6 +10,7 @@ from ...utils import check_frozen_stages, check_image_batch
 from ..layers.shared.mlp import MLP
 from ..layers.shared.valid_region import ValidShapes, check_valid_shapes
 from ..memory_efficient import set_memory_efficient
+from ..memory_efficient.recompute import recomputed
 from ..valid_region_record import registered_valid_shapes
 
 
@@ -189,9 +189,10 @@ class MultiStageBackbone(BaseModule):
         raise NotImplementedError
 
     def run_block(self, block: nn.Module, x: torch.Tensor, *args) -> torch.Tensor:
-        """Runs ``block(x, *args)``, checkpointed when ``with_cp`` and training."""
+        """Runs ``block(x, *args)``, checkpointed when ``with_cp`` and training
+        (its rerun in backward updates no BatchNorm statistics)."""
         if self.with_cp and self.training and x.requires_grad:
-            return cp.checkpoint(block, x, *args, use_reentrant=False)
+            return recomputed(block, x, *args)
         return block(x, *args)
 
     def freeze_stages(self) -> None:

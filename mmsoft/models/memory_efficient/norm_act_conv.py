@@ -35,6 +35,7 @@ from ..layers.shared.precision import (AUTOCAST_CASTABLE, apply_without_autocast
                                        cast_floating, full_precision)
 from ..layers.shared.valid_region import (ValidShapes, mask_map, strided_shapes,
                                           valid_mask)
+from .recompute import recomputes_locally
 
 CONVOLUTIONS = (nn.Conv2d, nn.ConvTranspose2d)
 
@@ -162,7 +163,7 @@ def fusable(layers: Sequence[nn.Module], index: int) -> bool:
     """Whether ``layers[index:]`` starts with a plain BatchNorm2d and an
     activation without parameters (SyncBatchNorm and others are not:
     their statistics cannot be recomputed locally)."""
-    return (index + 1 < len(layers) and type(layers[index]) is nn.BatchNorm2d
+    return (index + 1 < len(layers) and recomputes_locally(layers[index])
             and not isinstance(layers[index + 1], (nn.BatchNorm2d, *CONVOLUTIONS))
             and not any(True for _ in layers[index + 1].parameters()))
 

@@ -10,26 +10,59 @@ function again to rebuild them. Two of UFO-ViT's layers run that way:
 * The local patch interaction (:func:`recomputed_local_mixing`): its
   ``DWConv -> act -> BatchNorm -> DWConv`` keeps only its input grid;
   backward recomputes the three intermediate maps (all depth-wise, hence
-  cheap). A BatchNorm in training updates its running statistics at every
-  call, so the recomputation is told from the forward pass
-  (:class:`FirstPassFlag`): it normalises with the same batch statistics
-  (:func:`batch_norm_without_update`) and updates nothing.
+  cheap).
+
+The backbones' ``with_cp`` checkpoints whole blocks the same way
+(:func:`recomputed`). A BatchNorm in training updates its running statistics
+at every call, so every rerun is told from the forward pass
+(:func:`is_recomputing`, also inside a block that an outer checkpoint
+reruns): there a BatchNorm normalises with the same batch statistics and
+updates nothing (:func:`batch_norm_once`). The running statistics then move
+once per step, as without checkpoints.
 """
+import threading
+from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ..layers.shared.valid_region import ValidShapes
 
+_STATE = threading.local()
+
+
+def is_recomputing() -> bool:
+    """Whether a function checkpointed by :func:`recomputed` is being run
+    again by backward (at any depth of nested checkpoints)."""
+    return getattr(_STATE, 'recomputing', False)
+
+
+@contextmanager
+def _recomputing(rerun: bool) -> Iterator[None]:
+    outer = is_recomputing()
+    _STATE.recomputing = outer or rerun
+    try:
+        yield
+    finally:
+        _STATE.recomputing = outer
+
 
 def recomputed(function: Callable, *args):
     """``function(*args)`` keeping only ``args`` for backward, which runs
-    ``function`` again (``function`` must not update any state)."""
-    return checkpoint(function, *args, use_reentrant=False)
+    ``function`` again; during that rerun :func:`is_recomputing` is True, and
+    ``function`` must update no state then."""
+    first_pass = FirstPassFlag()
+
+    def run(*inputs):
+        with _recomputing(not first_pass()):
+            return function(*inputs)
+
+    return checkpoint(run, *args, use_reentrant=False)
 
 
 class FirstPassFlag:
@@ -45,10 +78,10 @@ class FirstPassFlag:
         return first
 
 
-def batch_norm_without_update(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)`` computed again: in training, normalised with the batch
-    statistics and copies of the running ones, so those of ``norm`` are not
-    updated a second time; in eval mode ``norm(x)`` (which updates nothing).
+def batch_norm_without_update(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` computed again: the module itself (a SyncBatchNorm
+    included, with its synchronised batch statistics) run on copies of its
+    buffers, so that its running statistics are not updated a second time.
 
     Not :func:`~.norm_act_conv.normalise_like_forward`, which passes no
     running statistics in training: this saves for backward exactly the
@@ -56,8 +89,21 @@ def batch_norm_without_update(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Te
     """
     if not norm.training:
         return norm(x)
-    return F.batch_norm(x, norm.running_mean.clone(), norm.running_var.clone(),
-                        norm.weight, norm.bias, training=True, eps=norm.eps)
+    buffers = {name: buffer.clone() for name, buffer in norm.named_buffers()}
+    return functional_call(norm, buffers, (x, ))
+
+
+def batch_norm_once(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``norm``, or while a checkpoint reruns (:func:`is_recomputing`) its
+    rerun that updates no running statistics."""
+    return partial(batch_norm_without_update, norm) if is_recomputing() else norm
+
+
+def recomputes_locally(norm: nn.Module) -> bool:
+    """Whether a memory-saving function may recompute ``norm`` from its own
+    input alone: a plain BatchNorm2d (a SyncBatchNorm's statistics span the
+    processes, which mmengine's ``sync_bn`` converts every BatchNorm to)."""
+    return type(norm) is nn.BatchNorm2d
 
 
 def conv2d_with(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor,
@@ -89,11 +135,9 @@ def recomputed_local_mixing(lpi: nn.Module, grid: torch.Tensor,
         Tensor: Shape (B, C, H, W).
     """
     conv2_weight, conv2_bias = lpi.conv2.weight, lpi.conv2.bias
-    first_pass = FirstPassFlag()
 
     def mixing(grid: torch.Tensor) -> torch.Tensor:
-        norm = lpi.bn if first_pass() else partial(batch_norm_without_update, lpi.bn)
-        hidden = lpi.conv2_input(grid, valid_shapes, norm)  # (B, C, H, W)
+        hidden = lpi.conv2_input(grid, valid_shapes)  # (B, C, H, W)
         return conv2d_with(lpi.conv2, hidden, conv2_weight, conv2_bias)
 
     return recomputed(mixing, grid)

@@ -1,11 +1,12 @@
 """Local patch interaction: depth-wise convolutions on the token grid."""
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from ....utils import check_positive_int
-from ...memory_efficient.recompute import recomputed_local_mixing
+from ...memory_efficient.recompute import (batch_norm_once, recomputed_local_mixing,
+                                           recomputes_locally)
 from ...memory_efficient.switch import MemoryEfficient
 from ..shared.gelu import GELU
 from ..shared.valid_region import ValidShapes, mask_map
@@ -25,8 +26,9 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
     tokens) and the check that the kernel is odd (XCiT's padding ``k // 2``
     would change the grid size otherwise). See ``tests/test_ufo_vit_vs_xcit.py``.
 
-    Memory-efficient path (:meth:`saves_memory`): backward recomputes the
-    three intermediate maps from the input instead of keeping them, without
+    Memory-efficient path (:meth:`saves_memory`, with a plain BatchNorm2d:
+    a SyncBatchNorm keeps autograd's path): backward recomputes the three
+    intermediate maps from the input instead of keeping them, without
     updating BatchNorm's running statistics a second time
     (:func:`~mmsoft.models.memory_efficient.recompute.recomputed_local_mixing`).
 
@@ -69,29 +71,32 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
         """
         batch, _, channels = x.shape
         grid = x.transpose(1, 2).reshape(batch, channels, *hw_shape)  # (B, C, H, W)
-        if self.saves_memory(grid, self.conv1.weight):
+        if self.recomputes(grid):
             grid = recomputed_local_mixing(self, grid, valid_shapes)
         else:  # conv2(bn(act(conv1(grid)))), zero outside the valid regions
             grid = self.conv2(self.conv2_input(grid, valid_shapes))
         return grid.flatten(2).transpose(1, 2)  # (B, N, C)
 
+    def recomputes(self, grid: torch.Tensor) -> bool:
+        """Whether :meth:`forward` takes the memory-efficient path on
+        ``grid``: the switch is on, autograd records, and ``bn`` is a plain
+        BatchNorm2d."""
+        return (self.saves_memory(grid, self.conv1.weight)
+                and recomputes_locally(self.bn))
+
     def conv2_input(self, grid: torch.Tensor,
-                    valid_shapes: Optional[ValidShapes] = None,
-                    norm: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
-                    ) -> torch.Tensor:
-        """``bn(act(conv1(grid)))``, the input of ``conv2``.
+                    valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """``bn(act(conv1(grid)))``, the input of ``conv2``; a rerun by a
+        checkpoint updates no running statistics.
 
         Args:
             grid (Tensor): Shape (B, C, H, W).
             valid_shapes (list[tuple[int, int]], optional): Valid regions;
                 ``conv1``'s input and the output are zeroed outside them.
                 Default: None.
-            norm (callable, optional): Run in place of ``bn``. Default: None
-                (``bn``).
 
         Returns:
             Tensor: Shape (B, C, H, W).
         """
-        norm = self.bn if norm is None else norm
-        hidden = norm(self.act(self.conv1(mask_map(grid, valid_shapes))))
-        return mask_map(hidden, valid_shapes)
+        hidden = self.act(self.conv1(mask_map(grid, valid_shapes)))
+        return mask_map(batch_norm_once(self.bn)(hidden), valid_shapes)
