@@ -133,6 +133,10 @@ def test_every_expected_config_exists():
 def test_config_parses(path):
     cfg = load(path)
     assert isinstance(cfg, Config)
+    # The distributed backend is mmengine's (NCCL on GPUs); on a machine
+    # without CUDA, tools/train.py takes gloo (mmsoft.apis.distributed).
+    backend = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('backend')
+    assert backend in (None, 'nccl'), (path, backend)
 
 
 @pytest.mark.parametrize('path', EXPERIMENTS)

@@ -5,8 +5,8 @@
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
 #              PORT (29500), PYTHON (the checkout's .venv/bin/python when it
 #              exists, else python; see tools/_python.sh).
-# On CPU the config selects the gloo backend:
-#   env_cfg = dict(dist_cfg=dict(backend='gloo'))
+# The backend is the config's (mmengine's default: NCCL) on GPUs, gloo on
+# a machine without CUDA (mmsoft.apis.setup_cpu_distributed).
 set -euo pipefail
 if [ $# -lt 2 ]; then
     echo "usage: $0 CONFIG NPROC [train.py options]" >&2

@@ -116,5 +116,3 @@ default_hooks = dict(
     checkpoint=dict(interval=1, max_keep_ckpts=2))
 # The figures in the README come from this seed.
 randomness = dict(seed=0)
-# gloo: distributed runs on CPU (tools/dist_train.sh CONFIG 2).
-env_cfg = dict(dist_cfg=dict(backend='gloo'))

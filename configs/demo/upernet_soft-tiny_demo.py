@@ -125,5 +125,3 @@ default_hooks = dict(
     checkpoint=dict(by_epoch=False, interval=val_interval, max_keep_ckpts=2))
 # The figures in the README come from this seed.
 randomness = dict(seed=0)
-# gloo: distributed runs on CPU (tools/dist_train.sh CONFIG 2).
-env_cfg = dict(cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))

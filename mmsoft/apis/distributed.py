@@ -50,7 +50,7 @@ def setup_cpu_distributed(cfg: Config) -> None:
     dist_cfg = dict((cfg.get('env_cfg') or {}).get('dist_cfg') or {})
     backend = dist_cfg.pop('backend', 'gloo')
     if backend != 'gloo':
-        print_log(f"dist backend '{backend}' needs CUDA; using 'gloo' on CPU",
+        print_log(f"no CUDA: the gloo backend instead of the config's '{backend}'",
                   logger='current')
         backend = 'gloo'
     if not torch_dist.is_initialized():

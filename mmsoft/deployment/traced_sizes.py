@@ -50,7 +50,7 @@ def traceable_capped_grid_size(height: torch.Tensor, width: torch.Tensor,
 
 
 def averaging_matrix(size_in: torch.Tensor, size_out: torch.Tensor,
-                     dtype: torch.dtype) -> torch.Tensor:
+                     dtype: torch.dtype, device=None) -> torch.Tensor:
     """The bins of adaptive average pooling along one axis, as a matrix.
 
     Output cell ``i`` averages input cells ``floor(i * n / k)`` up to (not
@@ -61,15 +61,17 @@ def averaging_matrix(size_in: torch.Tensor, size_out: torch.Tensor,
         size_in (Tensor): n, 0-dim int64.
         size_out (Tensor): k, 0-dim int64.
         dtype (torch.dtype): Dtype of the weights.
+        device (torch.device, optional): Device of the weights (the pooled
+            map's). Default: None (the CPU).
 
     Returns:
         Tensor: (k, n); row i holds ``1 / len(bin_i)`` on bin i, 0 elsewhere.
     """
-    index = torch.arange(size_out)  # (k, )
+    index = torch.arange(size_out, device=device)  # (k, )
     start = torch.div(index * size_in, size_out, rounding_mode='floor')
     end = torch.div((index + 1) * size_in + size_out - 1, size_out,
                     rounding_mode='floor')
-    cells = torch.arange(size_in)  # (n, )
+    cells = torch.arange(size_in, device=device)  # (n, )
     inside = (cells >= start[:, None]) & (cells < end[:, None])  # (k, n)
     return inside.to(dtype) / (end - start)[:, None].to(dtype)
 
@@ -94,6 +96,6 @@ def traceable_cap_bottleneck_grid(grid: torch.Tensor,
     shape = torch._shape_as_tensor(grid)  # (4, ) int64
     height, width = shape[-2], shape[-1]
     rows, cols = traceable_capped_grid_size(height, width, max_tokens)
-    pool_rows = averaging_matrix(height, rows, grid.dtype)  # (h', h)
-    pool_cols = averaging_matrix(width, cols, grid.dtype)  # (w', w)
+    pool_rows = averaging_matrix(height, rows, grid.dtype, grid.device)  # (h', h)
+    pool_cols = averaging_matrix(width, cols, grid.dtype, grid.device)  # (w', w)
     return pool_rows @ grid @ pool_cols.transpose(0, 1)  # (B, d, h', w')

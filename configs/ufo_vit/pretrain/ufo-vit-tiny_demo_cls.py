@@ -89,5 +89,4 @@ default_hooks = dict(
     logger=dict(interval=5),
     checkpoint=dict(interval=2, max_keep_ckpts=1))
 custom_hooks = [dict(type='EMAHook', momentum=0.1, priority='ABOVE_NORMAL')]
-env_cfg = dict(cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
 randomness = dict(seed=0)
