@@ -18,7 +18,7 @@ FLOOR_VENV ?= .venv-floor
 FLOOR_PYTHON := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.mmsoft-installed
 FLOOR_MARKERS ?= not mmcv_ops and not torchvision
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 # `make gpu-check` installs nothing: it runs in .venv when there is one, else
 # in the active environment (a CUDA stack, see the README's GPU recipe).
 GPU_CHECK_PYTHON ?= $(if $(wildcard $(PYTHON)),$(PYTHON),python)
