@@ -152,7 +152,9 @@ def onnx_export_takes_dynamo() -> bool:
 def _gelu_backward_ignores_gradient_strides() -> bool:
     """Whether the exact GELU's backward on the CPU gives a transposed
     gradient a different result than the same gradient made contiguous."""
-    with torch.enable_grad():
+    # Autograd on, also where mmsoft is imported under no_grad or
+    # inference_mode.
+    with torch.inference_mode(False), torch.enable_grad():
         inputs = torch.linspace(-3, 3, 2 * 8 * 16).view(2, 8, 16).requires_grad_()
         gradient = torch.linspace(1, 2, 2 * 16 * 8).view(2, 16, 8).transpose(1, 2)
         (strided,) = torch.autograd.grad(F.gelu(inputs), inputs, gradient)
