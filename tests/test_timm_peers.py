@@ -111,8 +111,9 @@ def test_xcit_reads_blocks_3_5_7_11_and_resamples_them_like_xcit_detection():
                                             intermediates_only=True)
         maps = model(images)
     up4, up2, same, down2 = model.pyramid.branches.values()
-    assert [type(m) for m in up4] == [nn.ConvTranspose2d, nn.BatchNorm2d, nn.GELU,
-                                      nn.ConvTranspose2d]
+    # mmsoft's GELU is nn.GELU with a backward that is right on torch 2.1.
+    assert [nn.GELU if isinstance(m, nn.GELU) else type(m) for m in up4] == [
+        nn.ConvTranspose2d, nn.BatchNorm2d, nn.GELU, nn.ConvTranspose2d]
     assert (up2.kernel_size, up2.stride, down2.kernel_size) == ((2, 2), (2, 2), 2)
     with torch.no_grad():
         expected = [up4(blocks[0]), up2(blocks[1]), same(blocks[2]), down2(blocks[3])]

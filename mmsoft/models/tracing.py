@@ -16,7 +16,9 @@ queries torch's tracer states:
   early (:mod:`~mmsoft.models.layers.soft.kernel_inverse`);
 * the chunked kernel product of inference concatenates its chunks instead
   of writing them into one output
-  (:mod:`~mmsoft.models.memory_efficient.kernel_attention`).
+  (:mod:`~mmsoft.models.memory_efficient.kernel_attention`);
+* the GELU records no backward fix for torch 2.1
+  (:mod:`~mmsoft.models.layers.shared.gelu`).
 
 What ONNX needs beyond that (the Newton iteration for the closed form's
 eigendecomposition, the kernel product unchunked, sizes that follow a traced

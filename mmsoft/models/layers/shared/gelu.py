@@ -5,13 +5,15 @@ out unlike its input (a transposed one, as the kernels of SOFT attention
 return) with the input's strides: wrong values in float32, NaN in bfloat16
 (:data:`~mmsoft.utils.torch_compat.GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT`
 detects it at import). There, :func:`gelu` hands the backward a contiguous
-gradient; elsewhere it is ``F.gelu``.
+gradient (except while a tracer records, :func:`~mmsoft.models.tracing.is_tracing`);
+elsewhere it is ``F.gelu``.
 """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ....utils.torch_compat import GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT
+from ...tracing import is_tracing
 
 
 class ContiguousGradient(torch.autograd.Function):
@@ -37,7 +39,9 @@ def gelu(tensor: torch.Tensor) -> torch.Tensor:
         Tensor: The same shape.
     """
     out = F.gelu(tensor)
-    if GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT and out.requires_grad:
+    # A tracer (FLOP counter, exporter) records no backward.
+    if GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT and out.requires_grad \
+            and not is_tracing():
         out = ContiguousGradient.apply(out)
     return out
 
