@@ -52,19 +52,6 @@ def _recomputing(rerun: bool) -> Iterator[None]:
         _STATE.recomputing = outer
 
 
-def recomputed(function: Callable, *args):
-    """``function(*args)`` keeping only ``args`` for backward, which runs
-    ``function`` again; during that rerun :func:`is_recomputing` is True, and
-    ``function`` must update no state then."""
-    first_pass = FirstPassFlag()
-
-    def run(*inputs):
-        with _recomputing(not first_pass()):
-            return function(*inputs)
-
-    return checkpoint(run, *args, use_reentrant=False)
-
-
 class FirstPassFlag:
     """True at its first call (the forward pass), False at every later one
     (the recomputations of backward)."""
@@ -76,6 +63,19 @@ class FirstPassFlag:
         first = not self.called
         self.called = True
         return first
+
+
+def recomputed(function: Callable, *args):
+    """``function(*args)`` keeping only ``args`` for backward, which runs
+    ``function`` again; during that rerun :func:`is_recomputing` is True, and
+    ``function`` must update no state then."""
+    first_pass = FirstPassFlag()
+
+    def run(*inputs):
+        with _recomputing(not first_pass()):
+            return function(*inputs)
+
+    return checkpoint(run, *args, use_reentrant=False)
 
 
 def batch_norm_without_update(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
