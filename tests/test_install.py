@@ -116,7 +116,8 @@ def repo_copy(tmp_path_factory):
 def test_wheel_key_names_mmcv_and_torch_and_is_stable(repo_copy):
     import torch
     key = wheel_key(repo_copy)
-    version = lock_entries(osp.join(REQUIREMENTS, 'locks', 'mmcv.txt'))['mmcv']['version']
+    locked = lock_entries(osp.join(REQUIREMENTS, 'locks', 'mmcv.txt'))
+    version = locked['mmcv']['version']
     assert re.fullmatch(rf'mmcv-{re.escape(version)}-torch-'
                         rf'{re.escape(torch.__version__)}-[0-9a-f]{{16}}', key)
     assert wheel_key(repo_copy) == key
@@ -151,7 +152,8 @@ def test_wheel_key_changes_with_the_build_script_and_the_sdist(repo_copy, tmp_pa
 # --------------------------------------------------------------------------
 # What the installer says
 # --------------------------------------------------------------------------
-def run_installer_function(snippet: str, tmp_path, **env) -> subprocess.CompletedProcess:
+def run_installer_function(snippet: str, tmp_path,
+                           **env) -> subprocess.CompletedProcess:
     """``snippet`` in bash after sourcing tools/install_common.sh, with the
     logs in ``tmp_path``."""
     environment = dict(os.environ, MMSOFT_INSTALL_LOGS=str(tmp_path / 'logs'), **env)

@@ -400,7 +400,8 @@ def test_norm_eval_and_with_cp():
 
 
 def _batch_norms(model):
-    return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    return [m for m in model.modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
 
 
 @pytest.mark.parametrize('memory_efficient', [True, False])

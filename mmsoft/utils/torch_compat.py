@@ -3,9 +3,9 @@
 mmsoft is tested on torch 2.1 to 2.14 (``SUPPORTED_TORCH`` below: the two
 ends the test suite runs on). Its requirements set no ceiling, so that
 installing it never swaps a user's torch; on a torch outside the tested range,
-``import mmsoft`` warns once (:func:`warn_if_untested_torch`). Every API that appeared inside that range is
-detected here, once, and everything else in the package calls these
-functions instead of the API itself:
+``import mmsoft`` warns once (:func:`warn_if_untested_torch`). Every API that
+appeared inside that range is detected here, once, and everything else in the
+package calls these functions instead of the API itself:
 
 =====================================  =======  ==================================
 API                                    since    on older torch

@@ -36,7 +36,8 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
         embed_dims (int): Token width C.
         kernel_size (int): Odd kernel size of both depth-wise convolutions.
             Default: 3.
-        act_layer (type): Activation class. Default: :class:`~mmsoft.models.layers.shared.gelu.GELU`.
+        act_layer (type): Activation class. Default: mmsoft's exact GELU
+            (:class:`~mmsoft.models.layers.shared.gelu.GELU`).
     """
 
     def __init__(self, embed_dims: int, kernel_size: int = 3,
