@@ -12,6 +12,7 @@ from mmengine.config import Config
 from mmsoft.demo_data import generate_coco_demo
 from mmsoft.demo_data.coco_generator import image_sizes
 from mmsoft.models.valid_region_record import registered_valid_shapes
+from mmsoft.testing.host_syncs import HostSyncCounter
 from mmsoft.testing.dataset_digest import dataset_digest
 
 MIXED = 'configs/demo/mask-rcnn_soft-tiny_fpn_demo-mixed.py'
@@ -144,3 +145,28 @@ def test_train_step_on_padded_batch(repo_root, mixed_coco, config,
     # Both images are padded: one in height, the other in width.
     assert all(h < height or w < width for h, w in img_shapes)
     assert valid_shapes == (img_shapes if tells_backbone else None)
+
+
+#: Where the backbone's code lives (mmdet's heads sync by design: proposals,
+#: NMS, target assignment; they are not counted).
+BACKBONE_CODE = ('models/backbones/', 'models/layers/', 'models/memory_efficient/')
+
+
+@pytest.mark.mmcv_ops  # trains Mask R-CNN
+def test_mask_rcnn_step_makes_no_host_sync_in_the_backbone(repo_root, mixed_coco):
+    """The demo Mask R-CNN's training step through the config's valid-region
+    preprocessor, with the solver a GPU runs (``'newton'``)."""
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import MODELS, init_default_scope
+    init_default_scope('mmdet')
+    cfg = Config.fromfile(osp.join(repo_root, MIXED))
+    cfg.model.backbone.solver = 'newton'
+    batch = _train_batch(cfg, mixed_coco)
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    with HostSyncCounter() as counter:
+        model.train_step(batch, optim_wrapper)
+    assert counter.counts, 'the heads sync: the counter must see them'
+    assert counter.in_files(*BACKBONE_CODE) == {}

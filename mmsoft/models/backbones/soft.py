@@ -11,7 +11,6 @@ from ...utils import (check_divisible, check_lengths, check_out_indices,
                       check_positive_int, check_rate, resolve_arch)
 from ..layers import (ConvPatchEmbed, SoftBlock, SoftmaxBlock, init_transformer_weights,
                       resize_pos_embed)
-from ..layers.shared.layer_norm import LayerNormSavingOutput
 from ..layers.shared.position import resize_pos_embed_to_regions
 from ..layers.shared.valid_region import ValidShapes, mask_map
 from ..layers.soft.kernel_inverse import check_kernel_inverse_options
@@ -198,7 +197,7 @@ class SOFT(MultiStageBackbone):
             rates = drop_path_rates[sum(depths[:i]):sum(depths[:i + 1])]
             self.stages.append(nn.ModuleList(
                 self._block(i, rate, attn_kwargs) for rate in rates))
-        self.norm = LayerNormSavingOutput(self.embed_dims[3], eps=1e-6)
+        self.norm = nn.LayerNorm(self.embed_dims[3], eps=1e-6)
         self.select_memory_path(memory_efficient, recompute_ffn)
 
     def _patch_embed(self, stage: int) -> ConvPatchEmbed:

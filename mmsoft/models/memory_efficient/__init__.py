@@ -9,8 +9,6 @@ autograd; tracers always see the plain operations (:mod:`..tracing`).
 
 * :mod:`.switch`: :class:`MemoryEfficient`, the layers' mixin with the
   ``memory_efficient`` attribute, and :func:`set_memory_efficient`.
-* :mod:`.layer_norm`: LayerNorm keeps its output, mean and rstd; backward
-  rebuilds the input (SOFT, softmax and UFO-ViT blocks).
 * :mod:`.recomputed_mlp`: the FFN keeps its input and fc1's output (or only
   the input, with ``recompute_ffn``); backward recomputes the activation.
 * :mod:`.norm_act_conv`: a stem's ``BatchNorm -> activation -> conv`` keeps

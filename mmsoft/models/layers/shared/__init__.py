@@ -2,7 +2,6 @@
 from .attention_heads import merge_heads, split_heads
 from .conv_stem import ConvPatchEmbed
 from .feature_pyramid import FeaturePyramidAdapter
-from .layer_norm import LayerNormSavingOutput
 from .mlp import MLP, TanhGELU
 from .position import resize_pos_embed
 from .precision import full_precision
@@ -11,7 +10,7 @@ from .weight_init import init_transformer_weights
 
 __all__ = [
     'merge_heads', 'split_heads', 'ConvPatchEmbed', 'FeaturePyramidAdapter',
-    'LayerNormSavingOutput', 'MLP', 'TanhGELU', 'resize_pos_embed',
+    'MLP', 'TanhGELU', 'resize_pos_embed',
     'full_precision',
     'GlobalSoftmaxAttention', 'SoftmaxBlock', 'init_transformer_weights'
 ]

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from mmcv.cnn.bricks import DropPath
 
 from .attention_heads import merge_heads, split_heads
-from .layer_norm import LayerNormSavingOutput
 from .mlp import MLP
 from .valid_region import ValidShapes, valid_mask
 
@@ -69,9 +68,9 @@ class SoftmaxBlock(nn.Module):
                  drop_path: float = 0., qkv_bias: bool = True,
                  norm_eps: float = 1e-6):
         super().__init__()
-        self.norm1 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
+        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.attn = GlobalSoftmaxAttention(embed_dims, num_heads, qkv_bias)
-        self.norm2 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
+        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.mlp = MLP(embed_dims, int(embed_dims * mlp_ratio))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 

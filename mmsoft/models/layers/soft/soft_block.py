@@ -5,7 +5,6 @@ import torch
 import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 
-from ..shared.layer_norm import LayerNormSavingOutput
 from ..shared.mlp import MLP, TanhGELU
 from ..shared.valid_region import ValidShapes
 from .soft_attention import SoftAttention
@@ -37,9 +36,9 @@ class SoftBlock(nn.Module):
         super().__init__()
         self.attn = SoftAttention(embed_dims, num_heads, sr_ratio,
                                   local_kernel_size, **attn_kwargs)
-        self.norm1 = LayerNormSavingOutput(embed_dims)
+        self.norm1 = nn.LayerNorm(embed_dims)
         self.ffn = MLP(embed_dims, int(embed_dims * mlp_ratio), act_layer=TanhGELU)
-        self.norm2 = LayerNormSavingOutput(embed_dims)
+        self.norm2 = nn.LayerNorm(embed_dims)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, hw_shape,

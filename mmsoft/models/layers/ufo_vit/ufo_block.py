@@ -9,7 +9,6 @@ from ...memory_efficient.layer_scale import ufo_block_with_folded_scales
 from ...memory_efficient.switch import MemoryEfficient
 from ...tracing import is_tracing
 from ..shared.gelu import GELU
-from ..shared.layer_norm import LayerNormSavingOutput
 from ..shared.mlp import MLP
 from ..shared.valid_region import ValidShapes, valid_mask
 from .local_patch_interaction import LocalPatchInteraction
@@ -71,13 +70,13 @@ class UFOBlock(MemoryEfficient, nn.Module):
                  lpi_kernel_size: int = 3,
                  norm_eps: float = 1e-6):
         super().__init__()
-        self.norm1 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
+        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.attn = UFOAttention(embed_dims, num_heads, qkv_bias, proj_drop=drop)
         self.gamma1 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
-        self.norm2 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
+        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.lpi = LocalPatchInteraction(embed_dims, lpi_kernel_size)
         self.gamma2 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
-        self.norm3 = LayerNormSavingOutput(embed_dims, eps=norm_eps)
+        self.norm3 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.ffn = MLP(embed_dims, int(embed_dims * mlp_ratio), GELU, drop)
         self.gamma3 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
