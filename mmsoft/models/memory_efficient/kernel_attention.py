@@ -46,7 +46,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..layers.shared.precision import apply_without_autocast, backward_without_autocast
-from ..layers.soft.gaussian_kernel import gaussian_kernel
+from ..layers.soft.gaussian_kernel import bottleneck_kernel, gaussian_kernel
 from ..tracing import is_tracing
 
 BACKWARD_CHUNK = 1024  # tokens per slice of backward's N x m temporaries
@@ -64,7 +64,7 @@ def recomputed_bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
     Returns:
         Tensor: Shape (B, h, m, m).
     """
-    return checkpoint(gaussian_kernel, bottleneck, bottleneck, use_reentrant=False)
+    return checkpoint(bottleneck_kernel, bottleneck, use_reentrant=False)
 
 
 # --------------------------------------------------------------------------

@@ -13,6 +13,8 @@ m x m products. ``alpha`` is a step size: no gradient flows through it.
 """
 import torch
 
+from ..layers.shared.float32_matmul import float32_matmul
+from ..layers.soft.newton_step import newton_step
 from ..layers.shared.precision import apply_without_autocast, backward_without_autocast
 
 
@@ -32,10 +34,10 @@ def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor,
     inverse = alpha * operand
     iterates = []
     for step in range(num_iters):
-        product = inverse @ operand  # V_j P
+        product = float32_matmul(inverse, operand)  # V_j P
         iterates.append((inverse, product))
         if step + 1 < num_iters:
-            inverse = 2 * inverse - product @ inverse
+            inverse = 2 * inverse - float32_matmul(product, inverse)
     return iterates
 
 
@@ -78,11 +80,9 @@ class _NewtonIterations(torch.autograd.Function):
     def forward(ctx, operand, alpha, num_iters):
         ctx.save_for_backward(operand, alpha)
         ctx.num_iters = num_iters
-        # The steps of kernel_inverse.newton_iterations, which this package
-        # does not import (it imports no module that imports it).
         inverse = alpha * operand
         for _ in range(num_iters):
-            inverse = 2 * inverse - inverse @ operand @ inverse
+            inverse = newton_step(inverse, operand)
         return inverse
 
     @staticmethod

@@ -1,35 +1,47 @@
 """The Gaussian kernel of SOFT attention."""
 import torch
 
-
-def _lift(points: torch.Tensor, norm_first: bool) -> torch.Tensor:
-    """Appends ``-||p||^2 / 2`` and ``1`` to each point: (..., n, d + 2).
-
-    With ``x' = [x, 1, -||x||^2/2]`` and ``y' = [y, -||y||^2/2, 1]``,
-    ``x' . y' = x.y - ||x||^2/2 - ||y||^2/2 = -||x - y||^2 / 2``.
-    """
-    half_sq = -0.5 * points.pow(2).sum(-1, keepdim=True)  # (..., n, 1)
-    ones = torch.ones_like(half_sq)
-    extra = (half_sq, ones) if norm_first else (ones, half_sq)
-    return torch.cat((points, *extra), dim=-1)
+from ..shared.float32_matmul import float32_matmul
 
 
-def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
+                    float32_products: bool = False) -> torch.Tensor:
     """Pairwise Gaussian kernel ``exp(-||x_i - y_j||^2 / 2)``.
 
-    The squared distance is expanded as ``||x||^2 + ||y||^2 - 2 x.y`` (not
-    clamped at zero, as in the reference implementation). The two norm terms
-    ride along as extra coordinates of a single matrix product, so the only
-    (N, M) tensor made is the exponent, exponentiated in place when no
-    gradient is needed.
+    The exponent is expanded as ``x.y - ||x||^2 / 2 - ||y||^2 / 2`` (not
+    clamped, as in the reference implementation). Only ``x.y`` goes through
+    a matrix product; the norm terms are added element-wise, so their
+    precision does not depend on the matmul precision setting (TF32). The
+    only (N, M) tensor made is the exponent, updated in place.
 
     Args:
         x (Tensor): Shape (..., N, d).
         y (Tensor): Shape (..., M, d).
+        float32_products (bool): Compute ``x.y`` at float32 accuracy under
+            TF32 matmuls too
+            (:func:`~mmsoft.models.layers.shared.float32_matmul.float32_matmul`,
+            three products instead of one). Default: False.
 
     Returns:
         Tensor: Shape (..., N, M).
     """
-    exponent = torch.matmul(_lift(x, norm_first=False),
-                            _lift(y, norm_first=True).transpose(-1, -2))  # (..., N, M)
+    y_t = y.transpose(-1, -2)  # (..., d, M)
+    exponent = (float32_matmul(x, y_t) if float32_products
+                else torch.matmul(x, y_t))  # (..., N, M)
+    half_sq_x = 0.5 * x.pow(2).sum(-1, keepdim=True)  # (..., N, 1)
+    half_sq_y = 0.5 * y.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
+    exponent = exponent.sub_(half_sq_x).sub_(half_sq_y)
     return exponent.exp() if exponent.requires_grad else exponent.exp_()
+
+
+def bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
+    """``A = k(L, L)``, the m x m kernel the inverse is taken of, at float32
+    accuracy whatever the matmul precision.
+
+    Args:
+        bottleneck (Tensor): L, shape (..., m, d).
+
+    Returns:
+        Tensor: Shape (..., m, m).
+    """
+    return gaussian_kernel(bottleneck, bottleneck, float32_products=True)
