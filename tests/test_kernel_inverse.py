@@ -15,6 +15,7 @@ from mmsoft.models.layers.soft.kernel_inverse import (check_kernel_inverse_optio
                                                       newton_operand, newton_scale)
 from mmsoft.models.memory_efficient.newton_backward import \
     recomputed_newton_iterations
+from mmsoft.utils.torch_compat import TORCH_VERSION
 
 # The package exports the function kernel_inverse under the module's name.
 kernel_inverse_module = importlib.import_module(
@@ -379,3 +380,61 @@ def test_deprecated_solver_alias_warns_and_means_exact():
     assert solver == 'exact'
     alias = kernel_inverse(mats, 'soft++', solver)
     torch.testing.assert_close(alias, kernel_inverse(mats, 'soft++', 'exact'))
+
+
+def two_nearly_equal_tokens(spread: float, seed: int) -> torch.Tensor:
+    """Two bottleneck tokens ``spread`` apart around a common point: (1, 1, 2, 16)."""
+    generator = torch.Generator().manual_seed(seed)
+    centre = 0.5 * torch.randn(1, 1, 1, 16, generator=generator)
+    return centre + spread * torch.randn(1, 1, 2, 16, generator=generator)
+
+
+def largest_gradient(solver: str) -> float:
+    """The largest entry of d<G, pinv-like inverse>/dL over token pairs from
+    coinciding (spread 1e-4) to apart (spread 1)."""
+    largest = 0.
+    for seed, spread in enumerate(torch.logspace(-4, 0, 40).tolist()):
+        tokens = two_nearly_equal_tokens(spread, seed).requires_grad_()
+        inverse = kernel_inverse(gaussian_kernel(tokens, tokens), 'soft++', solver,
+                                 memory_efficient=False)
+        weights = torch.randn(inverse.shape, generator=torch.Generator().manual_seed(seed))
+        grad, = torch.autograd.grad((inverse * weights).sum(), tokens)
+        largest = max(largest, grad.abs().max().item())
+    return largest
+
+
+@pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])
+def test_two_bottleneck_tokens_have_bounded_gradients(monkeypatch, solver):
+    bounded = largest_gradient(solver)
+    # The pseudo-inverse itself, for the record: what the rule avoids.
+    monkeypatch.setattr(kernel_inverse_module, 'MIN_PSEUDO_INVERSE_TOKENS', 1)
+    pseudo_inverse = largest_gradient(solver)
+    assert bounded < 2e3
+    assert pseudo_inverse > 1e5
+
+
+def test_soft_plus_plus_takes_the_regularised_inverse_of_fewer_than_three_tokens():
+    for tokens, formula in [(1, 'soft'), (2, 'soft'), (3, 'soft++'), (4, 'soft++')]:
+        assert kernel_inverse_module.inverse_formula('soft++', tokens) == formula
+        assert kernel_inverse_module.inverse_formula('soft', tokens) == 'soft'
+    mats = random_kernel_matrices(tokens=2)
+    torch.testing.assert_close(kernel_inverse(mats, 'soft++', 'exact'),
+                               torch.linalg.inv(mats + 0.01 * torch.eye(2)))
+
+
+@pytest.mark.skipif(TORCH_VERSION < (2, 2),
+                    reason='float16 autocast on the CPU needs torch >= 2.2')
+def test_a_56_row_region_trains_under_float16_autocast():
+    """Stage 1 of SOFT++-tiny (stride 4, bottleneck stride 8): a 56-row image
+    region is 14 token rows, one bottleneck row, two bottleneck tokens."""
+    from mmsoft.models.layers import SoftAttention
+    torch.manual_seed(0)
+    layer = SoftAttention(64, 2, sr_ratio=8, local_kernel_size=3, attention='soft++',
+                          solver='newton').train()
+    tokens = torch.randn(2, 14 * 32, 64, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.float16):
+        out = layer(tokens, (14, 32), [(14, 32), (14, 16)])
+    out.float().square().mean().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(tokens.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters()
+               if p.grad is not None)

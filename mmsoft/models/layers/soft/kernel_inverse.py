@@ -57,6 +57,7 @@ from ...memory_efficient.newton_backward import recomputed_newton_iterations
 from ...tracing import is_tracing
 from ..shared.precision import (apply_without_autocast, backward_without_autocast,
                                 full_precision)
+from .newton_step import newton_step
 
 REGULARISER = 0.01
 ATTENTIONS = ('soft', 'soft++')
@@ -208,7 +209,7 @@ def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
     """
     inverse = alpha * operand
     for _ in range(num_iters):
-        inverse = 2 * inverse - inverse @ operand @ inverse
+        inverse = newton_step(inverse, operand)
     return inverse
 
 
@@ -432,6 +433,36 @@ class _ExactInverse(torch.autograd.Function):
 # --------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------
+#: SOFT++ takes the pseudo-inverse of at least this many bottleneck tokens;
+#: of fewer, SOFT's regularised inverse (:func:`inverse_formula`).
+MIN_PSEUDO_INVERSE_TOKENS = 3
+
+
+def inverse_formula(attention: str, tokens: int) -> str:
+    """Which inverse ``attention`` takes of an m x m kernel matrix:
+    ``'soft'`` ((A + 0.01 I)^-1) or ``'soft++'`` (pinv(A)).
+
+    SOFT++ with fewer than :data:`MIN_PSEUDO_INVERSE_TOKENS` tokens (a
+    region a few rows high: m = 2 for 56 rows at stage 1) takes SOFT's
+    regularised inverse. Its pseudo-inverse is degenerate there: of one
+    token, the Newton iteration gives 0 (``alpha = 2``, ``V1 = 0``); of two
+    that nearly coincide, the iteration's derivative reaches 1e6, which
+    overflows float16's gradients. The regularised inverse's eigenvalues are
+    at most 100, its derivative bounded. The shape decides, not the values:
+    no host sync, one graph per shape.
+
+    Args:
+        attention (str): ``'soft'`` or ``'soft++'``.
+        tokens (int): m.
+
+    Returns:
+        str: ``'soft'`` or ``'soft++'``.
+    """
+    if attention == 'soft++' and tokens < MIN_PSEUDO_INVERSE_TOKENS:
+        return 'soft'
+    return attention
+
+
 def check_kernel_inverse_options(attention: str, solver: str) -> str:
     """Validates ``attention`` and ``solver``; returns the solver's name in
     :data:`SOLVERS` (see :func:`canonical_solver`).
@@ -457,7 +488,8 @@ def kernel_inverse(mat: torch.Tensor, attention: str = 'soft',
         mat (Tensor): Symmetric kernel matrices A, shape (B, ..., m, m); the
             leading dimension indexes images.
         attention (str): ``'soft'`` for ``(A + 0.01 I)^-1`` or ``'soft++'``
-            for ``pinv(A)``. Default: ``'soft'``.
+            for ``pinv(A)`` (of at least :data:`MIN_PSEUDO_INVERSE_TOKENS`
+            tokens, see :func:`inverse_formula`). Default: ``'soft'``.
         solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``
             (see the module docstring), as
             :func:`check_kernel_inverse_options` returns it. Default:
@@ -478,6 +510,7 @@ def kernel_inverse(mat: torch.Tensor, attention: str = 'soft',
         Tensor: Shape (B, ..., m, m), float32 for half or bfloat16 ``mat``
         (under autocast or not), else the dtype of ``mat``.
     """
+    attention = inverse_formula(attention, mat.shape[-1])
     with torch.autocast(device_type=mat.device.type, enabled=False):
         mat = full_precision(mat)
         if solver == 'exact':
