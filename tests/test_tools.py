@@ -8,6 +8,7 @@ epochs of a few iterations at batch 2, the UperNet on ``small_ade`` (96x128
 images) for a few iterations.
 """
 import glob
+import math
 import os
 import os.path as osp
 import pickle
@@ -22,6 +23,8 @@ from typing import Optional
 import numpy as np
 import pytest
 import torch
+
+from mmsoft.utils.torch_compat import TORCH_VERSION
 
 # Every test trains or runs an mmdet/mmseg model (RoIAlign, NMS, ...): mmcv's
 # compiled ops; left out of the floor run (mmcv-lite), see setup.cfg.
@@ -165,6 +168,21 @@ def test_test_tool_reports_coco_metrics(trained, small_coco, tmp_path):
     empty = run([sys.executable, CHECK_METRIC, str(tmp_path / 'painted'),
                  'coco/bbox_mAP', '0'])
     assert empty.returncode == 1 and 'holds no evaluation' in empty.stderr
+
+
+@pytest.mark.skipif(TORCH_VERSION < (2, 2), reason="torch 2.1's dynamo fails "
+                    "inside SOFT's training step (tests/test_compile.py)")
+def test_train_with_mmengine_compile(small_coco, tmp_path):
+    """mmengine's ``compile`` option: the Runner compiles the detector's
+    ``train_step`` (here with the ``aot_eager`` backend: inductor's code
+    generation takes minutes on two cores) and trains."""
+    output = check(run([sys.executable, TRAIN, DET_CONFIG, '--work-dir', str(tmp_path),
+                        '--cfg-options', *tiny_options(small_coco, train_images=4),
+                        'train_cfg.max_epochs=1', 'train_cfg.val_interval=2',
+                        'compile.backend=aot_eager'], timeout=900))
+    losses = [float(value) for value in re.findall(r' loss: ([0-9.]+)', output)]
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    assert osp.isfile(osp.join(tmp_path, 'epoch_1.pth'))
 
 
 @pytest.fixture(scope='module')

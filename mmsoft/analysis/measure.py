@@ -187,7 +187,8 @@ def matmul_throughput(size: int = 2048, repeats: int = 5, device='cpu') -> float
 
 def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
             backward: bool = False, warmup: int = 1, repeats: int = 3,
-            flops: bool = False, batch: int = 1) -> Dict:
+            flops: bool = False, batch: int = 1,
+            compile_backend: Optional[str] = None) -> Dict:
     """Builds the backbone ``spec`` and measures it at ``shape``.
 
     Args:
@@ -201,11 +202,16 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
         repeats (int): Timed calls; 0 measures memory only. Default: 3.
         flops (bool): Also count FLOPs (mmsoft's handles). Default: False.
         batch (int): Images per call. Default: 1.
+        compile_backend (str, optional): Measure ``torch.compile(model,
+            backend=compile_backend)`` instead, after a first call that
+            compiles it (``compile_seconds``). Default: None (eager).
 
     Returns:
         dict: ``seconds`` (median), ``all_seconds``, ``cpu_seconds``
         (fastest), ``all_cpu_seconds``, ``peak_bytes``,
-        ``params`` and, with ``flops``, ``gflops``.
+        ``params``, ``compile`` (the backend or None), with
+        ``compile_backend`` ``compile_seconds`` and, with ``flops``,
+        ``gflops``.
     """
     from .peers import build_backbone
     torch.manual_seed(0)
@@ -216,16 +222,25 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
     result = dict(model=spec, height=shape[0], width=shape[1], device=device,
                   mode='forward+backward' if backward else 'forward', batch=batch,
                   threads=torch.get_num_threads(),
-                  params=sum(p.numel() for p in model.parameters()))
+                  params=sum(p.numel() for p in model.parameters()),
+                  compile=compile_backend)
+    eager = model
+    if compile_backend is not None:
+        model = torch.compile(model, backend=compile_backend)
+        _synchronize(images.device)
+        start = time.perf_counter()
+        run_once(model, images, backward)  # compiles
+        _synchronize(images.device)
+        result['compile_seconds'] = time.perf_counter() - start
     result['peak_bytes'] = peak_memory_bytes(model, images, backward)
     if repeats > 0:
         result.update(timing_fields(lambda: run_once(model, images, backward),
                                     images.device, warmup, repeats))
     if flops:
         from .flop_handles import count_flops
-        model.eval()
+        eager.eval()
         with torch.no_grad():
-            total, _ = count_flops(model, (images, ))
+            total, _ = count_flops(eager, (images, ))
         result['gflops'] = total / 1e9
     return result
 
@@ -269,12 +284,14 @@ def main():
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--flops', action='store_true')
     parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--compile', default=None, metavar='BACKEND',
+                        help='measure torch.compile(model, backend=BACKEND)')
     add_live_memory_flag(parser)
     args = parser.parse_args()
     start_worker(args)
     result = measure(args.spec, (args.height, args.width), args.device,
                      args.backward, args.warmup, args.repeats, args.flops,
-                     args.batch)
+                     args.batch, args.compile)
     print('RESULT ' + json.dumps(result))
 
 

@@ -4,9 +4,9 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
-CSV_FIELDS = ('model', 'height', 'width', 'device', 'mode', 'batch', 'threads',
-              'params', 'seconds', 'cpu_seconds', 'peak_bytes', 'live_peak_bytes',
-              'gflops', 'error')
+CSV_FIELDS = ('model', 'compile', 'height', 'width', 'device', 'mode', 'batch',
+              'threads', 'params', 'compile_seconds', 'seconds', 'cpu_seconds',
+              'peak_bytes', 'live_peak_bytes', 'gflops', 'error')
 COMPONENTS = ('backbone', 'neck', 'rpn_head', 'roi_head')
 DETECTOR_FIELDS = CSV_FIELDS[:-2] + tuple(f'saved_{c}' for c in COMPONENTS) + (
     'error', )
@@ -72,6 +72,12 @@ def write_results(results: List[Dict], meta: Dict, out_dir: str,
     return paths
 
 
+def series_label(result: Dict) -> str:
+    """A result's model, marked when it was measured compiled."""
+    backend = result.get('compile')
+    return result['model'] + (f' compiled ({backend})' if backend else '')
+
+
 def plot_scaling(results: List[Dict], path: str, mode: str = 'forward',
                  peaks: Optional[List[Dict]] = None) -> None:
     """Time and peak memory against megapixels, one line per model (log-log).
@@ -87,10 +93,10 @@ def plot_scaling(results: List[Dict], path: str, mode: str = 'forward',
     live = bool(measured) and all('live_peak_bytes' in r for r in measured)
     memory_field = 'live_peak_bytes' if live else 'peak_bytes'
     figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(12, 5))
-    models = sorted({r['model'] for r in results})
+    models = sorted({series_label(r) for r in results})
     for model in models:
         rows = sorted((r for r in results
-                       if r['model'] == model and r.get('seconds') is not None),
+                       if series_label(r) == model and r.get('seconds') is not None),
                       key=lambda r: r['height'] * r['width'])
         if not rows:
             continue
@@ -100,7 +106,7 @@ def plot_scaling(results: List[Dict], path: str, mode: str = 'forward',
         if live:
             memory.update({r['height'] * r['width'] / 1e6: r['peak_bytes']
                            for r in peaks or []
-                           if r['model'] == model and 'peak_bytes' in r})
+                           if series_label(r) == model and 'peak_bytes' in r})
         memory_axis.plot(sorted(memory), [memory[p] / 2**20 for p in sorted(memory)],
                          'o-', label=model)
     memory_label = 'peak live memory (MiB)' if live else 'peak resident memory (MiB)'

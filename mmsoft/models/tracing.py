@@ -17,8 +17,10 @@ queries torch's tracer states:
 * the chunked kernel product of inference concatenates its chunks instead
   of writing them into one output
   (:mod:`~mmsoft.models.memory_efficient.kernel_attention`);
-* the GELU records no backward fix for torch 2.1
-  (:mod:`~mmsoft.models.layers.shared.gelu`).
+* the contiguous-gradient identity (torch 2.1's GELU; the compiler's
+  stride model of LayerNorm's backward) is left out of the forward-only
+  tracers' records (:func:`records_forward_only`,
+  :mod:`~mmsoft.models.layers.shared.contiguous_gradient`).
 
 What ONNX needs beyond that (the Newton iteration for the closed form's
 eigendecomposition, the kernel product unchunked, sizes that follow a traced
@@ -31,8 +33,14 @@ import torch
 from ..utils.torch_compat import is_compiling
 
 
+def records_forward_only() -> bool:
+    """Whether ``torch.jit.trace`` or the ONNX exporter is recording the
+    caller: tracers of the forward pass alone (``torch.compile`` traces the
+    backward too)."""
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
 def is_tracing() -> bool:
     """Whether ``torch.jit.trace``, the ONNX exporter or ``torch.compile``
     is recording the caller."""
-    return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-            or is_compiling())
+    return records_forward_only() or is_compiling()

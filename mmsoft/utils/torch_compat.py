@@ -83,12 +83,16 @@ def warn_if_untested_torch(version: Optional[str] = None) -> bool:
     return True
 
 
+# Resolved once here: dynamo traces a call of the function, not an import.
+if hasattr(getattr(torch, 'compiler', None), 'is_compiling'):
+    _is_compiling = torch.compiler.is_compiling
+else:  # torch < 2.3
+    _is_compiling = importlib.import_module('torch._dynamo').is_compiling
+
+
 def is_compiling() -> bool:
     """Whether ``torch.compile`` (dynamo) is tracing the caller."""
-    compiler = getattr(torch, 'compiler', None)
-    if compiler is not None and hasattr(compiler, 'is_compiling'):
-        return compiler.is_compiling()
-    return importlib.import_module('torch._dynamo').is_compiling()  # torch < 2.3
+    return _is_compiling()
 
 
 def _autocast_query_takes_device() -> bool:

@@ -16,6 +16,8 @@ iteration per detector (``detectors.csv``, with the bytes autograd keeps in
 the backbone, neck and heads; the peers' Mask R-CNNs are mmdet's Swin-T
 config with the backbone and the FPN's input widths swapped);
 ``--peak-sizes`` adds untimed training peaks at more sizes (``peaks.csv``);
+``--compile`` measures every backbone a second time through
+``torch.compile`` (time, peaks and ``compile_seconds``, the first call's);
 ``--capacity-size`` adds the largest training batch within
 ``--memory-limit-gb`` per backbone, extrapolated linearly from batches 1
 and 2 (``capacity.csv``).
@@ -31,6 +33,8 @@ Example::
     python tools/analysis/benchmark.py --models soft-tiny soft-small swin-t pvtv2-b2 \
         pvtv2-b2-li xcit-s12 --sizes 512x512 800x1333 1024x1024 --repeats 3
     python tools/analysis/benchmark.py --models soft-small:solver=newton --sizes 800x1333
+    python tools/analysis/benchmark.py --mode train --compile --models soft++-tiny \
+        ufo-vit-tiny swin-t pvtv2-b2-li --sizes 512x512
     python tools/analysis/benchmark.py --mode train --models soft-tiny swin-t \
         --sizes 800x1333 --detectors soft++-tiny swin-t pvtv2-b2 pvtv2-b2-li \
         xcit-s12 --capacity-size 1024x1024
@@ -93,6 +97,11 @@ def parse_args():
                         help='memory budget of --capacity-size (GB, 1e9 bytes)')
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--compile', nargs='?', const='inductor', default=None,
+                        metavar='BACKEND',
+                        help='measure each backbone a second time compiled '
+                        '(torch.compile with BACKEND, default inductor): time, '
+                        'peaks and the first call, which compiles')
     parser.add_argument('--flops', action='store_true',
                         help='also count FLOPs of each run')
     parser.add_argument('--no-live-memory', action='store_true',
@@ -152,13 +161,18 @@ def backbone_base(spec, size, args, batch):
                 batch=batch)
 
 
-def run_worker(spec, size, args, batch=None):
-    """Measures one (spec, size) in child processes; returns its result."""
+def run_worker(spec, size, args, batch=None, compile_backend=None):
+    """Measures one (spec, size) in child processes, eager or compiled with
+    ``compile_backend``; returns its result."""
     batch = args.batch if batch is None else batch
     command = backbone_command(spec, size, args, batch, args.warmup, args.repeats,
                                backward=args.mode == 'train')
-    command += ['--flops'] * args.flops
-    return with_live_peak(command, backbone_base(spec, size, args, batch), args)
+    command += ['--flops'] * (args.flops and compile_backend is None)
+    base = backbone_base(spec, size, args, batch)
+    if compile_backend is not None:
+        command += ['--compile', compile_backend]
+        base['compile'] = compile_backend
+    return with_live_peak(command, base, args)
 
 
 def run_detector_worker(name, size, args):
@@ -202,6 +216,8 @@ def describe(result):
     if result.get('seconds') is None:
         return f"failed: {result['error']}"
     line = f"{result['seconds']:.3f} s, {result['peak_bytes'] / 2**20:.0f} MiB"
+    if result.get('compile_seconds') is not None:
+        line = f"compiled in {result['compile_seconds']:.1f} s, " + line
     if 'live_peak_bytes' in result:
         line += f" ({result['live_peak_bytes'] / 2**20:.0f} MiB live)"
     return line
@@ -222,15 +238,18 @@ def main():
     meta['matmul_gmacs'] = matmul_throughput(device=args.device) / 1e9
     print(f"dense matmul throughput: {meta['matmul_gmacs']:.1f} G multiply-adds/s "
           f"({meta['threads']} threads)", flush=True)
-    jobs = [('backbone', spec, size) for spec in args.models for size in args.sizes]
-    jobs += [('detector', name, size) for name in args.detectors
+    compiles = [None] + [args.compile] * (args.compile is not None)
+    jobs = [('backbone', spec, size, backend) for spec in args.models
+            for size in args.sizes for backend in compiles]
+    jobs += [('detector', name, size, None) for name in args.detectors
              for size in args.detector_sizes]
     sections = dict(results=[], detectors=[], capacity=[], peaks=[])
-    for index, (kind, name, size) in enumerate(jobs, 1):
-        print(f'[{index}/{len(jobs)}] {name} {size[0]}x{size[1]} ...', end=' ',
-              flush=True)
+    for index, (kind, name, size, backend) in enumerate(jobs, 1):
+        compiled = f' compiled ({backend})' if backend else ''
+        print(f'[{index}/{len(jobs)}] {name} {size[0]}x{size[1]}{compiled} ...',
+              end=' ', flush=True)
         if kind == 'backbone':
-            result = run_worker(name, size, args)
+            result = run_worker(name, size, args, compile_backend=backend)
             sections['results'].append(result)
         else:
             result = run_detector_worker(name, size, args)

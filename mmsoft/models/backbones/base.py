@@ -7,6 +7,7 @@ from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...utils import check_frozen_stages, check_image_batch
+from ..layers.shared.contiguous_gradient import contiguous_gradient
 from ..layers.shared.mlp import MLP
 from ..layers.shared.valid_region import ValidShapes, check_valid_shapes
 from ..memory_efficient import set_memory_efficient
@@ -17,7 +18,10 @@ from ..valid_region_record import registered_valid_shapes
 def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
     """Tokens on an (H, W) grid as a contiguous feature map.
 
-    A bare ``transpose`` would give a channels-last view. Downstream mmcv ops
+    The tokens' gradient is handed back token-major
+    (:func:`~mmsoft.models.layers.shared.contiguous_gradient.contiguous_gradient`),
+    as the norms before expect it. A bare ``transpose`` would give a
+    channels-last view. Downstream mmcv ops
     need NCHW memory: the CPU kernel of ``RoIAlign`` reads the buffer as NCHW
     whatever the strides, so on a channels-last map it pools wrong values
     (and a detector trained on them does not learn).
@@ -30,6 +34,7 @@ def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
         Tensor: Shape (B, C, H, W), contiguous.
     """
     batch, _, channels = tokens.shape
+    tokens = contiguous_gradient(tokens)
     return tokens.transpose(1, 2).reshape(batch, channels, *hw_shape).contiguous()
 
 

@@ -5,7 +5,7 @@ out unlike its input (a transposed one, as the kernels of SOFT attention
 return) with the input's strides: wrong values in float32, NaN in bfloat16
 (:data:`~mmsoft.utils.torch_compat.GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT`
 detects it at import). There, :func:`gelu` hands the backward a contiguous
-gradient (except while a tracer records, :func:`~mmsoft.models.tracing.is_tracing`);
+gradient (:mod:`.contiguous_gradient`);
 elsewhere it is ``F.gelu``.
 """
 import torch
@@ -13,19 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ....utils.torch_compat import GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT
-from ...tracing import is_tracing
-
-
-class ContiguousGradient(torch.autograd.Function):
-    """Identity whose backward makes the gradient contiguous."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad.contiguous()
+from .contiguous_gradient import contiguous_gradient
 
 
 def gelu(tensor: torch.Tensor) -> torch.Tensor:
@@ -39,10 +27,8 @@ def gelu(tensor: torch.Tensor) -> torch.Tensor:
         Tensor: The same shape.
     """
     out = F.gelu(tensor)
-    # A tracer (FLOP counter, exporter) records no backward.
-    if GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT and out.requires_grad \
-            and not is_tracing():
-        out = ContiguousGradient.apply(out)
+    if GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT:
+        out = contiguous_gradient(out)
     return out
 
 

@@ -4,7 +4,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from .valid_region import ValidShapes, region_tokens_to_grid
+from .valid_region import ValidShapes, per_distinct_shape, region_tokens_to_grid
 
 
 def interpolate_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
@@ -52,7 +52,7 @@ def resize_pos_embed_to_regions(pos_embed: torch.Tensor, src_shape: Tuple[int, i
     Returns:
         Tensor: Shape (B, H * W, C).
     """
-    resized = {shape: resize_pos_embed(pos_embed, src_shape, shape)
-               for shape in set(valid_shapes)}  # (1, h * w, C) each
+    resized = per_distinct_shape(  # (1, h * w, C) each
+        lambda shape: resize_pos_embed(pos_embed, src_shape, shape), valid_shapes)
     return torch.cat([region_tokens_to_grid(resized[shape], shape, hw_shape)
                       for shape in valid_shapes])

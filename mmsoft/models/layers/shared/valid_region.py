@@ -7,7 +7,7 @@ follow the regions through the layers, zero what lies outside them (so that
 a convolution sees there the zero padding it would see around the image
 alone) and move maps between an image's own grid and the batch grid.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,25 @@ def strided_shapes(valid_shapes: ValidShapes, strides: Sequence[int]) -> ValidSh
 def scaled_shapes(valid_shapes: ValidShapes, factor: int) -> ValidShapes:
     """Regions after upsampling by ``factor``: (h, w) -> (h * f, w * f)."""
     return [(h * factor, w * factor) for h, w in valid_shapes]
+
+
+def per_distinct_shape(make: Callable[[Tuple[int, int]], torch.Tensor],
+                       valid_shapes: ValidShapes) -> Dict[Tuple[int, int], torch.Tensor]:
+    """``make(shape)`` once for each distinct shape of ``valid_shapes``, in
+    order of first appearance (a loop, not a ``set``: compilers follow it).
+
+    Args:
+        make (callable): Tensor of one (h, w) shape.
+        valid_shapes (list[tuple[int, int]]): Each image's valid (h, w).
+
+    Returns:
+        dict: shape -> ``make(shape)``.
+    """
+    made = {}
+    for shape in valid_shapes:
+        if shape not in made:
+            made[shape] = make(shape)
+    return made
 
 
 def valid_mask(valid_shapes: ValidShapes, hw_shape: Sequence[int],

@@ -37,12 +37,13 @@ from ...memory_efficient.kernel_attention import (
     symmetric_scale)
 from ...memory_efficient.switch import MemoryEfficient, records_gradient
 from ..shared.attention_heads import merge_heads, split_heads
+from ..shared.contiguous_gradient import contiguous_gradient
 from ..shared.gelu import gelu
 from ..shared.precision import full_precision
 from ..shared.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
                                    tokens_of_region)
 from .bottleneck_pool import cap_bottleneck_grid
-from .gaussian_kernel import gaussian_kernel
+from .gaussian_kernel import bottleneck_kernel, gaussian_kernel
 from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
 
 
@@ -88,15 +89,15 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
     """
     # A = k(L, L): (B, h, m, m)
     if memory_efficient:
-        bottleneck_kernel = recomputed_bottleneck_kernel(bottleneck)
+        kernel_a = recomputed_bottleneck_kernel(bottleneck)
     else:
-        bottleneck_kernel = gaussian_kernel(bottleneck, bottleneck)
+        kernel_a = bottleneck_kernel(bottleneck)
     # middle = (A + 0.01 I)^-1 or pinv(A): (B, h, m, m)
-    middle = kernel_inverse(bottleneck_kernel, attention, solver, newton_iters,
+    middle = kernel_inverse(kernel_a, attention, solver, newton_iters,
                             memory_efficient=memory_efficient)
     if attention == 'soft++':
         # middle = D^-1/2 . middle . D^-1/2, D = diag(A 1)
-        inv_sqrt_degree = bottleneck_kernel.sum(-1).rsqrt()  # (B, h, m)
+        inv_sqrt_degree = kernel_a.sum(-1).rsqrt()  # (B, h, m)
         if memory_efficient:
             middle = symmetric_scale(middle, inv_sqrt_degree)
         else:
@@ -223,8 +224,11 @@ class SoftAttention(BaseModule, MemoryEfficient):
                         groups=self.num_heads)  # (B, h*d, H/r, W/r)
         grid = self.cap_bottleneck_grid(grid, self.max_bottleneck_tokens)  # h'w' <= cap
         bottleneck = grid.reshape(batch, self.num_heads, self.head_dims, -1)
-        bottleneck = bottleneck.transpose(-1, -2) * scale  # (B, h, m, d)
-        return gelu(self.bottleneck_norm(bottleneck))  # L: (B, h, m, d)
+        # LayerNorm's input and gradient contiguous: the compiler's stride
+        # model of its backward follows their layout, the CPU kernel's
+        # output is contiguous.
+        bottleneck = (bottleneck.transpose(-1, -2) * scale).contiguous()  # (B, h, m, d)
+        return contiguous_gradient(gelu(self.bottleneck_norm(bottleneck)))  # L
 
     def global_term(self, query_map: torch.Tensor,
                     values: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..shared.valid_region import ValidShapes, pad_to_grid
+from ..shared.valid_region import ValidShapes, pad_to_grid, per_distinct_shape
 
 
 class FourierPositionEncoding(nn.Module):
@@ -59,8 +59,8 @@ class FourierPositionEncoding(nn.Module):
         """
         if valid_shapes is None:
             return self.encode_grid(hw_shape, device).expand(batch, -1, -1, -1)
-        encodings = {shape: self.encode_grid(shape, device)
-                     for shape in set(valid_shapes)}  # (1, C, h, w) each
+        encodings = per_distinct_shape(  # (1, C, h, w) each
+            lambda shape: self.encode_grid(shape, device), valid_shapes)
         return torch.cat([pad_to_grid(encodings[shape], hw_shape)
                           for shape in valid_shapes])
 
