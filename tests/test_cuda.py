@@ -121,3 +121,49 @@ def test_upernet_training_step(amp):
     assert 'decode.loss_ce' in losses
     assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert backbone_grad_norm(model) > 0
+
+
+@pytest.mark.parametrize('make_backbone', [
+    pytest.param(lambda: soft_tiny('newton_closed_form'), id='soft++-closed-form'),
+    pytest.param(lambda: soft_tiny('newton'), id='soft++-newton'),
+    pytest.param(ufo_vit_tiny, id='ufo-vit')])
+@pytest.mark.parametrize('training', [True, False], ids=['train', 'inference'])
+def test_no_host_sync_under_sync_debug_mode(make_backbone, training):
+    """Batch 2 with valid regions; CUDA raises on any synchronisation."""
+    torch.manual_seed(0)
+    model = make_backbone().to(DEVICE).train(training)
+    images = torch.randn(2, 3, 256, 320, device=DEVICE)
+    valid_shapes = [(256, 320), (192, 224)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        with torch.set_grad_enabled(training):
+            outs = model(images, valid_shapes)
+            if training:
+                sum(o.float().square().mean() for o in outs).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(outs) == 4
+
+
+def test_tf32_kernel_and_inverse_stay_float32_accurate():
+    """With TF32 matmuls on, the bottleneck kernel and its Newton inverse
+    against float64."""
+    from mmsoft.models.layers.soft.gaussian_kernel import bottleneck_kernel
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    points = 0.3 * torch.randn(2, 10, 240, 32, device=DEVICE, generator=generator)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        kernel = bottleneck_kernel(points)
+        inverse = kernel_inverse(kernel, 'soft++', 'newton', memory_efficient=False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    reference = gaussian_kernel(points.double(), points.double())
+    reference_inverse = kernel_inverse(reference, 'soft++', 'newton',
+                                       memory_efficient=False)
+    kernel_error = ((kernel - reference).abs().max() / reference.abs().max()).item()
+    inverse_error = ((inverse - reference_inverse).norm()
+                     / reference_inverse.norm()).item()
+    assert kernel_error < 1e-5
+    assert inverse_error < 1e-3

@@ -18,6 +18,7 @@ from mmsoft.analysis.measure import run_once
 REPO = Path(__file__).resolve().parents[1]
 TOOL = str(REPO / 'tools/analysis/gpu_check.py')
 RECORD_KEYS = {'backbone', 'solver', 'dtype', 'height', 'width', 'mode', 'status',
+               'host_sync',
                'time_ms', 'all_time_ms', 'max_memory_mib', 'memory_above_start_mib',
                'params_m', 'error'}
 
@@ -206,7 +207,8 @@ def test_cpu_smoke_run_writes_one_record_per_case(tmp_path):
     assert meta['device'] == 'cpu' and meta['torch'] == torch.__version__
     assert {'device_name', 'cuda', 'cudnn', 'packages',
             'benchmark_seconds'} <= set(meta)
-    assert (meta['budget_s'], meta['repeats'], meta['cases']) == (360, 1, 6)
+    assert (meta['budget_s'], meta['repeats'], meta['cases'], meta['batch']) == (
+        360, 1, 6, 2)
     assert data['tests'] == {'ran': False}
     records = data['records']
     assert all(set(r) == RECORD_KEYS for r in records)
@@ -221,6 +223,7 @@ def test_cpu_smoke_run_writes_one_record_per_case(tmp_path):
                                                                         'float32')
         assert record['time_ms'] > 0 and len(record['all_time_ms']) == 1
         assert record['max_memory_mib'] is None  # CUDA's allocator only
+        assert record['host_sync'] is None  # CUDA's sync debug mode only
         assert record['memory_above_start_mib'] is None
     params = {r['backbone']: r['params_m'] for r in records}
     assert 10 < params['soft++-tiny'] < 15 and 20 < params['pvtv2-b2'] < 30
@@ -258,3 +261,25 @@ def test_spent_budget_lists_every_case_as_skipped(tmp_path):
     assert data['summary']['skipped_cases'] == [c.label() for c in cases]
     assert Case('swin-t', None, 'float32', (32, 32), 'train').label() in done.stdout
     assert '0 measured, 0 failed, 8 skipped (budget 0 s)' in done.stdout
+
+
+def test_closed_form_is_measured_once_on_a_gpu_where_it_is_the_iteration():
+    solvers = ['newton_closed_form', 'newton', 'exact']
+    on_gpu = make_cases(['soft++-tiny'], solvers, ['float32'], [(64, 64)], ['train'])
+    on_cpu = make_cases(['soft++-tiny'], solvers, ['float32'], [(64, 64)], ['train'],
+                        device_type='cpu')
+    assert [case.solver for case in on_gpu] == ['newton', 'exact']
+    assert [case.solver for case in on_cpu] == solvers
+
+
+def test_host_syncs_fail_the_check_except_the_exact_solvers():
+    records = [Case('soft++-tiny', solver, 'float32', (64, 64), 'train').record(
+        'ok', host_sync=sync) for solver, sync in
+        [('newton', 'none'), ('exact', 'RuntimeError: called a synchronizing op')]]
+    data = dict(tests=dict(ran=False), summary=gpu_check.summarise(records))
+    assert data['summary']['host_sync_cases'] == [] and gpu_check.check_passed(data)
+    records.append(Case('ufo-vit-small', None, 'float32', (64, 64), 'train').record(
+        'ok', host_sync='RuntimeError: called a synchronizing op'))
+    data['summary'] = gpu_check.summarise(records)
+    assert data['summary']['host_sync_cases'] == ['ufo-vit-small float32 64x64 train']
+    assert not gpu_check.check_passed(data)

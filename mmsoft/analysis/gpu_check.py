@@ -3,7 +3,9 @@
 :func:`run_check` runs ``pytest tests/test_cuda.py`` in a child process,
 then measures, in this process, one training step (forward + backward of
 the sum of the four maps' means, no GradScaler) and one inference forward
-(no gradients) of each backbone at batch size 1:
+(no gradients) of each backbone at batch 2 with valid regions, as the
+configs' data preprocessors give them (the second image three quarters of
+the canvas on each side), once under CUDA's sync debug mode (``host_sync``):
 
 - mmdet's Swin-T and PVTv2-b2, UFO-ViT-small, and SOFT++-tiny and
   SOFT++-small once per solver (``'newton_closed_form'``, the configs'
@@ -47,7 +49,8 @@ import torch
 import torch.nn as nn
 
 from ..apis.runner import build_in_scope
-from ..models.layers.soft.kernel_inverse import SOLVERS
+from ..models.layers.soft.kernel_inverse import SOLVERS, solver_that_runs
+from ..models.valid_region_record import register_valid_shapes
 from ..utils import check_choice, check_positive_int
 from .detector_step import detector_config
 from .measure import peak_memory_of, run_once, timing_fields
@@ -73,6 +76,8 @@ CPU_SMOKE_COMMAND = ('python tools/analysis/gpu_check.py --device cpu '
                      '--sizes 64x64 --repeats 1 --skip-tests')
 PACKAGES = ('torch', 'mmcv', 'mmengine', 'mmdet', 'mmsegmentation', 'mmsoft')
 MIB = 2**20
+#: Images per call, the second with a smaller valid region (:func:`valid_regions`).
+BATCH = 2
 OUTPUT_TAIL_LINES = 30
 
 
@@ -105,13 +110,14 @@ class Case:
 
         Returns:
             dict: ``backbone``, ``solver``, ``dtype``, ``height``, ``width``,
-            ``mode``, ``status``, ``time_ms``, ``all_time_ms``,
+            ``mode``, ``status``, ``host_sync`` (on CUDA: ``'none'`` or the
+            first synchronisation's error), ``time_ms``, ``all_time_ms``,
             ``max_memory_mib``, ``memory_above_start_mib``, ``params_m`` and
             ``error``.
         """
         record = dict(backbone=self.backbone, solver=self.solver, dtype=self.dtype,
                       height=self.size[0], width=self.size[1], mode=self.mode,
-                      status=status, time_ms=None, all_time_ms=None,
+                      status=status, host_sync=None, time_ms=None, all_time_ms=None,
                       max_memory_mib=None, memory_above_start_mib=None,
                       params_m=None, error=None)
         record.update(fields)
@@ -188,14 +194,17 @@ def require_device(device: str) -> torch.device:
 
 def make_cases(backbones: Sequence[str], solvers: Sequence[str],
                dtypes: Sequence[str], sizes: Sequence[Tuple[int, int]],
-               modes: Sequence[str]) -> List[Case]:
-    """Every requested case, in the order they are measured.
+               modes: Sequence[str], device_type: str = 'cuda') -> List[Case]:
+    """Every distinct case, in the order they are measured.
 
     Sizes come first (in the given order), so that a spent budget skips the
     last size of every backbone rather than every size of the last
     backbones; within a size the cases of one model (backbone, solver)
     follow each other, so it is built once per size. SOFT++ backbones get
-    one model per solver, the others none.
+    one model per solver that runs on ``device_type``
+    (:func:`~mmsoft.models.layers.soft.kernel_inverse.solver_that_runs`: on
+    a GPU ``'newton_closed_form'`` is the iteration, measured once, as
+    ``'newton'``), the others none.
 
     Raises:
         ValueError: On an unknown backbone, solver, dtype or mode.
@@ -206,8 +215,9 @@ def make_cases(backbones: Sequence[str], solvers: Sequence[str],
                                   ('mode', modes, MODES)):
         for value in values:
             check_choice(name, value, choices)
+    paths = list(dict.fromkeys(solver_that_runs(s, device_type) for s in solvers))
     models = [(b, s) for b in backbones
-              for s in (solvers if b in SOFT_BACKBONES else (None, ))]
+              for s in (paths if b in SOFT_BACKBONES else (None, ))]
     return [Case(backbone, solver, dtype, tuple(size), mode)
             for size in sizes for backbone, solver in models
             for dtype in dtypes for mode in modes]
@@ -266,17 +276,44 @@ def measure_case(model: nn.Module, case: Case, device: torch.device,
         ``memory_above_start_mib`` and ``params_m``.
     """
     torch.manual_seed(0)
-    images = torch.randn(1, 3, *case.size, device=device)  # (1, 3, H, W)
+    images = torch.randn(BATCH, 3, *case.size, device=device)  # (2, 3, H, W)
+    # What the configs' ValidRegion*DataPreprocessor gives the backbone.
+    register_valid_shapes(images, valid_regions(case.size))
     training = case.mode == 'train'
     model.train(training)
     dtype = AUTOCAST_DTYPES[case.dtype]
     call = lambda: run_once(model, images, training, dtype)  # noqa: E731
     timing = timing_fields(call, device, warmup, repeats)
-    fields = dict(time_ms=timing['seconds'] * 1e3,
+    fields = dict(host_sync=host_sync_of(call, device),
+                  time_ms=timing['seconds'] * 1e3,
                   all_time_ms=[s * 1e3 for s in timing['all_seconds']],
                   params_m=sum(p.numel() for p in model.parameters()) / 1e6)
     fields.update(memory_fields(call, device))
     return fields
+
+
+def valid_regions(size: Tuple[int, int]) -> List[Tuple[int, int]]:
+    """The batch's valid regions: the whole canvas, then three quarters of
+    each side (a padded second image)."""
+    height, width = size
+    return [(height, width), (max(1, 3 * height // 4), max(1, 3 * width // 4))]
+
+
+def host_sync_of(call: Callable[[], object], device: torch.device) -> Optional[str]:
+    """On CUDA, runs ``call()`` once under
+    ``torch.cuda.set_sync_debug_mode('error')``: ``'none'``, or the error
+    of its first host-device synchronisation. None on other devices."""
+    if device.type != 'cuda':
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        call()
+        return 'none'
+    except RuntimeError as error:
+        return describe_error(error)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def describe_error(error: BaseException) -> str:
@@ -451,11 +488,16 @@ def describe_record(record: Dict) -> str:
 
 
 def summarise(records: Sequence[Dict]) -> Dict:
-    """Record counts by status, and the labels of the skipped cases."""
+    """Record counts by status, the labels of the skipped cases and those
+    of the cases that synchronised with the host (the ``'exact'`` solver's
+    LAPACK checks excepted)."""
     counts = {status: sum(r['status'] == status for r in records)
               for status in ('ok', 'error', 'skipped')}
     counts['skipped_cases'] = [record_label(r) for r in records
                                if r['status'] == 'skipped']
+    counts['host_sync_cases'] = [
+        record_label(r) for r in records
+        if r.get('host_sync') not in (None, 'none') and r['solver'] != 'exact']
     return counts
 
 
@@ -516,10 +558,10 @@ def run_check(settings: CheckSettings,
     """
     device = require_device(settings.device)
     cases = make_cases(settings.backbones, settings.solvers, settings.dtypes,
-                       settings.sizes, settings.modes)
+                       settings.sizes, settings.modes, device.type)
     meta = environment(device)
     meta.update(budget_s=settings.budget_s, warmup=settings.warmup,
-                repeats=settings.repeats, batch=1, cases=len(cases))
+                repeats=settings.repeats, batch=BATCH, cases=len(cases))
     data = dict(meta=meta, tests=dict(ran=False), records=[], summary={})
     if settings.run_tests:
         log(f'running {" ".join(settings.tests)} ...')
@@ -543,7 +585,9 @@ def run_check(settings: CheckSettings,
 
 
 def check_passed(data: Dict) -> bool:
-    """Whether the tests (when run) passed and no measurement failed."""
+    """Whether the tests (when run) passed, no measurement failed and no
+    case but the ``'exact'`` solver's synchronised with the host."""
     tests = data['tests']
     tests_ok = not tests.get('ran') or tests.get('returncode') == 0
-    return tests_ok and data['summary'].get('error', 0) == 0
+    return (tests_ok and data['summary'].get('error', 0) == 0
+            and not data['summary'].get('host_sync_cases'))

@@ -75,6 +75,15 @@ EIGH_DTYPE = torch.float64
 CLOSED_FORM_DEVICES = ('cpu', )
 
 
+def solver_that_runs(solver: str, device_type: str) -> str:
+    """The solver that computes ``solver``'s inverse on ``device_type``:
+    ``'newton_closed_form'`` runs the iteration off
+    :data:`CLOSED_FORM_DEVICES`; the others run as named."""
+    if solver == 'newton_closed_form' and device_type not in CLOSED_FORM_DEVICES:
+        return 'newton'
+    return solver
+
+
 def canonical_solver(solver: str) -> str:
     """The name of ``solver`` in :data:`SOLVERS`; a deprecated alias gives a
     ``DeprecationWarning``.
@@ -521,7 +530,8 @@ def kernel_inverse(mat: torch.Tensor, attention: str = 'soft',
         with torch.no_grad():
             alpha = newton_scale(mat, attention)  # a step size: constant
         operand = newton_operand(mat, attention)  # P: (B, ..., m, m)
-        if solver == 'newton_closed_form' and mat.device.type in CLOSED_FORM_DEVICES:
+        solver = solver_that_runs(solver, mat.device.type)
+        if solver == 'newton_closed_form':
             return newton_closed_form(operand, alpha, num_iters)
         # While a tracer records, the iteration is one node, as the other
         # solvers are: the FLOP counter counts it by formula.
