@@ -19,9 +19,10 @@ FLOOR_PYTHON := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.mmsoft-installed
 FLOOR_MARKERS ?= not mmcv_ops and not torchvision
 PYTEST_ARGS ?= --durations=15
-# `make gpu-check` installs nothing: it runs in .venv when there is one, else
-# in the active environment (a CUDA stack, see the README's GPU recipe).
-GPU_CHECK_PYTHON ?= $(if $(wildcard $(PYTHON)),$(PYTHON),python)
+# `make gpu-check` installs nothing: it runs in the active environment's
+# python (a CUDA stack, see the README's GPU recipe; .venv holds a CPU build
+# of mmcv). GPU_CHECK_PYTHON=... picks another.
+GPU_CHECK_PYTHON ?= python
 GPU_CHECK_ARGS ?=
 
 .PHONY: install install-floor lock demo test test-stack test-floor gpu-check clean-venv

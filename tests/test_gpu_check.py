@@ -4,6 +4,7 @@ size, the results file of its benchmark part."""
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,8 @@ def test_budget_skips_the_rest_and_failures_do_not_stop_it(monkeypatch):
                        ['float32', 'float16'], [(64, 64)], ['train', 'inference'])
     seen = []
     records = run_benchmark(cases, torch.device('cpu'), budget_s=55.,
-                            on_record=seen.append, clock=clock)
+                            on_record=seen.append, clock=clock,
+                            case_timeout_s=None)  # in this process
     assert seen == records and len(records) == len(cases) == 12
     # PVTv2 fails to build: its 4 cases are errors and take no time.
     assert [r['status'] for r in records[:4]] == ['error'] * 4
@@ -283,3 +285,13 @@ def test_host_syncs_fail_the_check_except_the_exact_solvers():
     data['summary'] = gpu_check.summarise(records)
     assert data['summary']['host_sync_cases'] == ['ufo-vit-small float32 64x64 train']
     assert not gpu_check.check_passed(data)
+
+
+def test_a_case_past_its_hard_limit_is_killed():
+    case = Case('soft++-tiny', 'newton', 'float32', (64, 64), 'train')
+    start = time.monotonic()
+    record = gpu_check.measure_in_subprocess(case, torch.device('cpu'), 0, 1,
+                                             timeout_s=0.5)
+    assert time.monotonic() - start < 10
+    assert record['status'] == 'error'
+    assert record['error'].startswith('timed out after 0 s (the hard limit')

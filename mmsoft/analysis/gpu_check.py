@@ -71,6 +71,7 @@ MODES = ('train', 'inference')
 SIZES = ((800, 1333), (1536, 1536))
 DEFAULT_BUDGET_S = 360.
 DEFAULT_TESTS_TIMEOUT_S = 120.
+DEFAULT_CASE_TIMEOUT_S = 180.
 DEFAULT_OUT = 'work_dirs/gpu_check/gpu_check.json'
 CPU_SMOKE_COMMAND = ('python tools/analysis/gpu_check.py --device cpu '
                      '--sizes 64x64 --repeats 1 --skip-tests')
@@ -146,6 +147,8 @@ class CheckSettings:
         tests (Sequence[str]): The pytest paths. Default: :data:`CUDA_TESTS`.
         tests_timeout_s (float): Limit of the test run.
             Default: :data:`DEFAULT_TESTS_TIMEOUT_S`.
+        case_timeout_s (float): Hard limit of each case, run in its own
+            process. Default: :data:`DEFAULT_CASE_TIMEOUT_S`.
     """
     out: str = DEFAULT_OUT
     device: str = 'cuda'
@@ -160,10 +163,11 @@ class CheckSettings:
     run_tests: bool = True
     tests: Sequence[str] = CUDA_TESTS
     tests_timeout_s: float = DEFAULT_TESTS_TIMEOUT_S
+    case_timeout_s: float = DEFAULT_CASE_TIMEOUT_S
 
     def __post_init__(self):
         check_positive_int('repeats', self.repeats)
-        for name in ('warmup', 'budget_s', 'tests_timeout_s'):
+        for name in ('warmup', 'budget_s', 'tests_timeout_s', 'case_timeout_s'):
             _check_non_negative(name, getattr(self, name))
 
 
@@ -352,14 +356,58 @@ def _built(case: Case, device: torch.device) -> Tuple[Optional[nn.Module],
         return None, describe_error(error)
 
 
+def measure_in_subprocess(case: Case, device: torch.device, warmup: int,
+                          repeats: int, timeout_s: float) -> Dict:
+    """Builds and measures ``case`` in a child process, killed after
+    ``timeout_s`` seconds: a hung or runaway case costs no more than that.
+
+    Returns:
+        dict: The case's record (see :meth:`Case.record`); an error record
+        when the child timed out or died without a result.
+    """
+    request = dict(case=dataclasses.asdict(case), device=str(device),
+                   warmup=warmup, repeats=repeats)
+    command = [sys.executable, '-m', 'mmsoft.analysis.gpu_check', json.dumps(request)]
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return case.record('error', error=f'timed out after {timeout_s:.0f} s '
+                           '(the hard limit of a case)')
+    for line in done.stdout.splitlines():
+        if line.startswith('RESULT '):
+            return json.loads(line[len('RESULT '):])
+    last = (done.stderr.strip().splitlines() or [f'exit status {done.returncode}'])[-1]
+    return case.record('error', error=f'the case\'s process died: {last}'[:300])
+
+
+def _worker_main(request: str) -> None:
+    """Child process of :func:`measure_in_subprocess`: one case, one
+    ``RESULT <json>`` line."""
+    request = json.loads(request)
+    fields = request['case']
+    case = Case(**dict(fields, size=tuple(fields['size'])))
+    device = torch.device(request['device'])
+    model, build_error = _built(case, device)
+    record = _measured_record(model, build_error, case, device, request['warmup'],
+                              request['repeats'])
+    print('RESULT ' + json.dumps(record), flush=True)
+
+
 def run_benchmark(cases: Sequence[Case], device: torch.device, budget_s: float,
                   warmup: int = 1, repeats: int = 3,
                   on_record: Callable[[Dict], None] = lambda record: None,
-                  clock: Callable[[], float] = time.monotonic) -> List[Dict]:
+                  clock: Callable[[], float] = time.monotonic,
+                  case_timeout_s: Optional[float] = DEFAULT_CASE_TIMEOUT_S
+                  ) -> List[Dict]:
     """Measures ``cases`` in order until ``budget_s`` seconds are spent.
 
-    One model is held at a time: it is built when a case needs another
-    (backbone, solver) than the last one.
+    With ``case_timeout_s`` (the default), each case runs in its own child
+    process (:func:`measure_in_subprocess`), killed after ``case_timeout_s``
+    or when the budget runs out, whichever comes first: the benchmark never
+    runs past its budget. With None, the cases run in this process, one
+    model held at a time (built when a case needs another (backbone,
+    solver) than the last one), and the budget is checked between cases.
 
     Args:
         cases (Sequence[Case]): What to measure (see :func:`make_cases`).
@@ -371,6 +419,8 @@ def run_benchmark(cases: Sequence[Case], device: torch.device, budget_s: float,
         on_record (callable): Called with each record as it is made.
             Default: does nothing.
         clock (callable): Seconds, monotonic. Default: ``time.monotonic``.
+        case_timeout_s (float, optional): The hard limit of one case.
+            Default: :data:`DEFAULT_CASE_TIMEOUT_S`.
 
     Returns:
         list[dict]: One record per case (see :meth:`Case.record`), in order.
@@ -378,8 +428,12 @@ def run_benchmark(cases: Sequence[Case], device: torch.device, budget_s: float,
     start = clock()
     records, model, key, build_error = [], None, None, None
     for case in cases:
-        if clock() - start >= budget_s:
+        left = budget_s - (clock() - start)
+        if left <= 0:
             record = case.record('skipped')
+        elif case_timeout_s is not None:
+            record = measure_in_subprocess(case, device, warmup, repeats,
+                                           min(case_timeout_s, left))
         else:
             if case.model_key != key:
                 model = None
@@ -561,7 +615,8 @@ def run_check(settings: CheckSettings,
                        settings.sizes, settings.modes, device.type)
     meta = environment(device)
     meta.update(budget_s=settings.budget_s, warmup=settings.warmup,
-                repeats=settings.repeats, batch=BATCH, cases=len(cases))
+                repeats=settings.repeats, batch=BATCH, cases=len(cases),
+                case_timeout_s=settings.case_timeout_s)
     data = dict(meta=meta, tests=dict(ran=False), records=[], summary={})
     if settings.run_tests:
         log(f'running {" ".join(settings.tests)} ...')
@@ -577,7 +632,7 @@ def run_check(settings: CheckSettings,
 
     start = time.monotonic()
     run_benchmark(cases, device, settings.budget_s, settings.warmup,
-                  settings.repeats, on_record)
+                  settings.repeats, on_record, case_timeout_s=settings.case_timeout_s)
     meta['benchmark_seconds'] = time.monotonic() - start
     data['summary'] = summarise(data['records'])
     write_json(settings.out, data)
@@ -591,3 +646,7 @@ def check_passed(data: Dict) -> bool:
     tests_ok = not tests.get('ran') or tests.get('returncode') == 0
     return (tests_ok and data['summary'].get('error', 0) == 0
             and not data['summary'].get('host_sync_cases'))
+
+
+if __name__ == '__main__':
+    _worker_main(sys.argv[1])

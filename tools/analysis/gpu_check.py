@@ -1,10 +1,13 @@
 """GPU check: the CUDA tests, then time and memory of the backbones on a GPU.
 
 Runs ``pytest tests/test_cuda.py``, then one training step and one
-inference forward (batch 1) of SOFT++-tiny/-small (each solver), UFO-ViT-small,
-mmdet's Swin-T and PVTv2-b2, in float32 and float16 autocast, at 800x1333
-and 1536x1536, within a time budget; writes one JSON file and prints a
-table (see :mod:`mmsoft.analysis.gpu_check`). Installs nothing. Exits 1 when
+inference forward (batch 2 with valid regions, under CUDA's sync debug mode
+once) of SOFT++-tiny/-small (each solver that runs on the device),
+UFO-ViT-small, mmdet's Swin-T and PVTv2-b2, in float32 and float16
+autocast, at 800x1333 and 1536x1536, each case in its own process with a
+hard time limit, within a time budget; writes one JSON file and prints a
+table (see :mod:`mmsoft.analysis.gpu_check`). Installs nothing: it runs in
+the Python it is started with (the active environment). Exits 1 when
 a test or a measurement failed (the file is written either way), 2 on
 invalid arguments or when there is no CUDA device.
 
@@ -21,7 +24,7 @@ import argparse
 import sys
 
 from mmsoft.analysis.gpu_check import (AUTOCAST_DTYPES, BACKBONES, DEFAULT_BUDGET_S,
-                                       DEFAULT_OUT, DEFAULT_SOLVERS,
+                                       DEFAULT_CASE_TIMEOUT_S, DEFAULT_OUT, DEFAULT_SOLVERS,
                                        DEFAULT_TESTS_TIMEOUT_S, DTYPES, MODES, SIZES,
                                        CheckSettings,
                                        check_passed, describe_tests, format_table,
@@ -56,6 +59,10 @@ def parse_args():
                         help='do not run tests/test_cuda.py first')
     parser.add_argument('--tests-timeout-s', type=float,
                         default=DEFAULT_TESTS_TIMEOUT_S)
+    parser.add_argument('--case-timeout-s', type=float,
+                        default=DEFAULT_CASE_TIMEOUT_S,
+                        help='hard limit of each measurement, run in its own '
+                        'process')
     return parser.parse_args()
 
 
@@ -68,7 +75,8 @@ def main():
             solvers=args.solvers, dtypes=args.dtypes, sizes=args.sizes,
             modes=args.modes, budget_s=args.budget_s, warmup=args.warmup,
             repeats=args.repeats, run_tests=not args.skip_tests,
-            tests_timeout_s=args.tests_timeout_s)
+            tests_timeout_s=args.tests_timeout_s,
+            case_timeout_s=args.case_timeout_s)
     except (RuntimeError, ValueError) as error:
         print(f'gpu_check: {error}', file=sys.stderr)
         sys.exit(2)
