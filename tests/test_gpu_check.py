@@ -295,3 +295,24 @@ def test_a_case_past_its_hard_limit_is_killed():
     assert time.monotonic() - start < 10
     assert record['status'] == 'error'
     assert record['error'].startswith('timed out after 0 s (the hard limit')
+
+
+def test_sync_batch_norm_variant_runs_on_gpus_only():
+    on_gpu = make_cases(['ufo-vit-small', 'ufo-vit-small+syncbn'], [], ['float32'],
+                        [(64, 64)], ['train'])
+    on_cpu = make_cases(['ufo-vit-small', 'ufo-vit-small+syncbn'], [], ['float32'],
+                        [(64, 64)], ['train'], device_type='cpu')
+    assert [c.backbone for c in on_gpu] == ['ufo-vit-small', 'ufo-vit-small+syncbn']
+    assert [c.backbone for c in on_cpu] == ['ufo-vit-small']
+    assert gpu_check.backbone_config('ufo-vit-small+syncbn') == \
+        gpu_check.backbone_config('ufo-vit-small')
+
+
+def test_compiled_variants_run_in_float32_at_the_first_size():
+    cases = make_cases(['soft++-tiny+compiled'], ['newton'], ['float32', 'float16'],
+                       [(64, 64), (32, 32)], ['train', 'inference'])
+    assert [(c.solver, c.dtype, c.size, c.mode) for c in cases] == [
+        ('newton', 'float32', (64, 64), 'train'),
+        ('newton', 'float32', (64, 64), 'inference')]
+    assert gpu_check.backbone_config('soft++-tiny+compiled', 'newton') == \
+        gpu_check.backbone_config('soft++-tiny', 'newton')

@@ -7,7 +7,10 @@ the sum of the four maps' means, no GradScaler) and one inference forward
 configs' data preprocessors give them (the second image three quarters of
 the canvas on each side), once under CUDA's sync debug mode (``host_sync``):
 
-- mmdet's Swin-T and PVTv2-b2, UFO-ViT-small, and SOFT++-tiny and
+- mmdet's Swin-T and PVTv2-b2, UFO-ViT-small (on CUDA also with its
+  BatchNorms converted to SyncBatchNorm, as mmengine's ``sync_bn`` does;
+  UFO-ViT-small and SOFT++-tiny through ``torch.compile`` too, in float32
+  at the first size), and SOFT++-tiny and
   SOFT++-small once per solver (``'newton_closed_form'``, the configs'
   solver, then ``'newton'`` and ``'exact'``): each the backbone of its 1x
   COCO Mask R-CNN config
@@ -37,6 +40,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -59,7 +63,16 @@ REPO = Path(__file__).resolve().parents[2]
 CUDA_TESTS = (str(REPO / 'tests' / 'test_cuda.py'), )
 SOFT_BACKBONES = ('soft++-tiny', 'soft++-small')
 # Measured in this order at each size: the references first, the slowest last.
-BACKBONES = ('swin-t', 'pvtv2-b2', 'ufo-vit-small') + SOFT_BACKBONES
+#: UFO-ViT-small with every BatchNorm a SyncBatchNorm, as mmengine's
+#: ``sync_bn='torch'`` converts it (CUDA only: SyncBatchNorm trains on GPUs).
+SYNC_BN_SUFFIX = '+syncbn'
+#: ``torch.compile`` (inductor) of the backbone: measured in float32 at the
+#: first size only (each case compiles anew, in its own process).
+COMPILED_SUFFIX = '+compiled'
+COMPILED_BACKBONES = ('ufo-vit-small' + COMPILED_SUFFIX,
+                      'soft++-tiny' + COMPILED_SUFFIX)
+BACKBONES = ('swin-t', 'pvtv2-b2', 'ufo-vit-small', 'ufo-vit-small' + SYNC_BN_SUFFIX
+             ) + SOFT_BACKBONES + COMPILED_BACKBONES
 # The shipped configs' solver first.
 DEFAULT_SOLVERS = ('newton_closed_form', ) + tuple(s for s in SOLVERS
                                                    if s != 'newton_closed_form')
@@ -208,7 +221,9 @@ def make_cases(backbones: Sequence[str], solvers: Sequence[str],
     one model per solver that runs on ``device_type``
     (:func:`~mmsoft.models.layers.soft.kernel_inverse.solver_that_runs`: on
     a GPU ``'newton_closed_form'`` is the iteration, measured once, as
-    ``'newton'``), the others none.
+    ``'newton'``), the others none. The SyncBatchNorm variant
+    (:data:`SYNC_BN_SUFFIX`) runs on CUDA only; the compiled ones
+    (:data:`COMPILED_SUFFIX`) in float32 at the first size only.
 
     Raises:
         ValueError: On an unknown backbone, solver, dtype or mode.
@@ -220,11 +235,22 @@ def make_cases(backbones: Sequence[str], solvers: Sequence[str],
         for value in values:
             check_choice(name, value, choices)
     paths = list(dict.fromkeys(solver_that_runs(s, device_type) for s in solvers))
+    if device_type != 'cuda':
+        backbones = [b for b in backbones if not b.endswith(SYNC_BN_SUFFIX)]
     models = [(b, s) for b in backbones
-              for s in (paths if b in SOFT_BACKBONES else (None, ))]
-    return [Case(backbone, solver, dtype, tuple(size), mode)
-            for size in sizes for backbone, solver in models
-            for dtype in dtypes for mode in modes]
+              for s in (paths if base_backbone(b) in SOFT_BACKBONES else (None, ))]
+    cases = [Case(backbone, solver, dtype, tuple(size), mode)
+             for size in sizes for backbone, solver in models
+             for dtype in dtypes for mode in modes]
+    return [case for case in cases if not case.backbone.endswith(COMPILED_SUFFIX)
+            or (case.dtype == 'float32' and case.size == tuple(sizes[0]))]
+
+
+def base_backbone(name: str) -> str:
+    """``name`` without its variant suffix (SyncBatchNorm, compiled)."""
+    for suffix in (SYNC_BN_SUFFIX, COMPILED_SUFFIX):
+        name = name.replace(suffix, '')
+    return name
 
 
 @functools.lru_cache(maxsize=None)
@@ -244,7 +270,7 @@ def backbone_config(name: str, solver: Optional[str] = None) -> Dict:
         dict: A registry config (``init_cfg`` None).
     """
     check_choice('backbone', name, BACKBONES)
-    config = copy.deepcopy(_config_backbone(name))
+    config = copy.deepcopy(_config_backbone(base_backbone(name)))
     config['init_cfg'] = None
     if solver is not None:
         config['solver'] = solver
@@ -258,7 +284,27 @@ def build_check_backbone(name: str, solver: Optional[str],
     torch.manual_seed(0)
     model = build_in_scope('mmdet', backbone_config(name, solver))
     model.init_weights()
-    return model.to(device)
+    if name.endswith(SYNC_BN_SUFFIX):
+        join_single_process_group(device)
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device)
+    if name.endswith(COMPILED_SUFFIX):
+        model = torch.compile(model)
+    return model
+
+
+def join_single_process_group(device: torch.device) -> None:
+    """A process group of this process alone (SyncBatchNorm trains only in
+    one), NCCL on CUDA; kept when one exists."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo',
+                            init_method=f'tcp://127.0.0.1:{port}', rank=0,
+                            world_size=1)
 
 
 def memory_fields(call: Callable[[], object], device: torch.device) -> Dict:

@@ -3,7 +3,8 @@
 Runs ``pytest tests/test_cuda.py``, then one training step and one
 inference forward (batch 2 with valid regions, under CUDA's sync debug mode
 once) of SOFT++-tiny/-small (each solver that runs on the device),
-UFO-ViT-small, mmdet's Swin-T and PVTv2-b2, in float32 and float16
+UFO-ViT-small (on CUDA also SyncBatchNorm-converted), mmdet's Swin-T and
+PVTv2-b2, in float32 and float16
 autocast, at 800x1333 and 1536x1536, each case in its own process with a
 hard time limit, within a time budget; writes one JSON file and prints a
 table (see :mod:`mmsoft.analysis.gpu_check`). Installs nothing: it runs in
