@@ -17,6 +17,7 @@ from mmsoft.testing.dataset_digest import dataset_digest
 
 MIXED = 'configs/demo/mask-rcnn_soft-tiny_fpn_demo-mixed.py'
 MIXED_PLAIN = 'configs/demo/mask-rcnn_soft-tiny_fpn_demo-mixed-no-valid-region.py'
+UFO_VIT_DEMO = 'configs/demo/mask-rcnn_ufo-vit-tiny_fpn_demo.py'
 SIDES = (96, 192)
 
 
@@ -152,15 +153,20 @@ def test_train_step_on_padded_batch(repo_root, mixed_coco, config,
 BACKBONE_CODE = ('models/backbones/', 'models/layers/', 'models/memory_efficient/')
 
 
+@pytest.mark.parametrize('config', [MIXED, UFO_VIT_DEMO])
 @pytest.mark.mmcv_ops  # trains Mask R-CNN
-def test_mask_rcnn_step_makes_no_host_sync_in_the_backbone(repo_root, mixed_coco):
-    """The demo Mask R-CNN's training step through the config's valid-region
-    preprocessor, with the solver a GPU runs (``'newton'``)."""
+def test_mask_rcnn_step_makes_no_host_sync_in_the_backbone(repo_root, mixed_coco,
+                                                           config):
+    """The demo Mask R-CNNs' training step on a padded batch through the
+    configs' valid-region preprocessor; SOFT with the solver a GPU runs
+    (``'newton'``)."""
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import MODELS, init_default_scope
     init_default_scope('mmdet')
-    cfg = Config.fromfile(osp.join(repo_root, MIXED))
-    cfg.model.backbone.solver = 'newton'
+    cfg = Config.fromfile(osp.join(repo_root, config))
+    assert cfg.model.data_preprocessor.type == 'ValidRegionDetDataPreprocessor'
+    if cfg.model.backbone.type == 'SOFT':
+        cfg.model.backbone.solver = 'newton'
     batch = _train_batch(cfg, mixed_coco)
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
