@@ -49,7 +49,8 @@ def test_three_passes_recover_float32_accuracy_under_tf32():
 
 def bottleneck_points(generator) -> torch.Tensor:
     # Bottleneck tokens after LayerNorm and GELU, scaled by d^-1/4: (2, 5, 40, 16)
-    return torch.nn.functional.gelu(torch.randn(2, 5, 40, 16, generator=generator)) * 0.5
+    tokens = torch.randn(2, 5, 40, 16, generator=generator)
+    return 0.5 * torch.nn.functional.gelu(tokens)
 
 
 @pytest.mark.parametrize('precision, three_passes', [('highest', False),

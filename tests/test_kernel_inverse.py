@@ -397,7 +397,8 @@ def largest_gradient(solver: str) -> float:
         tokens = two_nearly_equal_tokens(spread, seed).requires_grad_()
         inverse = kernel_inverse(gaussian_kernel(tokens, tokens), 'soft++', solver,
                                  memory_efficient=False)
-        weights = torch.randn(inverse.shape, generator=torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        weights = torch.randn(inverse.shape, generator=generator)
         grad, = torch.autograd.grad((inverse * weights).sum(), tokens)
         largest = max(largest, grad.abs().max().item())
     return largest

@@ -209,9 +209,9 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
     Returns:
         dict: ``seconds`` (median), ``all_seconds``, ``cpu_seconds``
         (fastest), ``all_cpu_seconds``, ``peak_bytes``,
-        ``params``, ``compile`` (the backend or None), with
-        ``compile_backend`` ``compile_seconds`` and, with ``flops``,
-        ``gflops``.
+        ``params``, ``compile`` (the backend or None), when compiled
+        ``compile_seconds`` (the first call's) and, with ``flops``,
+        ``gflops`` (of the eager model).
     """
     from .peers import build_backbone
     torch.manual_seed(0)

@@ -33,8 +33,8 @@ Example::
     python tools/analysis/benchmark.py --models soft-tiny soft-small swin-t pvtv2-b2 \
         pvtv2-b2-li xcit-s12 --sizes 512x512 800x1333 1024x1024 --repeats 3
     python tools/analysis/benchmark.py --models soft-small:solver=newton --sizes 800x1333
-    python tools/analysis/benchmark.py --mode train --compile --models soft++-tiny \
-        ufo-vit-tiny swin-t pvtv2-b2-li --sizes 512x512
+    python tools/analysis/benchmark.py --mode train --compile --sizes 512x512 \
+        --models soft-tiny:solver=newton ufo-vit-tiny swin-t pvtv2-b2-li
     python tools/analysis/benchmark.py --mode train --models soft-tiny swin-t \
         --sizes 800x1333 --detectors soft++-tiny swin-t pvtv2-b2 pvtv2-b2-li \
         xcit-s12 --capacity-size 1024x1024

@@ -25,7 +25,8 @@ import argparse
 import sys
 
 from mmsoft.analysis.gpu_check import (AUTOCAST_DTYPES, BACKBONES, DEFAULT_BUDGET_S,
-                                       DEFAULT_CASE_TIMEOUT_S, DEFAULT_OUT, DEFAULT_SOLVERS,
+                                       DEFAULT_CASE_TIMEOUT_S, DEFAULT_OUT,
+                                       DEFAULT_SOLVERS,
                                        DEFAULT_TESTS_TIMEOUT_S, DTYPES, MODES, SIZES,
                                        CheckSettings,
                                        check_passed, describe_tests, format_table,

@@ -64,7 +64,8 @@ def scaled_shapes(valid_shapes: ValidShapes, factor: int) -> ValidShapes:
 
 
 def per_distinct_shape(make: Callable[[Tuple[int, int]], torch.Tensor],
-                       valid_shapes: ValidShapes) -> Dict[Tuple[int, int], torch.Tensor]:
+                       valid_shapes: ValidShapes
+                       ) -> Dict[Tuple[int, int], torch.Tensor]:
     """``make(shape)`` once for each distinct shape of ``valid_shapes``, in
     order of first appearance (a loop, not a ``set``: compilers follow it).
 
