@@ -85,3 +85,20 @@ def test_bottleneck_kernel_is_float32_accurate_under_tf32(monkeypatch):
     # float32's error within a few units in the last place; TF32's 100x more.
     assert relative_error(kernel, reference) < 8 * float32_error
     assert relative_error(one_pass, reference) > 100 * float32_error
+
+
+def test_gradients_are_those_of_the_product(monkeypatch):
+    """Through the three passes, autograd gives ``grad @ b^T`` and
+    ``a^T @ grad`` (each in three passes), broadcasting included."""
+    monkeypatch.setattr(float32_matmul_module, 'reduced_precision_matmuls',
+                        lambda device: True)
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 20, 16, generator=generator, requires_grad=True)
+    b = torch.randn(16, 24, generator=generator, requires_grad=True)  # broadcast
+    weights = torch.randn(3, 20, 24, generator=generator)
+    (float32_matmul(a, b) * weights).sum().backward()
+    a64, b64 = a.detach().double(), b.detach().double()
+    expected_a = weights.double() @ b64.T
+    expected_b = (a64.transpose(-1, -2) @ weights.double()).sum(0)
+    assert relative_error(a.grad, expected_a) < 1e-6
+    assert relative_error(b.grad, expected_b) < 1e-6

@@ -65,10 +65,10 @@ def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
     grad_operand = torch.zeros_like(operand)
     operand_t = operand.transpose(-1, -2)
     for inverse, product in reversed(newton_iterates(operand, alpha, num_iters)):
-        weighted = grad @ inverse.transpose(-1, -2)  # W, (..., m, m)
-        grad_operand -= inverse.transpose(-1, -2) @ weighted
-        grad = (2 * grad - weighted @ operand_t
-                - product.transpose(-1, -2) @ grad)  # G_j
+        weighted = float32_matmul(grad, inverse.transpose(-1, -2))  # W, (..., m, m)
+        grad_operand -= float32_matmul(inverse.transpose(-1, -2), weighted)
+        grad = (2 * grad - float32_matmul(weighted, operand_t)
+                - float32_matmul(product.transpose(-1, -2), grad))  # G_j
     return grad_operand + alpha * grad
 
 

@@ -31,7 +31,9 @@ def reduced_precision_matmuls(device: torch.device) -> bool:
 
 def split_tf32(tensor: torch.Tensor):
     """``(high, low)`` with ``high + low == tensor`` exactly, ``high`` with
-    TF32's 10 mantissa bits and ``|low| <= 2**-10 |tensor|``. Float32."""
+    TF32's 10 mantissa bits and ``|low| <= 2**-10 |tensor|``. Float32;
+    no gradient (:class:`_Float32Matmul` differentiates the product)."""
+    tensor = tensor.detach()
     high = (tensor.view(torch.int32) & _TF32_MASK).view(torch.float32)
     return high, tensor - high
 
@@ -55,10 +57,30 @@ def three_pass_matmul(a: torch.Tensor, b: torch.Tensor, matmul=None) -> torch.Te
     return matmul(a_high, b_high) + (matmul(a_high, b_low) + matmul(a_low, b_high))
 
 
+class _Float32Matmul(torch.autograd.Function):
+    """``a @ b`` by :func:`three_pass_matmul`, and its gradients too:
+    ``grad @ b^T`` and ``a^T @ grad``, each in three passes."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return three_pass_matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:  # (..., N, K), summed over broadcast dims
+            grad_a = three_pass_matmul(grad, b.transpose(-1, -2)).sum_to_size(a.shape)
+        if ctx.needs_input_grad[1]:  # (..., K, M)
+            grad_b = three_pass_matmul(a.transpose(-1, -2), grad).sum_to_size(b.shape)
+        return grad_a, grad_b
+
+
 def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` accurate to float32 whatever the matmul precision setting:
-    :func:`three_pass_matmul` for float32 operands while reduced-precision
-    matmuls are allowed, else ``torch.matmul``.
+    """``a @ b`` accurate to float32 whatever the matmul precision setting,
+    gradients included: :func:`three_pass_matmul` for float32 operands while
+    reduced-precision matmuls are allowed, else ``torch.matmul``.
 
     Args:
         a (Tensor): Shape (..., N, K).
@@ -69,5 +91,5 @@ def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     if a.dtype == torch.float32 and b.dtype == torch.float32 \
             and reduced_precision_matmuls(a.device):
-        return three_pass_matmul(a, b)
+        return _Float32Matmul.apply(a, b)
     return torch.matmul(a, b)
