@@ -40,7 +40,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -297,14 +296,9 @@ def join_single_process_group(device: torch.device) -> None:
     """A process group of this process alone (SyncBatchNorm trains only in
     one), NCCL on CUDA; kept when one exists."""
     import torch.distributed as dist
-    if dist.is_initialized():
-        return
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo',
-                            init_method=f'tcp://127.0.0.1:{port}', rank=0,
-                            world_size=1)
+    if not dist.is_initialized():
+        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo',
+                                store=dist.HashStore(), rank=0, world_size=1)
 
 
 def memory_fields(call: Callable[[], object], device: torch.device) -> Dict:

@@ -5,8 +5,7 @@ out unlike its input (a transposed one, as the kernels of SOFT attention
 return) with the input's strides: wrong values in float32, NaN in bfloat16
 (:data:`~mmsoft.utils.torch_compat.GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT`
 detects it at import). There, :func:`gelu` hands the backward a contiguous
-gradient (:mod:`.contiguous_gradient`);
-elsewhere it is ``F.gelu``.
+gradient (:mod:`.contiguous_gradient`); elsewhere it is ``F.gelu``.
 """
 import torch
 import torch.nn as nn
