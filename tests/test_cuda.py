@@ -9,7 +9,7 @@ import torch
 
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
-from mmsoft.models.layers.soft.kernel_inverse import SOLVERS
+from mmsoft.models.ops.kernel_inverse import SOLVERS
 from mmsoft.models.memory_efficient.kernel_attention import (chunked_kernel_inference,
                                                              chunked_kernel_product)
 from mmsoft.testing.dense_models import (backbone_grad_norm, build_mask_rcnn,
@@ -149,7 +149,7 @@ def test_no_host_sync_under_sync_debug_mode(make_backbone, training):
 def test_tf32_kernel_and_inverse_stay_float32_accurate():
     """With TF32 matmuls on, the bottleneck kernel and its Newton inverse
     against float64."""
-    from mmsoft.models.layers.soft.gaussian_kernel import bottleneck_kernel
+    from mmsoft.models.ops.gaussian_kernel import bottleneck_kernel
     generator = torch.Generator(device=DEVICE).manual_seed(0)
     points = 0.3 * torch.randn(2, 10, 240, 32, device=DEVICE, generator=generator)
     previous = torch.backends.cuda.matmul.allow_tf32

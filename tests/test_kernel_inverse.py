@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
-from mmsoft.models.layers.soft.kernel_inverse import (check_kernel_inverse_options,
+from mmsoft.models.ops.kernel_inverse import (check_kernel_inverse_options,
                                                       cholesky_regularised_inverse,
                                                       newton_closed_form,
                                                       newton_divided_differences,
@@ -19,7 +19,7 @@ from mmsoft.utils.torch_compat import TORCH_VERSION
 
 # The package exports the function kernel_inverse under the module's name.
 kernel_inverse_module = importlib.import_module(
-    'mmsoft.models.layers.soft.kernel_inverse')
+    'mmsoft.models.ops.kernel_inverse')
 
 
 def random_kernel_matrices(batch=3, tokens=24, dims=8, spread=0.6, seed=0):

@@ -28,7 +28,7 @@ import torch
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.layers import SoftAttention, kernel_inverse
 from mmsoft.models.layers.shared import MLP, ConvPatchEmbed
-from mmsoft.models.layers.soft.kernel_inverse import SOLVERS
+from mmsoft.models.ops.kernel_inverse import SOLVERS
 from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
 from mmsoft.models.memory_efficient import set_memory_efficient
 from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product

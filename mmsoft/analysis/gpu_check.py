@@ -52,7 +52,7 @@ import torch
 import torch.nn as nn
 
 from ..apis.runner import build_in_scope
-from ..models.layers.soft.kernel_inverse import SOLVERS, solver_that_runs
+from ..models.ops.kernel_inverse import SOLVERS, solver_that_runs
 from ..models.valid_region_record import register_valid_shapes
 from ..utils import check_choice, check_positive_int
 from .detector_step import detector_config
@@ -218,7 +218,7 @@ def make_cases(backbones: Sequence[str], solvers: Sequence[str],
     backbones; within a size the cases of one model (backbone, solver)
     follow each other, so it is built once per size. SOFT++ backbones get
     one model per solver that runs on ``device_type``
-    (:func:`~mmsoft.models.layers.soft.kernel_inverse.solver_that_runs`: on
+    (:func:`~mmsoft.models.ops.kernel_inverse.solver_that_runs`: on
     a GPU ``'newton_closed_form'`` is the iteration, measured once, as
     ``'newton'``), the others none. The SyncBatchNorm variant
     (:data:`SYNC_BN_SUFFIX`) runs on CUDA only; the compiled ones

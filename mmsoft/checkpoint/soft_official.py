@@ -164,7 +164,7 @@ def resolve_attention(checkpoint: Mapping, attention: Optional[str] = None,
         itself points to (None when it points to none), which may differ from
         an explicit ``attention``.
     """
-    from ..models.layers.soft.kernel_inverse import ATTENTIONS as attentions
+    from ..models.ops.kernel_inverse import ATTENTIONS as attentions
     if attention is not None and attention not in attentions:
         raise ValueError(f'attention={attention!r} is not supported; expected one '
                          f'of {list(attentions)}.')

@@ -11,16 +11,16 @@ queries torch's tracer states:
 * the memory-efficient training path (:mod:`mmsoft.models.memory_efficient`)
   is off, with one exception: SOFT's Newton iteration stays one autograd
   function, which the FLOP counter counts by formula
-  (:mod:`~mmsoft.models.layers.soft.kernel_inverse`);
+  (:mod:`~mmsoft.models.ops.kernel_inverse`);
 * SOFT++'s Newton scale runs all its halving rounds instead of stopping
-  early (:mod:`~mmsoft.models.layers.soft.kernel_inverse`);
+  early (:mod:`~mmsoft.models.ops.kernel_inverse`);
 * the chunked kernel product of inference concatenates its chunks instead
   of writing them into one output
   (:mod:`~mmsoft.models.memory_efficient.kernel_attention`);
 * the contiguous-gradient identity (torch 2.1's GELU; the compiler's
   stride model of LayerNorm's backward) is left out of the forward-only
   tracers' records (:func:`records_forward_only`,
-  :mod:`~mmsoft.models.layers.shared.contiguous_gradient`).
+  :mod:`~mmsoft.models.ops.contiguous_gradient`).
 
 What ONNX needs beyond that (the Newton iteration for the closed form's
 eigendecomposition, the kernel product unchunked, sizes that follow a traced

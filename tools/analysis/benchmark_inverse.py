@@ -19,7 +19,7 @@ import time
 import torch
 
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
-from mmsoft.models.layers.soft.kernel_inverse import SOLVERS
+from mmsoft.models.ops.kernel_inverse import SOLVERS
 
 
 def parse_args():

@@ -32,7 +32,7 @@ from mmsoft.analysis.gpu_check import (AUTOCAST_DTYPES, BACKBONES, DEFAULT_BUDGE
                                        check_passed, describe_tests, format_table,
                                        require_device, run_check)
 from mmsoft.analysis.measure import parse_size
-from mmsoft.models.layers.soft.kernel_inverse import SOLVERS
+from mmsoft.models.ops.kernel_inverse import SOLVERS
 
 
 def parse_args():

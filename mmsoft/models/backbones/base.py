@@ -7,9 +7,9 @@ from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...utils import check_frozen_stages, check_image_batch
-from ..layers.shared.contiguous_gradient import contiguous_gradient
+from ..ops.contiguous_gradient import contiguous_gradient
 from ..layers.shared.mlp import MLP
-from ..layers.shared.valid_region import ValidShapes, check_valid_shapes
+from ..ops.valid_region import ValidShapes, check_valid_shapes
 from ..memory_efficient import set_memory_efficient
 from ..memory_efficient.recompute import recomputed
 from ..valid_region_record import registered_valid_shapes
@@ -19,7 +19,7 @@ def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
     """Tokens on an (H, W) grid as a contiguous feature map.
 
     The tokens' gradient is handed back token-major
-    (:func:`~mmsoft.models.layers.shared.contiguous_gradient.contiguous_gradient`),
+    (:func:`~mmsoft.models.ops.contiguous_gradient.contiguous_gradient`),
     as the norms before expect it. A bare ``transpose`` would give a
     channels-last view. Downstream mmcv ops
     need NCHW memory: the CPU kernel of ``RoIAlign`` reads the buffer as NCHW

@@ -12,8 +12,8 @@ from ...utils import (check_divisible, check_lengths, check_out_indices,
 from ..layers import (ConvPatchEmbed, SoftBlock, SoftmaxBlock, init_transformer_weights,
                       resize_pos_embed)
 from ..layers.shared.position import resize_pos_embed_to_regions
-from ..layers.shared.valid_region import ValidShapes, mask_map
-from ..layers.soft.kernel_inverse import check_kernel_inverse_options
+from ..ops.valid_region import ValidShapes, mask_map
+from ..ops.kernel_inverse import check_kernel_inverse_options
 from .base import MultiStageBackbone, tokens_to_map
 
 ARCH_SETTINGS = {
@@ -81,7 +81,7 @@ class SOFT(MultiStageBackbone):
             SOFT, pseudo-inverse for SOFT++; a different function wherever
             the kernel is ill-conditioned). ``'cholesky'`` is accepted for
             ``'exact'`` with a ``DeprecationWarning``. See
-            :mod:`~mmsoft.models.layers.soft.kernel_inverse`. The default is
+            :mod:`~mmsoft.models.ops.kernel_inverse`. The default is
             the reference iteration, bit for bit what the published
             checkpoints were trained with; the configs choose
             ``'newton_closed_form'``, the same function at a fraction of the

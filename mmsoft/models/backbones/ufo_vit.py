@@ -10,7 +10,7 @@ from ...utils import (check_divisible, check_mlp_ratio, check_out_indices,
 from ..layers import (ConvPatchEmbed, FeaturePyramidAdapter,
                       FourierPositionEncoding, UFOBlock, init_transformer_weights)
 from ..layers.shared.gelu import GELU
-from ..layers.shared.valid_region import ValidShapes
+from ..ops.valid_region import ValidShapes
 from .base import MultiStageBackbone, tokens_to_map
 
 # Sizes chosen so that Mask R-CNN + FPN (mmdet's mask-rcnn_r50_fpn_1x_coco

@@ -38,15 +38,15 @@ Gradients of the product, with ``G = dL/d out``:
   ``dL = dE^T Q - colsum(dE) L``; ``dQ0 = s dQ``.
 
 Everything here computes in the dtype it is given (float32 or float64 under
-autocast too, see :mod:`~mmsoft.models.layers.shared.precision`).
+autocast too, see :mod:`~mmsoft.models.ops.precision`).
 """
 from typing import List, Tuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..layers.shared.precision import apply_without_autocast, backward_without_autocast
-from ..layers.soft.gaussian_kernel import bottleneck_kernel, gaussian_kernel
+from ..ops.precision import apply_without_autocast, backward_without_autocast
+from ..ops.gaussian_kernel import bottleneck_kernel, gaussian_kernel
 from ..tracing import is_tracing
 
 BACKWARD_CHUNK = 1024  # tokens per slice of backward's N x m temporaries

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-from ..layers.shared.valid_region import ValidShapes
+from ..ops.valid_region import ValidShapes
 
 
 def scaled_parameters(layer: nn.Module, scale: Optional[torch.Tensor]

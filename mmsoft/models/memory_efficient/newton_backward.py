@@ -1,6 +1,6 @@
 """The Newton iteration of SOFT's kernel inverse, keeping its operand alone.
 
-:func:`~mmsoft.models.layers.soft.kernel_inverse.newton_iterations` runs
+:func:`~mmsoft.models.ops.kernel_inverse.newton_iterations` runs
 ``k`` steps of ``V <- 2V - (V P) V`` from ``V0 = alpha * P`` on the m x m
 operand P. Under plain autograd every step keeps its iterate and its product
 ``V P`` for backward: ``2k`` m x m matrices per head. Here the iteration runs
@@ -13,9 +13,9 @@ m x m products. ``alpha`` is a step size: no gradient flows through it.
 """
 import torch
 
-from ..layers.shared.float32_matmul import float32_matmul
-from ..layers.soft.newton_step import newton_step
-from ..layers.shared.precision import apply_without_autocast, backward_without_autocast
+from ..ops.float32_matmul import float32_matmul
+from ..ops.newton_step import newton_step
+from ..ops.precision import apply_without_autocast, backward_without_autocast
 
 
 def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor,

@@ -30,10 +30,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers.shared.precision import (AUTOCAST_CASTABLE, apply_without_autocast,
+from ..ops.precision import (AUTOCAST_CASTABLE, apply_without_autocast,
                                        autocast_dtype, backward_without_autocast,
                                        cast_floating, full_precision)
-from ..layers.shared.valid_region import (ValidShapes, mask_map, strided_shapes,
+from ..ops.valid_region import (ValidShapes, mask_map, strided_shapes,
                                           valid_mask)
 from .recompute import recomputes_locally
 

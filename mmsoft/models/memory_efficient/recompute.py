@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from ..layers.shared.valid_region import ValidShapes
+from ..ops.valid_region import ValidShapes
 
 _STATE = threading.local()
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers.shared.precision import apply_without_autocast, backward_without_autocast
+from ..ops.precision import apply_without_autocast, backward_without_autocast
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:

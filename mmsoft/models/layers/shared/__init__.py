@@ -4,7 +4,7 @@ from .conv_stem import ConvPatchEmbed
 from .feature_pyramid import FeaturePyramidAdapter
 from .mlp import MLP, TanhGELU
 from .position import resize_pos_embed
-from .precision import full_precision
+from ...ops.precision import full_precision
 from .softmax_block import GlobalSoftmaxAttention, SoftmaxBlock
 from .weight_init import init_transformer_weights
 

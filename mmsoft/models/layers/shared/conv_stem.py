@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from ...memory_efficient.norm_act_conv import fused_conv_stack
 from ...memory_efficient.switch import MemoryEfficient
-from .valid_region import ValidShapes, mask_map, strided_shapes
+from ...ops.valid_region import ValidShapes, mask_map, strided_shapes
 
 
 def conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,

@@ -8,7 +8,7 @@ from ....utils import check_out_indices, check_positive_int
 from ...memory_efficient.norm_act_conv import fused_conv_stack
 from ...memory_efficient.switch import MemoryEfficient
 from .gelu import GELU
-from .valid_region import ValidShapes, mask_map, scaled_shapes, strided_shapes
+from ...ops.valid_region import ValidShapes, mask_map, scaled_shapes, strided_shapes
 
 NUM_SCALES = 4
 

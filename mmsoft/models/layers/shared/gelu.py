@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ....utils.torch_compat import GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT
-from .contiguous_gradient import contiguous_gradient
+from ...ops.contiguous_gradient import contiguous_gradient
 
 
 def gelu(tensor: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from .valid_region import ValidShapes, per_distinct_shape, region_tokens_to_grid
+from ...ops.valid_region import ValidShapes, per_distinct_shape, region_tokens_to_grid
 
 
 def interpolate_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],

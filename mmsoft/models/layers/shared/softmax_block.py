@@ -8,7 +8,7 @@ from mmcv.cnn.bricks import DropPath
 
 from .attention_heads import merge_heads, split_heads
 from .mlp import MLP
-from .valid_region import ValidShapes, valid_mask
+from ...ops.valid_region import ValidShapes, valid_mask
 
 
 class GlobalSoftmaxAttention(nn.Module):

@@ -1,7 +1,7 @@
 """SOFT's layers: Gaussian kernel, its low-rank inverse, attention and block."""
 from .bottleneck_pool import cap_bottleneck_grid, capped_grid_size
-from .gaussian_kernel import gaussian_kernel
-from .kernel_inverse import ATTENTIONS, check_kernel_inverse_options, kernel_inverse
+from ...ops.gaussian_kernel import gaussian_kernel
+from ...ops.kernel_inverse import ATTENTIONS, check_kernel_inverse_options, kernel_inverse
 from .soft_attention import SoftAttention, low_rank_kernel_attention
 from .soft_block import SoftBlock
 

@@ -37,14 +37,14 @@ from ...memory_efficient.kernel_attention import (
     symmetric_scale)
 from ...memory_efficient.switch import MemoryEfficient, records_gradient
 from ..shared.attention_heads import merge_heads, split_heads
-from ..shared.contiguous_gradient import contiguous_gradient
+from ...ops.contiguous_gradient import contiguous_gradient
 from ..shared.gelu import gelu
-from ..shared.precision import full_precision
-from ..shared.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
+from ...ops.precision import full_precision
+from ...ops.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
                                    tokens_of_region)
 from .bottleneck_pool import cap_bottleneck_grid
-from .gaussian_kernel import bottleneck_kernel, gaussian_kernel
-from .kernel_inverse import check_kernel_inverse_options, kernel_inverse
+from ...ops.gaussian_kernel import bottleneck_kernel, gaussian_kernel
+from ...ops.kernel_inverse import check_kernel_inverse_options, kernel_inverse
 
 
 def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,

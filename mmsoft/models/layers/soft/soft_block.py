@@ -6,7 +6,7 @@ import torch.nn as nn
 from mmcv.cnn.bricks import DropPath
 
 from ..shared.mlp import MLP, TanhGELU
-from ..shared.valid_region import ValidShapes
+from ...ops.valid_region import ValidShapes
 from .soft_attention import SoftAttention
 
 

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..shared.valid_region import ValidShapes, pad_to_grid, per_distinct_shape
+from ...ops.valid_region import ValidShapes, pad_to_grid, per_distinct_shape
 
 
 class FourierPositionEncoding(nn.Module):

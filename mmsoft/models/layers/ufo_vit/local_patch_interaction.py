@@ -9,7 +9,7 @@ from ...memory_efficient.recompute import (batch_norm_once, recomputed_local_mix
                                            recomputes_locally)
 from ...memory_efficient.switch import MemoryEfficient
 from ..shared.gelu import GELU
-from ..shared.valid_region import ValidShapes, mask_map
+from ...ops.valid_region import ValidShapes, mask_map
 
 
 class LocalPatchInteraction(MemoryEfficient, nn.Module):

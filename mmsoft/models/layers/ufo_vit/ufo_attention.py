@@ -9,7 +9,7 @@ from ....utils import check_divisible, check_positive_int
 from ...memory_efficient.recompute import recomputed
 from ...memory_efficient.switch import MemoryEfficient
 from ..shared.attention_heads import merge_heads, split_heads
-from ..shared.precision import full_precision
+from ...ops.precision import full_precision
 
 
 def xnorm(x: torch.Tensor, gamma: torch.Tensor, dim: int,

@@ -10,7 +10,7 @@ from ...memory_efficient.switch import MemoryEfficient
 from ...tracing import is_tracing
 from ..shared.gelu import GELU
 from ..shared.mlp import MLP
-from ..shared.valid_region import ValidShapes, valid_mask
+from ...ops.valid_region import ValidShapes, valid_mask
 from .local_patch_interaction import LocalPatchInteraction
 from .ufo_attention import UFOAttention
 

@@ -52,10 +52,10 @@ import warnings
 
 import torch
 
-from ....utils import check_choice
-from ...memory_efficient.newton_backward import recomputed_newton_iterations
-from ...tracing import is_tracing
-from ..shared.precision import (apply_without_autocast, backward_without_autocast,
+from ...utils import check_choice
+from ..memory_efficient.newton_backward import recomputed_newton_iterations
+from ..tracing import is_tracing
+from .precision import (apply_without_autocast, backward_without_autocast,
                                 full_precision)
 from .newton_step import newton_step
 

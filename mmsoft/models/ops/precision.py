@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ....utils.torch_compat import autocast_dtype
+from ...utils.torch_compat import autocast_dtype
 
 #: Dtypes that autocast casts between; float64 is left alone, as autocast does.
 AUTOCAST_CASTABLE = (torch.float16, torch.bfloat16, torch.float32)

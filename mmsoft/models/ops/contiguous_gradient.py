@@ -1,7 +1,7 @@
 """An identity whose backward hands on a contiguous gradient."""
 import torch
 
-from ...tracing import records_forward_only
+from ..tracing import records_forward_only
 
 
 class ContiguousGradient(torch.autograd.Function):

@@ -10,7 +10,7 @@ within a few units of float32's last place.
 """
 import torch
 
-from ....utils.torch_compat import is_compiling
+from ...utils.torch_compat import is_compiling
 
 # Clears the 13 low mantissa bits of a float32: what TF32 keeps exactly.
 _TF32_MASK = -(1 << 13)

@@ -1,7 +1,7 @@
 """The Gaussian kernel of SOFT attention."""
 import torch
 
-from ..shared.float32_matmul import float32_matmul
+from .float32_matmul import float32_matmul
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
@@ -19,7 +19,7 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
         y (Tensor): Shape (..., M, d).
         float32_products (bool): Compute ``x.y`` at float32 accuracy under
             TF32 matmuls too
-            (:func:`~mmsoft.models.layers.shared.float32_matmul.float32_matmul`,
+            (:func:`~mmsoft.models.ops.float32_matmul.float32_matmul`,
             three products instead of one). Default: False.
 
     Returns:
