@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.analysis import count_flops
-from mmsoft.analysis.flop_handles import kernel_inverse_handle
+from mmsoft.models.flop_handles import kernel_inverse_handle
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 FLOPs are multiply-adds counted by mmengine's FlopAnalyzer plus handles for
 what it misses (Gaussian kernel, SOFT's inverse, XNorm, element-wise work,
-fused softmax attention): see ``mmsoft/analysis/flop_handles.py``. Needs no
+fused softmax attention): see ``mmsoft/models/flop_handles.py``. Needs no
 dataset and no checkpoint.
 
 Example::
