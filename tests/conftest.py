@@ -1,9 +1,14 @@
 """Shared fixtures: small generated datasets, written once per test session."""
 import os.path as osp
+import sys
 
 import pytest
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# The cost-analysis package (tools/analysis/mmsoft_analysis) and the peer
+# configs' backbones (configs.comparison.peer_backbones) import as the tools
+# import them.
+sys.path += [osp.join(REPO_ROOT, 'tools', 'analysis'), REPO_ROOT]
 
 
 @pytest.fixture(scope='session')

@@ -9,9 +9,9 @@ SMALL_SOFT = dict(embed_dims=[32, 64, 160, 256], num_heads=[1, 2, 5, 8],
 # runs on the CPU only). 'exact' is left out: torch's LAPACK calls check
 # their results on the host.
 BACKBONES = {
-    'soft++-newton': lambda: SOFT(SMALL_SOFT, attention='soft++', solver='newton',
+    'soft++-newton': lambda: SOFT(SMALL_SOFT, variant='soft++', solver='newton',
                                   drop_path_rate=0.),
-    'soft-newton': lambda: SOFT(SMALL_SOFT, attention='soft', solver='newton',
+    'soft-newton': lambda: SOFT(SMALL_SOFT, variant='soft', solver='newton',
                                 drop_path_rate=0.),
     'ufo-vit': lambda: UFOViT(dict(embed_dims=48, depth=4, num_heads=2),
                               drop_path_rate=0.),

@@ -10,9 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmsoft.analysis import count_flops
-from mmsoft.models.flop_handles import kernel_inverse_handle
-from mmsoft.models.layers import gaussian_kernel, kernel_inverse
+from mmsoft.models.flop_handles import (INVERSE_FUNCTIONS, count_flops,
+                                        kernel_inverse_handle)
+from mmsoft.models.layers import SoftAttention, gaussian_kernel, kernel_inverse
+from mmsoft.models.memory_efficient import set_memory_efficient
+from mmsoft.models.ops.newton import newton_iterations
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,10 +31,20 @@ class SDPAModule(nn.Module):
         return F.scaled_dot_product_attention(q, k, v)
 
 
+class NewtonModule(nn.Module):
+
+    def forward(self, operand, alpha):
+        return newton_iterations(operand, alpha, 7)
+
+
 class InverseModule(nn.Module):
 
+    def __init__(self, variant, solver):
+        super().__init__()
+        self.variant, self.solver = variant, solver
+
     def forward(self, a):
-        return kernel_inverse(a, 'soft', 'newton', 7)
+        return kernel_inverse(a, self.variant, self.solver, 7)
 
 
 def test_gaussian_kernel_flops_by_hand():
@@ -54,25 +66,47 @@ def test_sdpa_flops_by_hand():
     assert total == 2 * (2 * 5 * 7 * 4)  # Q K^T and attn V
 
 
-def test_inverse_flops_by_hand():
+def test_newton_iteration_flops_by_hand():
+    total, analyzer = count_flops(NewtonModule(), (torch.rand(3, 2, 5, 5),
+                                                   torch.rand(3, 2, 1, 1)))
+    # 6 matrices: V0 = alpha P, then per step two 5x5 products, 2 V and the
+    # subtraction, traced op by op.
+    assert total == 6 * 5**2 + 7 * 6 * (2 * 5**3 + 2 * 5**2)
+    assert dict(analyzer.by_operator()) == {
+        'matmul': 7 * 6 * 2 * 5**3, 'mul': 6 * 5**2 * 8, 'sub': 7 * 6 * 5**2}
+
+
+@pytest.mark.parametrize('variant, solver, factor', [
+    ('soft', 'exact', 1), ('soft++', 'exact', 10 / 3),
+    ('soft++', 'newton_closed_form', 10 / 3)])
+def test_one_node_inverse_flops_by_hand(variant, solver, factor):
     from mmengine.analysis import FlopAnalyzer
-    analyzer = FlopAnalyzer(InverseModule(), (torch.rand(3, 2, 5, 5), ))
-    analyzer.set_op_handle(**{'prim::PythonOp._NewtonIterations':
-                              kernel_inverse_handle('soft', 'newton', 7)})
-    # Two 5x5 products per iteration, 7 iterations, 6 matrices.
-    assert analyzer.total() == 6 * 7 * 2 * 5**3
-    exact = kernel_inverse_handle('soft', 'exact', 20)
-    assert exact is not None
+    points = 2 * torch.randn(3, 2, 5, 4)
+    analyzer = FlopAnalyzer(InverseModule(variant, solver),
+                            (gaussian_kernel(points, points), ))
+    handle = kernel_inverse_handle(variant, solver)
+    analyzer.set_op_handle(**{f'prim::PythonOp.{name}': handle
+                              for name in INVERSE_FUNCTIONS})
+    counts = analyzer.by_operator()
+    function = '_ExactInverse' if solver == 'exact' else '_NewtonClosedForm'
+    assert counts[f'PythonOp.{function}'] == int(factor * 6 * 5**3)
 
 
 def test_soft_tiny_flops_near_paper():
     from mmsoft.models.backbones import SOFT
     model = SOFT(arch='tiny', solver='newton').eval()
     images = torch.randn(1, 3, 224, 224)
-    plain, _ = count_flops(model, (images, ), with_extra_handles=False)
+    plain, analyzer = count_flops(model, (images, ), with_extra_handles=False)
+    newton = analyzer.by_operator()['matmul'] - count_flops(
+        SOFT(arch='tiny', solver='exact').eval(), (images, ),
+        with_extra_handles=False)[1].by_operator()['matmul']
+    # The paper's 1.9G, and the Newton iteration's products, traced step by
+    # step: 40 inverses of 49x49, two products per step, 20 steps, plus the
+    # SOFT++ scale's A^2 (0.19G).
+    assert (plain - newton) / 1e9 == pytest.approx(1.93, abs=0.01)
+    assert newton == (2 * 20 + 1) * 40 * 49**3
     total, analyzer = count_flops(model, (images, ))
-    assert plain / 1e9 == pytest.approx(1.93, abs=0.01)
-    # + 40 Newton inverses of 49x49 (0.19G), exp, softmax attention.
+    # + the iteration's element-wise steps, exp, softmax attention.
     assert total / 1e9 == pytest.approx(2.14, abs=0.01)
     assert not analyzer.unsupported_ops()
 
@@ -121,7 +155,7 @@ def test_get_flops_tool_backbone_only(tmp_path):
     result = json.loads(result_path.read_text())
     assert result['gflops'] == pytest.approx(2.14, abs=0.01)
     assert result['params_m'] == pytest.approx(12.56, abs=0.01)
-    assert 'FLOPs: 2.14 G' in done.stdout
+    assert f"FLOPs: {result['gflops']:.2f} G" in done.stdout
 
 
 def test_closed_form_solver_is_fully_counted():
@@ -161,32 +195,25 @@ def test_bottleneck_pooling_tool_reports_grids_and_differences(tmp_path):
     assert all(d > 1e-3 for d in large['relative_difference'])
 
 
-def test_chunked_kernel_product_is_counted():
-    from mmsoft.models.layers import gaussian_kernel
-    from mmsoft.models.memory_efficient.kernel_attention import \
-        chunked_kernel_inference
+def test_soft_attention_is_counted_as_its_plain_operations():
+    """Traced, the layer runs its plain operations whatever its switch and
+    chunking: the kernel, the iteration and the products, op by op."""
 
-    class Product(torch.nn.Module):
+    class OnGrid(nn.Module):
 
-        def __init__(self, chunk):
+        def __init__(self, layer):
             super().__init__()
-            self.chunk = chunk
+            self.layer = layer
 
-        def forward(self, queries, bottleneck, middle, values):
-            return chunked_kernel_inference(queries, bottleneck, middle, values,
-                                            self.chunk)
+        def forward(self, x):
+            return self.layer(x, (6, 8))
 
-    queries, values = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
-    bottleneck, middle = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 5)
-    inputs = (queries, bottleneck, middle, values)
-    total, analyzer = count_flops(Product(16), inputs)
+    torch.manual_seed(0)
+    layer = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3,
+                          kernel_chunk_tokens=8).train()
+    x = torch.randn(1, 48, 16)
+    efficient, analyzer = count_flops(OnGrid(layer), (x, ))
+    plain, _ = count_flops(OnGrid(set_memory_efficient(layer, False)), (x, ))
+    assert efficient == plain
     assert not analyzer.unsupported_ops()
-    # Traced, the product is counted; in chunks it costs the one-chunk count
-    # plus the per-chunk work on the bottleneck (its squared norms) and the
-    # summary's accumulation.
-    one_chunk, _ = count_flops(Product(40), inputs)
-    assert one_chunk < total < 1.1 * one_chunk
-    kernel = gaussian_kernel(queries, bottleneck)
-    expected = kernel @ (middle @ (kernel.transpose(-1, -2) @ values))
-    assert torch.allclose(torch.jit.trace(Product(16), inputs)(*inputs), expected,
-                          atol=1e-5)
+    assert not any('PythonOp' in op for op in analyzer.by_operator())

@@ -1,4 +1,7 @@
 """mmsoft.checkpoint: unwrapping, prefixes, strict comparison, resize hook."""
+import ast
+import os
+import os.path as osp
 import subprocess
 import sys
 
@@ -159,10 +162,81 @@ def test_hook_ignores_other_keys():
 
 
 # ---------------------------------------------------------------- imports ---
+PACKAGE_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def package_modules(package):
+    """(dotted module name, path) of every module of ``package``."""
+    root = osp.join(PACKAGE_ROOT, *package.split('.'))
+    for folder, _, files in os.walk(root):
+        for file in sorted(files):
+            if file.endswith('.py'):
+                path = osp.join(folder, file)
+                parts = osp.relpath(path, PACKAGE_ROOT)[:-len('.py')].split(os.sep)
+                yield '.'.join(parts[:-1] if file == '__init__.py' else parts), path
+
+
+def imports_of(module, path):
+    """(imported module name, line, inside a function) of every import of a
+    module; ``from X import y`` yields both ``X`` and ``X.y``."""
+    is_package = path.endswith('__init__.py')
+    package = module.split('.') if is_package else module.split('.')[:-1]
+    tree = ast.parse(open(path, encoding='utf-8').read(), path)
+    in_function = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            in_function.update(id(inner) for inner in ast.walk(node)
+                               if inner is not node)
+    for node in ast.walk(tree):
+        nested = id(node) in in_function
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, nested
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            name = '.'.join(base + ([node.module] if node.module else []))
+            yield name, node.lineno, nested
+            for alias in node.names:
+                yield f'{name}.{alias.name}', node.lineno, nested
+
+
+def in_package(name, package):
+    return name == package or name.startswith(package + '.')
+
+
+def test_imports_between_checkpoint_and_models_are_one_way_and_module_level():
+    offences = []
+    for package, other in (('mmsoft.checkpoint', 'mmsoft.models'),
+                           ('mmsoft.models', 'mmsoft.checkpoint')):
+        for module, path in package_modules(package):
+            for name, line, nested in imports_of(module, path):
+                if not in_package(name, other):
+                    continue
+                if package == 'mmsoft.checkpoint':
+                    offences.append(f'{module}:{line} imports {name}')
+                elif nested:
+                    offences.append(f'{module}:{line} imports {name} in a function')
+    assert not offences, offences
+
+
+def test_import_scan_resolves_relative_and_function_level_imports(tmp_path):
+    path = tmp_path / 'soft.py'
+    path.write_text('from ...checkpoint import load\n'
+                    'def f():\n'
+                    '    from ..ops import x\n'
+                    '    import mmsoft.checkpoint.strict\n')
+    found = set(imports_of('mmsoft.models.backbones.soft', str(path)))
+    assert {('mmsoft.checkpoint', 1, False), ('mmsoft.checkpoint.load', 1, False),
+            ('mmsoft.models.ops.x', 3, True),
+            ('mmsoft.checkpoint.strict', 4, True)} <= found
+    init = tmp_path / '__init__.py'
+    init.write_text('from .strict import fit\n')
+    assert ('mmsoft.checkpoint.strict', 1, False) in set(
+        imports_of('mmsoft.checkpoint', str(init)))
+
+
 def test_checkpoint_package_does_not_import_the_models():
-    # The backbones import mmsoft.checkpoint on use; mmsoft.checkpoint must
-    # not need them at import time. Importing the package's modules with the
-    # models made unimportable shows it.
+    # Importing the package's modules with the models made unimportable.
     code = ('import sys, importlib\n'
             'import mmsoft\n'
             'for name in [m for m in sys.modules if m.startswith("mmsoft.")]:\n'

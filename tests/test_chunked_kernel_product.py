@@ -1,10 +1,14 @@
 """The chunked kernel product equals the plain one, values and gradients."""
+import importlib
+
 import pytest
 import torch
 
 from mmsoft.models.layers import gaussian_kernel
-from mmsoft.models.memory_efficient.kernel_attention import (chunked_kernel_inference,
-                                                             chunked_kernel_product)
+from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
+
+kernel_attention_module = importlib.import_module(
+    'mmsoft.models.memory_efficient.kernel_attention')
 
 
 def plain_product(queries, bottleneck, middle, values):
@@ -30,10 +34,19 @@ def test_forward_equals_plain_product(chunk):
 
 
 @pytest.mark.parametrize('chunk', [1, 8, 37, 100])
-def test_inference_equals_plain_product(chunk):
+def test_inference_equals_plain_product_and_holds_one_chunk(chunk, monkeypatch):
+    kernel_rows = []
+
+    def recorded_kernel(queries, bottleneck, *args, **kwargs):
+        kernel_rows.append(queries.shape[-2])
+        return gaussian_kernel(queries, bottleneck, *args, **kwargs)
+
+    monkeypatch.setattr(kernel_attention_module, 'gaussian_kernel', recorded_kernel)
     inputs = random_inputs()
-    torch.testing.assert_close(chunked_kernel_inference(*inputs, chunk),
-                               plain_product(*inputs))
+    with torch.no_grad():
+        out = chunked_kernel_product(*inputs, chunk)
+    torch.testing.assert_close(out, plain_product(*inputs))
+    assert kernel_rows and max(kernel_rows) == min(chunk, 37)
 
 
 def test_gradients_equal_autograd_of_plain_product():

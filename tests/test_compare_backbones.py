@@ -1,7 +1,7 @@
 """The side-by-side comparison: its configs, schedules, metrics, report and tool.
 
 ``tools/analysis/compare_backbones.py`` trains the backbones of
-:mod:`mmsoft.analysis.comparison` with one Mask R-CNN (one UperNet): every
+:mod:`mmsoft_analysis.comparison` with one Mask R-CNN (one UperNet): every
 config must be the demo config with only the backbone and the input widths
 of the neck (heads) changed, and every peer must be a library's class.
 """
@@ -13,17 +13,19 @@ from pathlib import Path
 import pytest
 from mmengine.config import Config
 
-from mmsoft.analysis.comparison import (BBOX_METRIC, DETECTORS, MIOU_METRIC,
+from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, MIOU_METRIC,
                                         PAIR_PARAMS, SEGM_METRIC, SEGMENTORS,
                                         detection_schedule, final_metrics,
                                         seed_summary, segmentation_schedule)
-from mmsoft.analysis.comparison_report import comparison_rows, write_report
+from mmsoft_analysis.comparison_report import comparison_rows, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DETECTOR = 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py'
 DEMO_SEGMENTOR = 'configs/demo/upernet_soft-tiny_demo.py'
 TIMM_CONFIGS = ('pvtv2-b2-li', 'xcit-t12')
 LIBRARIES = ('mmsoft', 'mmdet', 'mmseg', 'mmpretrain')
+# The comparison's own wrapper around a library's trunk (XCiT's resampling).
+PEER_WRAPPERS = 'configs.comparison.peer_backbones'
 
 
 def _resolved(path: str) -> dict:
@@ -68,7 +70,7 @@ def test_segmentor_differs_from_the_demo_only_in_backbone(entry):
     pytest.param(e, id=f'{e.name}-{Path(e.config).stem[:4]}', marks=_marks(e))
     for e in DETECTORS + SEGMENTORS])
 def test_backbone_is_the_libraries_class_in_its_pair(entry):
-    from mmsoft.analysis.peers import config_backbone
+    from mmsoft_analysis.peers import config_backbone
     backbone = config_backbone(str(REPO / entry.config))
     modules = [type(backbone).__module__]
     if hasattr(backbone, 'trunk'):  # XCiT: timm's trunk, resampled
@@ -79,7 +81,8 @@ def test_backbone_is_the_libraries_class_in_its_pair(entry):
         assert entry.source == 'timm'
     else:
         assert modules[0].split('.')[0] == entry.source, modules
-    assert all(m.split('.')[0] in LIBRARIES + ('timm', ) for m in modules), modules
+    assert all(m == PEER_WRAPPERS or m.split('.')[0] in LIBRARIES + ('timm', )
+               for m in modules), modules
     low, high = PAIR_PARAMS[entry.pair]
     params = sum(p.numel() for p in backbone.parameters())
     assert low <= params <= high, (entry.name, params)

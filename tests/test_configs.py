@@ -28,19 +28,24 @@ def _rel(path: str) -> str:
     return osp.relpath(path, REPO)
 
 
+# configs/comparison/peer_backbones.py is the module the peer configs import,
+# not a config.
+PEER_MODULE = 'configs/comparison/peer_backbones.py'
 ALL_CONFIGS = sorted(
     _rel(path) for path in glob.glob(osp.join(REPO, 'configs', '**', '*.py'),
-                                     recursive=True))
+                                     recursive=True) if _rel(path) != PEER_MODULE)
 # mmpretrain configs (UFO-ViT's ImageNet pre-training): their mmpretrain::
 # bases need mmpretrain, hence torchvision; tests/test_ufo_vit_pretrain.py
 # builds and trains them.
 PRETRAIN = [path for path in ALL_CONFIGS
             if path.startswith('configs/ufo_vit/pretrain/')]
 # Complete configs, each built into a model: all but the fragments in
-# `_base_/` folders, the demo configs (configs/demo/, parsed only) and the
-# pre-training configs.
+# `_base_/` folders, the demo configs and the comparison's peer configs
+# (configs/demo/, configs/comparison/: parsed only) and the pre-training
+# configs.
 BUILDABLE = [path for path in ALL_CONFIGS if '_base_' not in path.split('/')
-             and not path.startswith('configs/demo/') and path not in PRETRAIN]
+             and path.split('/')[1] not in ('demo', 'comparison')
+             and path not in PRETRAIN]
 # The dense-prediction experiments: configs/<family>/<name>.py (subfolders
 # such as configs/ufo_vit/pretrain/ hold other recipes).
 EXPERIMENTS = [path for path in BUILDABLE if path.split('/')[1] in FAMILIES
@@ -152,7 +157,7 @@ def test_recipe(path):
     assert 0 < backbone.drop_path_rate < 0.5
     if backbone.type == 'SOFT':
         # The function the published checkpoints were trained with.
-        assert backbone.attention == 'soft++'
+        assert backbone.variant == 'soft++'
         assert backbone.solver == 'newton_closed_form'
         assert backbone.newton_iters == 20
         assert backbone.max_bottleneck_tokens == 256

@@ -10,8 +10,9 @@ import torch
 from mmsoft.models.backbones import SOFT, UFOViT
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
 from mmsoft.models.ops.kernel_inverse import SOLVERS
-from mmsoft.models.memory_efficient.kernel_attention import (chunked_kernel_inference,
-                                                             chunked_kernel_product)
+from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
+from mmsoft.models.memory_efficient.newton_backward import \
+    kernel_inverse as memory_efficient_kernel_inverse
 from mmsoft.testing.dense_models import (backbone_grad_norm, build_mask_rcnn,
                                          build_upernet, detector_train_step,
                                          segmentor_train_step)
@@ -24,7 +25,7 @@ SOFT_TINY_CHANNELS = (64, 128, 320, 512)
 
 def soft_tiny(solver='newton_closed_form', **kwargs):
     """SOFT++-tiny as the configs set it up, with the given solver."""
-    return SOFT(arch='tiny', attention='soft++', solver=solver,
+    return SOFT(arch='tiny', variant='soft++', solver=solver,
                 max_bottleneck_tokens=256, drop_path_rate=0., **kwargs)
 
 
@@ -84,7 +85,9 @@ def test_chunked_kernel_product_equals_plain_product(dtype, tolerance):
     for chunk in (1, 128, 1000, 4096):
         chunked = chunked_kernel_product(queries, bottleneck, middle, values, chunk)
         torch.testing.assert_close(chunked, plain, rtol=tolerance, atol=tolerance)
-        inferred = chunked_kernel_inference(queries, bottleneck, middle, values, chunk)
+        with torch.no_grad():
+            inferred = chunked_kernel_product(queries, bottleneck, middle, values,
+                                              chunk)
         torch.testing.assert_close(inferred, plain, rtol=tolerance, atol=tolerance)
 
 
@@ -92,7 +95,7 @@ def test_closed_form_runs_the_iteration_on_the_gpu():
     generator = torch.Generator(device=DEVICE).manual_seed(0)
     points = 0.5 * torch.randn(1, 2, 20, 8, generator=generator, device=DEVICE)
     mats = gaussian_kernel(points, points).requires_grad_()
-    inverse = kernel_inverse(mats, 'soft++', 'newton_closed_form')
+    inverse = memory_efficient_kernel_inverse(mats, 'soft++', 'newton_closed_form')
     assert type(inverse.grad_fn).__name__ == '_NewtonIterationsBackward'
     on_cpu = kernel_inverse(mats.detach().cpu(), 'soft++', 'newton_closed_form')
     torch.testing.assert_close(inverse.detach().cpu(), on_cpu, rtol=1e-4, atol=1e-4)
@@ -101,7 +104,7 @@ def test_closed_form_runs_the_iteration_on_the_gpu():
 @pytest.mark.mmcv_ops  # trains Mask R-CNN
 @pytest.mark.parametrize('amp', [False, True], ids=['fp32', 'fp16-autocast'])
 def test_mask_rcnn_training_step(amp):
-    model = build_mask_rcnn(dict(type='SOFT', arch='tiny', attention='soft++',
+    model = build_mask_rcnn(dict(type='SOFT', arch='tiny', variant='soft++',
                                  solver='newton_closed_form',
                                  max_bottleneck_tokens=256),
                             SOFT_TINY_CHANNELS).to(DEVICE)
@@ -156,12 +159,11 @@ def test_tf32_kernel_and_inverse_stay_float32_accurate():
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
         kernel = bottleneck_kernel(points)
-        inverse = kernel_inverse(kernel, 'soft++', 'newton', memory_efficient=False)
+        inverse = kernel_inverse(kernel, 'soft++', 'newton')
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     reference = gaussian_kernel(points.double(), points.double())
-    reference_inverse = kernel_inverse(reference, 'soft++', 'newton',
-                                       memory_efficient=False)
+    reference_inverse = kernel_inverse(reference, 'soft++', 'newton')
     kernel_error = ((kernel - reference).abs().max() / reference.abs().max()).item()
     inverse_error = ((inverse - reference_inverse).norm()
                      / reference_inverse.norm()).item()

@@ -68,7 +68,7 @@ def test_soft_float32_gradients_equal_float64_ones(memory_efficient):
     arch = dict(embed_dims=[32, 64, 160, 256], num_heads=[1, 2, 5, 8],
                 depths=[1, 1, 1, 1])
     torch.manual_seed(0)
-    backbone = SOFT(arch, attention='soft++', solver='exact', drop_path_rate=0.)
+    backbone = SOFT(arch, variant='soft++', solver='exact', drop_path_rate=0.)
     set_memory_efficient(backbone.train(), memory_efficient)
     images = torch.randn(2, 3, 64, 96)
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmsoft.analysis import gpu_check
-from mmsoft.analysis.gpu_check import (CPU_SMOKE_COMMAND, Case, make_cases,
+from mmsoft_analysis import gpu_check
+from mmsoft_analysis.gpu_check import (CPU_SMOKE_COMMAND, Case, make_cases,
                                        require_device, run_benchmark, run_tests)
-from mmsoft.analysis.measure import run_once
+from mmsoft_analysis.measure import run_once
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = str(REPO / 'tools/analysis/gpu_check.py')
@@ -49,7 +49,7 @@ def test_cases_come_size_by_size_with_one_model_per_solver():
 
 def test_backbones_are_the_shipped_configs_without_checkpoints():
     soft = gpu_check.backbone_config('soft++-small', 'exact')
-    assert (soft['type'], soft['arch'], soft['attention']) == ('SOFT', 'small',
+    assert (soft['type'], soft['arch'], soft['variant']) == ('SOFT', 'small',
                                                                'soft++')
     assert soft['solver'] == 'exact' and soft['max_bottleneck_tokens'] == 256
     assert soft['init_cfg'] is None

@@ -6,15 +6,16 @@ import pytest
 import torch
 
 from mmsoft.models.layers import gaussian_kernel, kernel_inverse
-from mmsoft.models.ops.kernel_inverse import (check_kernel_inverse_options,
-                                                      cholesky_regularised_inverse,
-                                                      newton_closed_form,
-                                                      newton_divided_differences,
-                                                      newton_iterations,
-                                                      newton_on_eigenvalues,
-                                                      newton_operand, newton_scale)
+from mmsoft.models.memory_efficient import newton_backward
 from mmsoft.models.memory_efficient.newton_backward import \
     recomputed_newton_iterations
+from mmsoft.models.ops.kernel_inverse import (SOLVERS, check_kernel_inverse_options,
+                                              cholesky_regularised_inverse,
+                                              newton_closed_form,
+                                              newton_divided_differences,
+                                              newton_on_eigenvalues, newton_operand,
+                                              newton_scale)
+from mmsoft.models.ops.newton import newton_iterations
 from mmsoft.utils.torch_compat import TORCH_VERSION
 
 # The package exports the function kernel_inverse under the module's name.
@@ -39,11 +40,11 @@ def relative_error(actual, expected):
     return float((actual - expected).norm() / expected.norm())
 
 
-def newton_inverse(mats, attention, num_iters=20):
-    """The Newton iteration on the operand of ``attention`` from its scale,
+def newton_inverse(mats, variant, num_iters=20):
+    """The Newton iteration on the operand of ``variant`` from its scale,
     without autograd's bookkeeping: the oracle of these tests."""
-    return newton_iterations(newton_operand(mats, attention),
-                             newton_scale(mats, attention), num_iters)
+    return newton_iterations(newton_operand(mats, variant),
+                             newton_scale(mats, variant), num_iters)
 
 
 def test_gaussian_kernel_matches_pairwise_distances():
@@ -72,17 +73,17 @@ def test_newton_scaling_is_per_matrix():
     """An image's inverse must not depend on its batch-mates."""
     mats = random_kernel_matrices(batch=2, spread=2.0)
     scaled_mate = torch.stack((mats[0], mats[1] * 50))
-    for attention in ('soft', 'soft++'):
-        alone = kernel_inverse(mats[:1], attention, 'newton')
-        in_batch = kernel_inverse(scaled_mate, attention, 'newton')[:1]
+    for variant in ('soft', 'soft++'):
+        alone = kernel_inverse(mats[:1], variant, 'newton')
+        in_batch = kernel_inverse(scaled_mate, variant, 'newton')[:1]
         torch.testing.assert_close(alone, in_batch)
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
-def test_newton_and_exact_solver_agree(attention):
-    mats = random_kernel_matrices(spread=2.0 if attention == 'soft++' else 0.6)
-    newton = kernel_inverse(mats, attention, 'newton', 20)
-    exact = kernel_inverse(mats, attention, 'exact')
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+def test_newton_and_exact_solver_agree(variant):
+    mats = random_kernel_matrices(spread=2.0 if variant == 'soft++' else 0.6)
+    newton = kernel_inverse(mats, variant, 'newton', 20)
+    exact = kernel_inverse(mats, variant, 'exact')
     assert relative_error(newton, exact) < 1e-4
 
 
@@ -93,47 +94,52 @@ def test_cholesky_is_exact_regularised_inverse():
     torch.testing.assert_close(product, eye.expand_as(product), atol=1e-9, rtol=0)
 
 
-@pytest.mark.parametrize('attention,solver', [('soft', 'newton'), ('soft', 'exact'),
+@pytest.mark.parametrize('variant,solver', [('soft', 'newton'), ('soft', 'exact'),
                                             ('soft++', 'newton'),
                                             ('soft++', 'exact')])
-def test_gradient_is_that_of_the_inverse(attention, solver):
+def test_gradient_is_that_of_the_inverse(variant, solver):
     points = 2.0 * torch.randn(2, 6, 3, dtype=torch.float64)
     mats = gaussian_kernel(points, points).requires_grad_()
     # gradcheck compares the analytic backward (-V^T G V^T) against finite
     # differences of the forward, which for a converged solver is the inverse.
     assert torch.autograd.gradcheck(
-        lambda a: kernel_inverse(0.5 * (a + a.transpose(-1, -2)), attention, solver,
+        lambda a: kernel_inverse(0.5 * (a + a.transpose(-1, -2)), variant, solver,
                                  40), (mats, ), eps=1e-6, atol=1e-4)
 
 
-def test_forward_builds_no_graph_of_iterations():
+def test_memory_efficient_forward_builds_no_graph_of_iterations():
     mats = random_kernel_matrices().requires_grad_()
-    out = kernel_inverse(mats, 'soft++', 'newton')
+    out = newton_backward.kernel_inverse(mats, 'soft++', 'newton')
     # One node for the whole inverse, not 20 iterations of matmuls.
     assert type(out.grad_fn).__name__ == '_NewtonIterationsBackward'
     assert out.grad_fn.next_functions[0][0].variable is mats
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
-@pytest.mark.parametrize('solver', ['newton', 'newton_closed_form'])
-def test_plain_autograd_newton_equals_the_memory_efficient_one(attention, solver,
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+@pytest.mark.parametrize('solver', SOLVERS)
+@pytest.mark.parametrize('closed_form_devices', [('cpu', ), ()])
+def test_plain_kernel_inverse_equals_the_memory_efficient_one(variant, solver,
+                                                              closed_form_devices,
                                                               monkeypatch):
     # Off the closed form's devices 'newton_closed_form' runs the iteration too.
-    monkeypatch.setattr(kernel_inverse_module, 'CLOSED_FORM_DEVICES', ())
-    mats = random_kernel_matrices(batch=2, tokens=12)
+    monkeypatch.setattr(kernel_inverse_module, 'CLOSED_FORM_DEVICES',
+                        closed_form_devices)
+    mats = random_kernel_matrices(batch=2, tokens=12, spread=1.0)
     weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(4),
                           dtype=mats.dtype)
     results = []
-    for memory_efficient in (True, False):
+    for inverse in (newton_backward.kernel_inverse, kernel_inverse):
         leaf = mats.clone().requires_grad_()
-        out = kernel_inverse(leaf, attention, solver, 6,
-                             memory_efficient=memory_efficient)
+        out = inverse(leaf, variant, solver, 6)
         (out * weights).sum().backward()
         results.append((out.detach(), leaf.grad, type(out.grad_fn).__name__))
     (efficient, efficient_grad, efficient_node), (plain, plain_grad,
                                                   plain_node) = results
-    assert efficient_node == '_NewtonIterationsBackward'
+    iterates = solver == 'newton' or (solver == 'newton_closed_form'
+                                      and not closed_form_devices)
+    assert (efficient_node == '_NewtonIterationsBackward') == iterates
     assert plain_node != '_NewtonIterationsBackward'  # the steps, recorded
+    assert (efficient_node == plain_node) == (not iterates)
     # The same operations forward: the same bits.
     torch.testing.assert_close(efficient, plain, rtol=0, atol=0)
     assert relative_error(efficient_grad, plain_grad) < 1e-10
@@ -158,18 +164,18 @@ def autograd_through_iterations(operand, alpha, num_iters):
     return inverse
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 @pytest.mark.parametrize('spread', [0.1, 0.6])
 @pytest.mark.parametrize('num_iters', [0, 1, 3, 20])
-def test_newton_backward_is_the_derivative_of_its_iterations(attention, spread,
+def test_newton_backward_is_the_derivative_of_its_iterations(variant, spread,
                                                             num_iters):
     mats = random_kernel_matrices(batch=2, tokens=30, dims=8, spread=spread)
-    alpha = newton_scale(mats, attention)
+    alpha = newton_scale(mats, variant)
     # Weights without symmetry, so that no transpose in backward goes unnoticed.
     weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(1),
                           dtype=mats.dtype)
     solvers = (recomputed_newton_iterations, autograd_through_iterations)
-    grads = gradients(solvers, mats, lambda a: newton_operand(a, attention), alpha,
+    grads = gradients(solvers, mats, lambda a: newton_operand(a, variant), alpha,
                       num_iters, weights)
     assert relative_error(grads[0], grads[1]) < 1e-10
     # On a non-symmetric operand as well (the iteration is defined for any P).
@@ -178,31 +184,31 @@ def test_newton_backward_is_the_derivative_of_its_iterations(attention, spread,
     assert relative_error(grads[0], grads[1]) < 1e-10
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
-def test_newton_gradcheck_before_convergence(attention):
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+def test_newton_gradcheck_before_convergence(variant):
     mats = random_kernel_matrices(batch=2, tokens=8, dims=3, spread=1.0)
-    alpha = newton_scale(mats, attention)  # a constant step size, as in the model
+    alpha = newton_scale(mats, variant)  # a constant step size, as in the model
     # Three steps are far from the inverse: finite differences of the forward
     # see the iteration's own derivative, not the inverse's.
     assert torch.autograd.gradcheck(
-        lambda a: recomputed_newton_iterations(newton_operand(a, attention), alpha, 3),
+        lambda a: recomputed_newton_iterations(newton_operand(a, variant), alpha, 3),
         (mats.requires_grad_(), ), eps=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
-def test_newton_and_closed_form_have_the_same_gradient(attention):
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+def test_newton_and_closed_form_have_the_same_gradient(variant):
     mats = random_kernel_matrices(batch=2, tokens=40, dims=16, spread=0.3).unsqueeze(0)
     weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(2),
                           dtype=mats.dtype)
     grads = []
     for solver in ('newton', 'newton_closed_form'):
         leaf = mats.clone().requires_grad_()
-        (kernel_inverse(leaf, attention, solver) * weights).sum().backward()
+        (kernel_inverse(leaf, variant, solver) * weights).sum().backward()
         grads.append(leaf.grad)
     assert relative_error(grads[0], grads[1]) < 1e-7
 
 
-def test_newton_keeps_only_its_operand():
+def test_memory_efficient_newton_keeps_only_its_operand():
     mats = random_kernel_matrices(batch=2, tokens=12).requires_grad_()
     shapes = []
 
@@ -211,7 +217,7 @@ def test_newton_keeps_only_its_operand():
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        kernel_inverse(mats, 'soft++', 'newton')
+        newton_backward.kernel_inverse(mats, 'soft++', 'newton')
     # P (2, 12, 12) and the per-image scale: no iterate is kept.
     assert sorted(shapes) == [(2, 1, 1), (2, 12, 12)]
 
@@ -222,13 +228,13 @@ def test_closed_form_runs_the_iteration_off_the_closed_form_devices(monkeypatch)
     assert type(on_cpu.grad_fn).__name__ == '_NewtonClosedFormBackward'
     # As on a GPU, where the float64 eigendecomposition is not used.
     monkeypatch.setattr(kernel_inverse_module, 'CLOSED_FORM_DEVICES', ())
-    iterated = kernel_inverse(mats, 'soft++', 'newton_closed_form')
+    iterated = newton_backward.kernel_inverse(mats, 'soft++', 'newton_closed_form')
     assert type(iterated.grad_fn).__name__ == '_NewtonIterationsBackward'
     torch.testing.assert_close(iterated, on_cpu, rtol=1e-7, atol=1e-9)
 
 
 def test_unknown_attention_or_solver_raises():
-    with pytest.raises(ValueError, match="attention='softmax'"):
+    with pytest.raises(ValueError, match="variant='softmax'"):
         check_kernel_inverse_options('softmax', 'newton')
     with pytest.raises(ValueError, match="solver='lu'"):
         check_kernel_inverse_options('soft', 'lu')
@@ -294,9 +300,9 @@ def test_divided_differences_match_their_definition():
         torch.testing.assert_close(diff.diagonal(), slope, rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 @pytest.mark.parametrize('tokens,heads', [(49, 4), (240, 2), (1050, 1)])
-def test_closed_form_equals_newton_iterations(attention, tokens, heads):
+def test_closed_form_equals_newton_iterations(variant, tokens, heads):
     """Condition numbers ~2 and ~1e4-1e6, few and many steps (at m=1050
     only the ill-conditioned case and 20 steps, to keep the test quick)."""
     for spread in ((0.1, ) if tokens == 1050 else (0.1, 0.5)):
@@ -304,59 +310,59 @@ def test_closed_form_equals_newton_iterations(attention, tokens, heads):
                                       spread=spread, seed=tokens)
         mats = mats.unsqueeze(0)  # (1 image, heads, m, m)
         for num_iters in ((20, ) if tokens == 1050 else (3, 30)):
-            newton64 = kernel_inverse(mats, attention, 'newton', num_iters)
-            closed64 = kernel_inverse(mats, attention, 'newton_closed_form', num_iters)
+            newton64 = kernel_inverse(mats, variant, 'newton', num_iters)
+            closed64 = kernel_inverse(mats, variant, 'newton_closed_form', num_iters)
             assert relative_error(closed64, newton64) < 1e-5, (spread, num_iters)
-            newton32 = kernel_inverse(mats.float(), attention, 'newton', num_iters)
-            closed32 = kernel_inverse(mats.float(), attention, 'newton_closed_form',
+            newton32 = kernel_inverse(mats.float(), variant, 'newton', num_iters)
+            closed32 = kernel_inverse(mats.float(), variant, 'newton_closed_form',
                                       num_iters)
             assert closed32.dtype == torch.float32
             assert relative_error(closed32.double(), newton32.double()) < 1e-4, (
                 spread, num_iters)
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
-def test_closed_form_is_not_the_exact_inverse_when_ill_conditioned(attention):
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+def test_closed_form_is_not_the_exact_inverse_when_ill_conditioned(variant):
     # The point of the closed form: at the conditioning of detection-size
     # bottlenecks the iteration's function is far from its limit.
     mats = random_kernel_matrices(batch=2, tokens=240, dims=32, spread=0.1).unsqueeze(0)
-    closed = kernel_inverse(mats, attention, 'newton_closed_form')
-    exact = kernel_inverse(mats, attention, 'exact')
+    closed = kernel_inverse(mats, variant, 'newton_closed_form')
+    exact = kernel_inverse(mats, variant, 'exact')
     assert relative_error(exact, closed) > 1.0
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
-def test_closed_form_scale_keeps_images_independent(attention):
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+def test_closed_form_scale_keeps_images_independent(variant):
     mats = random_kernel_matrices(batch=4, spread=0.3).reshape(2, 2, 24, 24)
     scaled_mate = torch.cat((mats[:1], mats[1:] * 3))
-    alone = kernel_inverse(mats[:1], attention, 'newton_closed_form')
-    in_batch = kernel_inverse(scaled_mate, attention, 'newton_closed_form')[:1]
+    alone = kernel_inverse(mats[:1], variant, 'newton_closed_form')
+    in_batch = kernel_inverse(scaled_mate, variant, 'newton_closed_form')[:1]
     torch.testing.assert_close(alone, in_batch)
-    torch.testing.assert_close(alone, kernel_inverse(mats[:1], attention, 'newton'))
+    torch.testing.assert_close(alone, kernel_inverse(mats[:1], variant, 'newton'))
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 @pytest.mark.parametrize('num_iters', [3, 20])
-def test_closed_form_gradcheck(attention, num_iters):
+def test_closed_form_gradcheck(variant, num_iters):
     mats = random_kernel_matrices(batch=2, tokens=8, dims=3, spread=1.0)
-    alpha = newton_scale(mats, attention)
+    alpha = newton_scale(mats, variant)
     # Symmetrised input: eigh reads one triangle, finite differences poke both.
     assert torch.autograd.gradcheck(
         lambda a: newton_closed_form(
-            newton_operand(0.5 * (a + a.transpose(-1, -2)), attention), alpha,
+            newton_operand(0.5 * (a + a.transpose(-1, -2)), variant), alpha,
             num_iters), (mats.requires_grad_(), ), eps=1e-6, atol=1e-5, rtol=1e-3,
         fast_mode=True)
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 @pytest.mark.parametrize('spread', [0.1, 0.3, 1.0])
-def test_closed_form_gradient_equals_autograd_through_iterations(attention, spread):
+def test_closed_form_gradient_equals_autograd_through_iterations(variant, spread):
     mats = random_kernel_matrices(batch=2, tokens=49, dims=32, spread=spread)
-    alpha = newton_scale(mats, attention)
+    alpha = newton_scale(mats, variant)
     weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(3),
                           dtype=mats.dtype)
     grads = gradients((newton_closed_form, newton_iterations), mats,
-                      lambda a: newton_operand(a, attention), alpha, 20, weights)
+                      lambda a: newton_operand(a, variant), alpha, 20, weights)
     assert relative_error(grads[0], grads[1]) < 1e-8
 
 
@@ -375,9 +381,15 @@ def test_closed_form_gradient_with_repeated_eigenvalues():
 
 def test_deprecated_solver_alias_warns_and_means_exact():
     mats = random_kernel_matrices()
-    with pytest.warns(DeprecationWarning, match="solver='exact'"):
+    with pytest.warns(DeprecationWarning, match="solver='exact'") as record:
         solver = check_kernel_inverse_options('soft++', 'cholesky')
     assert solver == 'exact'
+    # Attributed to the caller outside mmsoft, also through a layer.
+    from mmsoft.models.layers import SoftAttention
+    with pytest.warns(DeprecationWarning, match="solver='cholesky'") as layer_record:
+        layer = SoftAttention(16, 2, 2, 3, solver='cholesky')
+    assert layer.solver == 'exact'
+    assert [r.filename for r in (*record, *layer_record)] == [__file__] * 2
     alias = kernel_inverse(mats, 'soft++', solver)
     torch.testing.assert_close(alias, kernel_inverse(mats, 'soft++', 'exact'))
 
@@ -395,8 +407,7 @@ def largest_gradient(solver: str) -> float:
     largest = 0.
     for seed, spread in enumerate(torch.logspace(-4, 0, 40).tolist()):
         tokens = two_nearly_equal_tokens(spread, seed).requires_grad_()
-        inverse = kernel_inverse(gaussian_kernel(tokens, tokens), 'soft++', solver,
-                                 memory_efficient=False)
+        inverse = kernel_inverse(gaussian_kernel(tokens, tokens), 'soft++', solver)
         generator = torch.Generator().manual_seed(seed)
         weights = torch.randn(inverse.shape, generator=generator)
         grad, = torch.autograd.grad((inverse * weights).sum(), tokens)
@@ -430,7 +441,7 @@ def test_a_56_row_region_trains_under_float16_autocast():
     region is 14 token rows, one bottleneck row, two bottleneck tokens."""
     from mmsoft.models.layers import SoftAttention
     torch.manual_seed(0)
-    layer = SoftAttention(64, 2, sr_ratio=8, local_kernel_size=3, attention='soft++',
+    layer = SoftAttention(64, 2, sr_ratio=8, local_kernel_size=3, variant='soft++',
                           solver='newton').train()
     tokens = torch.randn(2, 14 * 32, 64, requires_grad=True)
     with torch.autocast('cpu', dtype=torch.float16):

@@ -8,17 +8,23 @@ switch off, i.e. every operation recorded by autograd as written.
 import importlib
 import os.path as osp
 import runpy
+from functools import partial
 
 import pytest
 import torch
 
 import mmsoft.models.layers.shared.mlp as mlp_module
-from mmsoft.analysis.saved_tensors import SavedTensorRecorder
+from mmsoft_analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.models.layers import SoftAttention
 from mmsoft.models.layers.shared import MLP, TanhGELU
 from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
-from mmsoft.models.memory_efficient import set_memory_efficient
+from mmsoft.models.memory_efficient import (set_memory_efficient,
+                                            takes_memory_efficient_path)
+from mmsoft.models.layers.soft.soft_attention import \
+    low_rank_kernel_attention as plain_attention
 from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
+from mmsoft.models.memory_efficient.kernel_attention import \
+    low_rank_kernel_attention as efficient_attention
 from mmsoft.models.memory_efficient.recomputed_mlp import recomputed_mlp
 
 # Its BACKWARD_CHUNK is patched below.
@@ -32,22 +38,51 @@ TOLERANCE, outputs_and_gradients, assert_same_as_plain = (
                               'assert_same_as_plain'))
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 @pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])
 @pytest.mark.parametrize('chunk', [None, 7, 1000])
-def test_soft_attention_equals_plain_autograd(attention, solver, chunk):
+def test_soft_attention_equals_plain_autograd(variant, solver, chunk):
     torch.manual_seed(0)
     layer = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3,
-                          attention=attention, solver=solver, newton_iters=6,
+                          variant=variant, solver=solver, newton_iters=6,
                           kernel_chunk_tokens=chunk).double()
     tokens = torch.randn(2, 30, 16, dtype=torch.float64)
     assert_same_as_plain(layer, [tokens], (5, 6))
 
 
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+@pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])
+@pytest.mark.parametrize('chunk', [None, 7])
+def test_low_rank_kernel_attention_equals_the_plain_function(variant, solver, chunk):
+    """The two implementations, called with the same arguments: float64
+    outputs and gradients, with and without autograd."""
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return 0.5 * torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    inputs = [rand(2, 2, 30, 8), rand(2, 2, 6, 8), rand(2, 2, 30, 8)]
+    weights = rand(2, 2, 30, 8)
+    results = []
+    for function in (plain_attention, partial(efficient_attention, chunk_tokens=chunk)):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        out = function(*leaves, variant, solver, 6, query_scale=0.7)
+        (out * weights).sum().backward()
+        with torch.no_grad():
+            inferred = function(*inputs, variant, solver, 6, query_scale=0.7)
+        results.append((out.detach(), inferred, [t.grad for t in leaves]))
+    (plain, plain_inferred, plain_grads), (out, inferred, grads) = results
+    torch.testing.assert_close(plain_inferred, plain, rtol=0, atol=0)
+    torch.testing.assert_close(out, plain, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(inferred, plain, rtol=1e-12, atol=1e-12)
+    for grad, expected in zip(grads, plain_grads):
+        torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_soft_attention_keeps_no_query_kernel():
     torch.manual_seed(0)
     attention = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3,
-                              attention='soft++', solver='exact')
+                              variant='soft++', solver='exact')
     tokens = torch.randn(1, 30, 16, requires_grad=True)
     with SavedTensorRecorder(attention) as recorder:
         attention(tokens, (5, 6))
@@ -58,7 +93,7 @@ def test_soft_attention_keeps_no_query_kernel():
 def test_soft_attention_switched_off_runs_plain_autograd():
     torch.manual_seed(0)
     attention = set_memory_efficient(
-        SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3, attention='soft++',
+        SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3, variant='soft++',
                       solver='newton', newton_iters=3), False)
     tokens = torch.randn(1, 30, 16, requires_grad=True)
     with SavedTensorRecorder(attention) as recorder:
@@ -160,3 +195,21 @@ def test_plain_path_without_gradient_and_with_dropout(monkeypatch):
     assert calls == [1]
     set_memory_efficient(mlp, False)(torch.randn(4, 8, requires_grad=True))
     assert calls == [1]
+
+
+def test_memory_efficient_path_follows_the_switch_outside_tracers():
+    """The switch on: in training and under ``torch.no_grad`` alike; never
+    while ``torch.jit.trace`` records (tracers see the plain ops)."""
+    mlp = MLP(8, 32)
+    assert takes_memory_efficient_path(mlp)
+    with torch.no_grad():
+        assert takes_memory_efficient_path(mlp)
+    assert not takes_memory_efficient_path(set_memory_efficient(MLP(8, 32), False))
+    decisions = []
+
+    def record_decision(x):
+        decisions.append(takes_memory_efficient_path(mlp))
+        return 2 * x
+
+    torch.jit.trace(record_decision, torch.randn(3), check_trace=False)
+    assert decisions == [False]

@@ -82,15 +82,63 @@ def test_paper_numbers_are_not_results():
     assert paper[1]['Metrics'] == {'mask AP': 38.2}
 
 
-def test_flops_are_the_handle_aware_count():
-    for name, model in MODELS_BY_NAME.items():
-        flops = model['Metadata'].get('FLOPs')
-        if flops is None:
-            continue
-        assert isinstance(flops, int) and flops > 1e9, name
-        if '_ms-3x_' in name:  # the same model as its 1x counterpart
-            single = MODELS_BY_NAME[name.replace('_ms-3x_', '_1x_')]
-            assert flops == single['Metadata']['FLOPs'], name
+@functools.lru_cache(maxsize=None)
+def update_tool():
+    """``tools/analysis/update_metafiles.py``, the command that writes the
+    figures, as a module."""
+    spec = importlib.util.spec_from_file_location(
+        'update_metafiles', osp.join(REPO, 'tools', 'analysis', 'update_metafiles.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def readme_rows(readme: str) -> dict:
+    """Config path to the cells of its row in the table of ``readme``."""
+    with open(osp.join(REPO, readme)) as file:
+        text = file.read()
+    return {config: row for _, config, row in update_tool().table_rows(text, readme)}
+
+
+def test_figures_are_written_by_the_update_command():
+    """Every figure has the form the command writes, and the README tables
+    show the metafiles' figures (the counts themselves are checked for a
+    subset below, and for every model by ``update_metafiles.py --check``)."""
+    tool = update_tool()
+    for path in metafiles():
+        for collection in read_yaml(path)['Collections']:
+            assert tool.COMMAND in collection['Metadata']['FLOPs Source']
+    for model in tool.zoo_models(REPO):
+        assert isinstance(model.parameters, int), model.name
+        assert isinstance(model.flops, int) and model.flops > 1e9, model.name
+        assert model.flops == tool.round_flops(model.flops), model.name
+        if '_ms-3x_' in model.name:  # the same model as its 1x counterpart
+            single = MODELS_BY_NAME[model.name.replace('_ms-3x_', '_1x_')]
+            assert model.flops == single['Metadata']['FLOPs'], model.name
+            assert model.parameters == single['Metadata']['Parameters'], model.name
+        row = readme_rows(model.readme)[model.config]
+        written = tool.readme_cells(tool.Figures(model.parameters, 0, model.flops))
+        for column in ('Params (ours)', 'GFLOPs*'):
+            assert row[column] == written[column], (model.name, column)
+
+
+# The smallest model of each backbone: about 15 s each on one CPU core.
+COUNTED_MODELS = ['mask-rcnn_soft++-tiny_fpn_1x_coco',
+                  'mask-rcnn_ufo-vit-tiny_fpn_1x_coco']
+
+
+@pytest.mark.mmcv_ops  # builds Mask R-CNN
+@pytest.mark.parametrize('name', COUNTED_MODELS)
+def test_figures_match_get_flops(name):
+    """The metafile and README figures are ``get_flops``'s count of the model
+    now; on a mismatch, run ``python tools/analysis/update_metafiles.py``."""
+    tool = update_tool()
+    model, = (m for m in tool.zoo_models(REPO) if m.name == name)
+    figures = tool.measure([model.config], REPO)[model.config]
+    assert (model.parameters, model.flops) == (figures.parameters, figures.flops)
+    row = readme_rows(model.readme)[model.config]
+    for column, cell in tool.readme_cells(figures).items():
+        assert row[column] == cell, column
 
 
 @pytest.fixture(scope='module')

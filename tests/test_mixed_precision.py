@@ -8,7 +8,7 @@ tests run the same autocast forward and backward directly:
   too, and does take its memory-saving path there;
 * the parts documented as float32 (kernels, inverses, XNorm) stay float32;
 * training steps of both backbones (every solver, valid regions,
-  ``with_cp``, ``recompute_ffn``, the chunked kernel product) give
+  ``with_cp``, ``recompute_mlp``, the chunked kernel product) give
   gradients as close to float32 ones as mmdet's Swin-T and PVTv2 manage
   (cosine 0.948 in bfloat16 and 0.9993 in float16): at least 0.95 and
   0.999.
@@ -93,7 +93,7 @@ LAYERS = {
 LAYERS.update({
     f'soft-attention-{attention}-{solver}-chunk{chunk}': (
         lambda attention=attention, solver=solver, chunk=chunk: SoftAttention(
-            16, 2, sr_ratio=2, local_kernel_size=3, attention=attention,
+            16, 2, sr_ratio=2, local_kernel_size=3, variant=attention,
             solver=solver, newton_iters=6, kernel_chunk_tokens=chunk),
         (2, 30, 16), ((5, 6), ))
     for attention, solver, chunk in [('soft++', s, None) for s in SOLVERS]
@@ -178,7 +178,7 @@ SMALL_UFO_VIT = dict(embed_dims=48, depth=4, num_heads=2)
 
 
 def soft_pp(**kwargs):
-    return SOFT(SMALL_SOFT, attention='soft++', drop_path_rate=0.,
+    return SOFT(SMALL_SOFT, variant='soft++', drop_path_rate=0.,
                 max_bottleneck_tokens=256, **kwargs)
 
 
@@ -189,17 +189,17 @@ def ufo_vit(**kwargs):
 BACKBONES = {
     **{f'soft++-{solver}': (lambda solver=solver: soft_pp(solver=solver), None)
        for solver in SOLVERS},
-    'soft-newton': (lambda: SOFT(SMALL_SOFT, attention='soft', solver='newton',
+    'soft-newton': (lambda: SOFT(SMALL_SOFT, variant='soft', solver='newton',
                                  drop_path_rate=0.), None),
     'soft++-valid-regions': (lambda: soft_pp(solver='newton_closed_form'),
                              [(64, 96), (64, 64)]),
-    'soft++-with-cp-recompute-ffn-chunked': (
+    'soft++-with-cp-recompute-mlp-chunked': (
         lambda: soft_pp(solver='newton_closed_form', with_cp=True,
-                        recompute_ffn=True, kernel_chunk_tokens=100), None),
+                        recompute_mlp=True, kernel_chunk_tokens=100), None),
     'ufo-vit': (ufo_vit, None),
     'ufo-vit-valid-regions': (ufo_vit, [(64, 96), (64, 64)]),
-    'ufo-vit-with-cp-recompute-ffn': (
-        lambda: ufo_vit(with_cp=True, recompute_ffn=True), None),
+    'ufo-vit-with-cp-recompute-mlp': (
+        lambda: ufo_vit(with_cp=True, recompute_mlp=True), None),
 }
 
 
@@ -272,7 +272,7 @@ def test_backbone_training_step_under_autocast(name, dtype):
 def _config_model(path: str):
     from mmengine.config import Config
 
-    from mmsoft.analysis.config_models import build_model_from_config
+    from mmsoft.apis import build_model_from_config
     cfg = Config.fromfile(path)
     model = build_model_from_config(cfg)
     model.init_weights()

@@ -123,7 +123,7 @@ def test_plain_soft_file_in_a_soft_plus_plus_config_is_reported(official_tiny,
     assert len(warnings) == 1
     assert str(path) in warnings[0]
     assert "holds 'soft' weights" in warnings[0]
-    assert "attention='soft++'" in warnings[0]
+    assert "variant='soft++'" in warnings[0]
 
 
 @pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)

@@ -18,11 +18,12 @@ pytest.importorskip('onnx')
 from mmsoft.deployment import onnx_export  # noqa: E402
 from mmsoft.models.backbones import SOFT, UFOViT  # noqa: E402
 from mmsoft.models.layers import SoftAttention  # noqa: E402
-from mmsoft.utils.torch_compat import TORCH_VERSION  # noqa: E402
-from mmsoft.deployment.traced_sizes import (  # noqa: E402
-    traceable_cap_bottleneck_grid, traceable_capped_grid_size)
 from mmsoft.models.layers.soft.bottleneck_pool import (  # noqa: E402
     cap_bottleneck_grid, capped_grid_size)
+from mmsoft.models.layers.soft.traced_bottleneck_pool import (  # noqa: E402
+    traceable_cap_bottleneck_grid, traceable_capped_grid_size)
+from mmsoft.models.tracing import Exportable  # noqa: E402
+from mmsoft.utils.torch_compat import TORCH_VERSION  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')
@@ -36,7 +37,7 @@ SMALL_SOFT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
 
 def small_soft(**kwargs) -> SOFT:
     """A small SOFT++ with the configs' solver, a cap and chunking in reach."""
-    settings = dict(arch=SMALL_SOFT, attention='soft++',
+    settings = dict(arch=SMALL_SOFT, variant='soft++',
                     solver='newton_closed_form', max_bottleneck_tokens=8,
                     kernel_chunk_tokens=256, drop_path_rate=0.)
     settings.update(kwargs)
@@ -60,10 +61,12 @@ def test_soft_plus_plus_matches_in_onnxruntime(tmp_path):
     results = export_and_verify(model, tmp_path)
     for result in results:
         assert result['relative'] < TOLERANCE, result
-    # The eager model keeps its own solver and chunking after the export.
+    # The eager model keeps its own solver and formulation after the export.
     layers = [m for m in model.modules() if isinstance(m, SoftAttention)]
-    assert {(m.solver, m.kernel_chunk_tokens) for m in layers} == {
-        ('newton_closed_form', 256)}
+    assert {m.solver for m in layers} == {'newton_closed_form'}
+    switched = [m for m in model.modules() if isinstance(m, Exportable)]
+    assert model in switched and len(switched) == 1 + len(layers)
+    assert not any(m.exportable for m in switched)
 
 
 def test_ufo_vit_matches_in_onnxruntime(tmp_path):

@@ -1,5 +1,7 @@
 """What the installed package exposes to OpenMMLab tooling."""
+import ast
 import configparser
+import os
 import os.path as osp
 import re
 
@@ -27,6 +29,61 @@ def test_imported_package_is_the_checkout():
     the link that lets mim find the package, see tools/install_common.sh)."""
     assert osp.realpath(osp.dirname(mmsoft.__file__)) == osp.join(
         osp.realpath(REPO), 'mmsoft')
+
+
+# Lab code (cost analysis, benchmarks, the GPU check, the comparison) lives in
+# tools/analysis/mmsoft_analysis, outside the installed package.
+LAB_NAME = re.compile(r'analysis|benchmark|gpu_check|comparison|peer')
+# Top-level packages of the checkout that the installed package lacks.
+CHECKOUT_ONLY = ('mmsoft_analysis', 'tools', 'configs')
+
+
+def _library_modules():
+    """``(path relative to the repository, parsed module)`` of every Python file
+    of the package (not the ``.mim`` links to configs and tools)."""
+    root = osp.join(REPO, 'mmsoft')
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [name for name in subfolders if name != '.mim']
+        for name in files:
+            if name.endswith('.py'):
+                path = osp.join(folder, name)
+                with open(path) as file:
+                    yield osp.relpath(path, REPO), ast.parse(file.read())
+
+
+def _own_imports(tree: ast.Module):
+    """The modules a module imports from mmsoft itself (relative imports with
+    their dots) or from outside every installed library (``mmsoft_analysis``,
+    ``tools``, ``configs``), at any level of the code."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = '.' * node.level + (node.module or '')
+            prefix = module if module.endswith('.') else module + '.'
+            names = [module] + [prefix + alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            top = name.lstrip('.').split('.')[0]
+            if name.startswith('.') or top in ('mmsoft', *CHECKOUT_ONLY):
+                yield name
+
+
+def test_package_holds_no_lab_code():
+    """No module of the package is, or imports, cost-analysis, benchmark,
+    GPU-check or comparison code."""
+    modules = dict(_library_modules())
+    assert 'mmsoft/__init__.py' in modules
+    named = [path for path in modules if LAB_NAME.search(path)]
+    assert not named, f'lab modules inside mmsoft/: {named}'
+    imports = {}
+    for path, tree in modules.items():
+        lab = [name for name in _own_imports(tree)
+               if LAB_NAME.search(name) or name.split('.')[0] in CHECKOUT_ONLY]
+        if lab:
+            imports[path] = lab
+    assert not imports, f'mmsoft imports lab code: {imports}'
 
 
 def _pinned_torch(requirements: str) -> str:

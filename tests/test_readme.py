@@ -1,9 +1,10 @@
-"""The commands of README.md work as written.
+"""The commands and links of README.md and of the docs pages work as written.
 
-Only the fenced ```` ```bash ```` blocks of the README are read, command by
-command (a backslash at the end of a line continues the command; ``&&``,
-``||``, ``;`` and ``|`` separate commands; ``#`` starts a comment; leading
-``NAME=value`` words set the environment and are not part of the command).
+The pages are ``README.md`` and every ``docs/**/*.md``. Only their fenced
+```` ```bash ```` blocks are read, command by command (a backslash at the
+end of a line continues the command; ``&&``, ``||``, ``;`` and ``|``
+separate commands; ``#`` starts a comment; leading ``NAME=value`` words
+set the environment and are not part of the command).
 
 Words that stand for the reader's own values are *placeholders*: an upper-case
 word (``CONFIG``, ``CKPT``, ``KEY=VALUE``), a word with ``...``
@@ -12,19 +13,24 @@ number (``epoch_N.pth``). A command with a placeholder or with ``[``/``]``
 (optional parts) is a *synopsis*: its scripts, files and flags are checked,
 it is not run.
 
-Checks:
+Checks, on every page:
 
+- every relative link (``[text](path)``, ``![alt](path)``, ``<img src>``)
+  outside code blocks names a file or folder of the repository, and its
+  ``#anchor``, if any, a heading of the Markdown page it points to;
 - every script and file under ``tools/``, ``configs/`` and ``requirements/``
   that a command names exists, placeholders excepted;
 - every ``make`` target a command names is a rule of the Makefile;
 - every ``--flag`` a command gives a repository tool is in that tool's
   ``--help``; the shell launchers' flags are checked against the Python tool
   they forward their options to, a launcher that forwards none takes none;
-- ``python tools/...`` commands come after the command that enters the
-  environment (``. .venv/bin/activate``);
-- the commands of "Train, test, scale out" that are not synopses run, in
-  order, in a scratch directory (``tools/`` and ``configs/`` linked into it)
-  with options appended that shrink them to seconds: a few 96x96 images,
+- on each page, ``python tools/...`` commands come after a command that
+  enters an environment (``. .venv/bin/activate``, or another
+  ``.../bin/activate``);
+- the README has the section "Quick start (two commands)";
+- the commands of "Train, test, scale out" (one section of one page) that
+  are not synopses run, in order, in a scratch directory (``tools/`` and
+  ``configs/`` linked into it) with options appended that shrink them to seconds: a few 96x96 images,
   one iteration per epoch. ``python`` is the interpreter running the tests,
   as in an activated environment; the shell launchers run with ``PYTHON``
   unset and without that environment on ``PATH``, where ``python`` is a
@@ -32,9 +38,12 @@ Checks:
   themselves (when the tests run in another environment, the launchers get
   ``PYTHON`` and that check is skipped). The scripts in :data:`NOT_RUN` are
   left out there, to keep the run short: other tests run them with the same
-  config.
+  config;
+- the table of "Where things live" names existing paths and every package
+  of ``mmsoft``.
 """
 import functools
+import glob
 import importlib.util
 import os
 import os.path as osp
@@ -50,6 +59,11 @@ import pytest
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 README = osp.join(REPO, 'README.md')
+#: The pages whose commands and links are checked: the README and the docs.
+PAGES = [README] + sorted(
+    glob.glob(osp.join(REPO, 'docs', '**', '*.md'), recursive=True))
+QUICK_START = 'Quick start (two commands)'
+LAYOUT_SECTION = 'Where things live'
 VENV = osp.join(REPO, '.venv')
 RUN_SECTION = 'Train, test, scale out'
 #: Top-level folders of the repository whose files a command may name.
@@ -81,13 +95,14 @@ def _load_tool_helpers():
 
 
 class Command(NamedTuple):
-    """One command of a bash block of the README."""
+    """One command of a bash block of a page."""
     section: str  #: the ``## `` heading it is under
     text: str  #: as written (continuation lines joined)
     argv: List[str]  #: its words, without comments and environment settings
+    page: str = 'README.md'  #: the page, relative to the repository
 
     def __str__(self) -> str:
-        return f'[{self.section}] {self.text}'
+        return f'[{self.page}: {self.section}] {self.text}'
 
 
 def _words(line: str) -> List[List[str]]:
@@ -113,6 +128,7 @@ def _words(line: str) -> List[List[str]]:
 
 def parse_readme(path: str = README) -> List[Command]:
     """Every command of the ``bash`` blocks of ``path``, in document order."""
+    page = osp.relpath(path, REPO)
     commands, section, block = [], '', None
     with open(path, encoding='utf-8') as f:
         lines = f.read().splitlines()
@@ -127,7 +143,8 @@ def parse_readme(path: str = README) -> List[Command]:
             text = '\n'.join(block).replace('\\\n', ' ')
             for logical in text.splitlines():
                 for argv in _words(logical):
-                    commands.append(Command(section, logical.strip(), argv))
+                    commands.append(
+                        Command(section, logical.strip(), argv, page))
             block = None
         else:
             block.append(line)
@@ -237,13 +254,103 @@ def _base_env() -> Dict[str, str]:
     return env
 
 
-COMMANDS = parse_readme()
+def parse_pages(pages: List[str] = PAGES) -> List[Command]:
+    """Every command of every page, page by page in document order."""
+    return [command for path in pages for command in parse_readme(path)]
+
+
+def is_activation(command: Command) -> bool:
+    """Whether the command enters an environment (``. X/bin/activate``)."""
+    argv = command.argv
+    return len(argv) == 2 and argv[0] in ('.', 'source') and \
+        argv[1].endswith('bin/activate')
+
+
+# ------------------------------------------------------------------ links ---
+def _without_code_blocks(text: str) -> str:
+    """Markdown text with its fenced code blocks blanked (lines kept)."""
+    out, fence = [], None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if fence is None and re.match(r'(```|~~~)', stripped):
+            fence = stripped[:3]
+            out.append('')
+        elif fence is not None:
+            if stripped.startswith(fence):
+                fence = None
+            out.append('')
+        else:
+            out.append(line)
+    return '\n'.join(out)
+
+
+def links(path: str) -> List[str]:
+    """The link targets of a Markdown page (``[..](x)``, ``![..](x)``,
+    ``<img src="x">``), code blocks excepted."""
+    with open(path, encoding='utf-8') as f:
+        text = _without_code_blocks(f.read())
+    targets = re.findall(r'\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)', text)
+    targets += re.findall(r'<img\s[^>]*src="([^"]+)"', text)
+    return targets
+
+
+def is_external(target: str) -> bool:
+    """Whether a link leaves the repository (``https:``, ``mailto:``...)."""
+    return bool(re.match(r'[A-Za-z][A-Za-z0-9+.-]*:', target))
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces
+    as ``-``."""
+    text = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', heading.strip())
+    text = re.sub(r'[^\w\- ]', '', text.lower())
+    return text.replace(' ', '-')
+
+
+@functools.lru_cache(maxsize=None)
+def anchors(path: str) -> frozenset:
+    """The anchors of the headings of a Markdown page (duplicates as
+    ``name-1``, ``name-2``, as GitHub numbers them)."""
+    with open(path, encoding='utf-8') as f:
+        text = _without_code_blocks(f.read())
+    seen: Dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r'^#{1,6}\s+(.+?)\s*#*\s*$', text, re.M):
+        anchor = heading_anchor(heading)
+        count = seen.get(anchor, 0)
+        seen[anchor] = count + 1
+        out.add(anchor if count == 0 else f'{anchor}-{count}')
+    return frozenset(out)
+
+
+def broken_link(page: str, target: str) -> Optional[str]:
+    """Why a relative link of ``page`` is broken; None when it works."""
+    path, _, anchor = target.partition('#')
+    resolved = osp.normpath(osp.join(osp.dirname(page), path)) if path \
+        else page
+    if not osp.exists(resolved):
+        return f'{osp.relpath(resolved, REPO)} does not exist'
+    if anchor and resolved.endswith('.md') and \
+            anchor.lower() not in anchors(resolved):
+        return (f'{osp.relpath(resolved, REPO)} has no heading with anchor '
+                f'#{anchor}')
+    return None
+
+
+COMMANDS = parse_pages()
 
 
 # ----------------------------------------------------------- static checks ---
 def test_readme_has_the_documented_commands():
-    sections = {c.section for c in COMMANDS}
-    assert {'Quick start (two commands)', RUN_SECTION} <= sections, sections
+    readme_sections = {c.section for c in COMMANDS if c.page == 'README.md'}
+    assert QUICK_START in readme_sections, readme_sections
+    assert ['make', 'demo'] in [c.argv for c in COMMANDS
+                                if c.section == QUICK_START]
+    assert ['make', 'test'] in [c.argv for c in COMMANDS
+                                if c.section == QUICK_START]
+    run_pages = {c.page for c in COMMANDS if c.section == RUN_SECTION}
+    assert len(run_pages) == 1, \
+        f'"{RUN_SECTION}" should be one section of one page: {run_pages}'
     runnable = [c for c in COMMANDS if c.section == RUN_SECTION
                 and not is_synopsis(c) and repo_tool(c)]
     assert len(runnable) >= 4, runnable
@@ -262,7 +369,7 @@ def test_named_files_exist():
     missing = [f'{command}: {path}' for command in COMMANDS
                for path in named_files(command)
                if not osp.exists(osp.join(REPO, path))]
-    assert not missing, 'README commands name missing files:\n' + \
+    assert not missing, 'commands name missing files:\n' + \
         '\n'.join(missing)
 
 
@@ -273,7 +380,7 @@ def test_make_targets_exist():
                if command.argv[0] == 'make' for word in command.argv[1:]
                if not word.startswith('-') and '=' not in word
                and word not in targets]
-    assert not unknown, 'README commands use targets the Makefile lacks:\n' + \
+    assert not unknown, 'commands use targets the Makefile lacks:\n' + \
         '\n'.join(unknown)
 
 
@@ -286,7 +393,7 @@ def test_flags_are_accepted_by_the_tools():
         tool = python_tool(command)
         if tool is None:
             wrong.append(f'{command}: {repo_tool(command)} takes no options, '
-                         f'the README shows {shown}')
+                         f'the page shows {shown}')
             continue
         accepted = tool_options(tool)
         wrong += [f'{command}: {flag} is not an option of {tool}'
@@ -302,15 +409,47 @@ def test_launchers_forward_to_a_tool():
 
 
 def test_python_commands_follow_activation():
-    """``python tools/...`` needs the installed stack: the README enters the
+    """``python tools/...`` needs the installed stack: each page enters an
     environment before its first such command."""
-    entered = False
-    for command in COMMANDS:
-        if tuple(command.argv[:2]) in (ACTIVATE, ('source', ACTIVATE[1])):
-            entered = True
-        elif command.argv[0] in PYTHONS and repo_tool(command):
-            assert entered, (f'{command}: comes before the README says to '
-                             f'enter the environment ({" ".join(ACTIVATE)})')
+    wrong = []
+    for path in PAGES:
+        entered = False
+        for command in parse_readme(path):
+            if is_activation(command):
+                entered = True
+            elif command.argv[0] in PYTHONS and repo_tool(command) and \
+                    not entered:
+                wrong.append(f'{command}: comes before the page says to enter '
+                             f'the environment ({" ".join(ACTIVATE)})')
+    assert not wrong, '\n'.join(wrong)
+
+
+def test_heading_anchors():
+    assert heading_anchor('What `make demo` does and reaches') == \
+        'what-make-demo-does-and-reaches'
+    assert heading_anchor('GPU recipe (torch 2.1.2, CUDA 12.1)') == \
+        'gpu-recipe-torch-212-cuda-121'
+    assert heading_anchor('Which backbone? Accuracy against cost') == \
+        'which-backbone-accuracy-against-cost'
+
+
+def test_docs_pages_are_read():
+    pages = {osp.relpath(p, REPO) for p in PAGES}
+    assert 'README.md' in pages and len(pages) > 1, pages
+
+
+def test_relative_links_exist():
+    """Every relative link and image of the README and the docs pages points
+    to a file (and heading) of the repository."""
+    broken = []
+    for page in PAGES:
+        for target in links(page):
+            if is_external(target):
+                continue
+            why = broken_link(page, target)
+            if why:
+                broken.append(f'{osp.relpath(page, REPO)}: ({target}) {why}')
+    assert not broken, 'broken links:\n' + '\n'.join(broken)
 
 
 # ----------------------------------------------- the launchers' interpreter ---
@@ -505,18 +644,27 @@ def test_launchers_find_the_checkout_venv(section_runs):
 
 
 def _layout_table() -> Dict[str, str]:
-    """The README's "Where things live" table: path -> description."""
-    with open(README) as readme:
-        text = readme.read()
-    section = text.split('## Where things live\n', 1)[1].split('\n## ', 1)[0]
-    return dict(re.findall(r'^\| `([^`]+)` \| (.+) \|$', section, re.MULTILINE))
+    """The "Where things live" table of the page that has it (a ``#`` or
+    ``##`` heading): path -> description."""
+    for path in PAGES:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        parts = re.split(rf'^#{{1,2}} {LAYOUT_SECTION}\n', text, maxsplit=1,
+                         flags=re.M)
+        if len(parts) == 2:
+            section = re.split(r'^#{1,2} ', parts[1], maxsplit=1,
+                               flags=re.M)[0]
+            return dict(re.findall(r'^\| `([^`]+)` \| (.+) \|$', section,
+                                   re.MULTILINE))
+    return {}
 
 
 def test_layout_table_matches_the_tree():
     table = _layout_table()
-    assert table, 'README has no "Where things live" table'
+    assert table, f'no page has a "{LAYOUT_SECTION}" table'
     missing = [path for path in table if not osp.exists(osp.join(REPO, path))]
-    assert not missing, f'README names paths that do not exist: {missing}'
+    assert not missing, f'the layout table names paths that do not exist: ' \
+        f'{missing}'
     # Every package of mmsoft below the top level is described, at the depth
     # the table uses (mmsoft/<pkg>/, mmsoft/models/<pkg>/<model>/).
     packages = set()
@@ -527,4 +675,5 @@ def test_layout_table_matches_the_tree():
                 'mmsoft/models/', 'mmsoft/models/layers/'):
             packages.add(rel)
     undescribed = sorted(packages - set(table))
-    assert not undescribed, f'packages missing from the README table: {undescribed}'
+    assert not undescribed, \
+        f'packages missing from the layout table: {undescribed}'

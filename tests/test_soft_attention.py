@@ -1,4 +1,4 @@
-"""SOFT attention against a direct dense computation of its formula."""
+"""SOFT variant against a direct dense computation of its formula."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,7 @@ def dense_soft_attention(module, x, hw_shape):
             k1 = torch.exp(-0.5 * torch.cdist(q, marks)**2)  # (N, m)
             a = torch.exp(-0.5 * torch.cdist(marks, marks)**2)  # (m, m)
             eye = torch.eye(a.shape[0], dtype=a.dtype)
-            if module.attention == 'soft':
+            if module.variant == 'soft':
                 middle = torch.linalg.inv(a + 0.01 * eye)
             else:
                 d_inv_sqrt = torch.diag(a.sum(1).rsqrt())
@@ -50,13 +50,13 @@ def dense_soft_attention(module, x, hw_shape):
     return F.linear(out, module.out_proj.weight, module.out_proj.bias)
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 @pytest.mark.parametrize('max_tokens', [None, 6])
-def test_matches_dense_reference(attention, max_tokens):
+def test_matches_dense_reference(variant, max_tokens):
     torch.manual_seed(0)
     hw_shape = (9, 13)
     module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=5,
-                           attention=attention, solver='exact',
+                           variant=variant, solver='exact',
                            max_bottleneck_tokens=max_tokens).double()
     x = torch.randn(2, 9 * 13, 64, dtype=torch.float64)
     expected = dense_soft_attention(module, x, hw_shape)
@@ -66,7 +66,7 @@ def test_matches_dense_reference(attention, max_tokens):
 def test_newton_matches_reference_within_tolerance():
     torch.manual_seed(1)
     module = SoftAttention(64, 2, sr_ratio=4, local_kernel_size=3,
-                           attention='soft', solver='newton').double()
+                           variant='soft', solver='newton').double()
     x = torch.randn(1, 16 * 12, 64, dtype=torch.float64)
     expected = dense_soft_attention(module, x, (16, 12))
     torch.testing.assert_close(module(x, (16, 12)), expected, atol=1e-5, rtol=1e-4)
@@ -82,23 +82,25 @@ def test_bottleneck_cap_bounds_tokens_and_keeps_small_grids():
 
 class _OnGrid(torch.nn.Module):
 
-    def __init__(self, attention, hw_shape):
+    def __init__(self, layer, hw_shape):
         super().__init__()
-        self.attention = attention
+        self.layer = layer
         self.hw_shape = hw_shape
 
     def forward(self, x):
-        return self.attention(x, self.hw_shape)
+        return self.layer(x, self.hw_shape)
 
 
-def test_export_formulation_pools_with_tensor_sizes():
+def test_export_formulation_pools_with_tensor_sizes_and_iterates():
     # Traced in the ONNX export formulation, the cap pools by averaging
-    # matrices on traced sizes: the same sizes and, up to rounding, the same
-    # values. A plain trace (FLOP counting) records the eager pooling.
+    # matrices on traced sizes and the closed form runs as the iteration:
+    # the same sizes and, up to rounding, the same values. A plain trace
+    # (FLOP counting) records the eager pooling and the closed form's node.
     from mmsoft.deployment.onnx_export import export_formulation
     torch.manual_seed(0)
     module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3,
-                           attention='soft++', max_bottleneck_tokens=6).eval()
+                           variant='soft++', solver='newton_closed_form',
+                           max_bottleneck_tokens=6).eval()
     x = torch.randn(1, 9 * 13, 64)
     with torch.no_grad():
         expected = module(x, (9, 13))
@@ -107,30 +109,60 @@ def test_export_formulation_pools_with_tensor_sizes():
             traced = torch.jit.trace(_OnGrid(module, (9, 13)), (x, ), check_trace=False)
         torch.testing.assert_close(traced(x), expected, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(module(x, (9, 13)), expected, rtol=0, atol=0)
-    graph = str(traced.inlined_graph)
+    graph, plain_graph = str(traced.inlined_graph), str(plain.inlined_graph)
     assert 'adaptive_avg_pool2d' not in graph and '_shape_as_tensor' in graph
-    assert 'adaptive_avg_pool2d' in str(plain.inlined_graph)
-    assert 'cap_bottleneck_grid' not in vars(module)  # restored on exit
+    assert 'PythonOp' not in graph and 'aten::matmul' in graph
+    assert 'adaptive_avg_pool2d' in plain_graph
+    assert '_NewtonClosedForm' in plain_graph
+    assert not module.exportable  # restored on exit
 
 
-def test_autocast_runs_kernel_in_float32(monkeypatch):
+def spy_on_implementations(module, monkeypatch):
+    """Records which implementation of the kernel attention ``module`` runs,
+    with the dtypes of its inputs and output."""
     from mmsoft.models.layers.soft import soft_attention
     seen = []
-    original = soft_attention.low_rank_kernel_attention
 
-    def spy(queries, bottleneck, values, *args, **kwargs):
-        out = original(queries, bottleneck, values, *args, **kwargs)
-        seen.append((queries.dtype, bottleneck.dtype, values.dtype, out.dtype))
-        return out
+    def spy(name, original):
 
-    monkeypatch.setattr(soft_attention, 'low_rank_kernel_attention', spy)
+        def implementation(queries, bottleneck, values, *args, **kwargs):
+            out = original(queries, bottleneck, values, *args, **kwargs)
+            seen.append((name, queries.dtype, bottleneck.dtype, values.dtype,
+                         out.dtype))
+            return out
+
+        return implementation
+
+    monkeypatch.setattr(soft_attention, 'low_rank_kernel_attention',
+                        spy('plain', soft_attention.low_rank_kernel_attention))
+    module.memory_efficient_attention = spy('memory_efficient',
+                                            module.memory_efficient_attention)
+    return seen
+
+
+@pytest.mark.parametrize('memory_efficient', [True, False])
+def test_autocast_runs_kernel_in_float32(memory_efficient, monkeypatch):
     torch.manual_seed(0)
     module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3)
+    module.memory_efficient = memory_efficient
+    seen = spy_on_implementations(module, monkeypatch)
     x = torch.randn(1, 64, 64)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = module(x, (8, 8))
-    assert seen == [(torch.float32, ) * 4]
+    name = 'memory_efficient' if memory_efficient else 'plain'
+    assert seen == [(name, ) + (torch.float32, ) * 4]
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+def test_tracers_see_the_plain_implementation(monkeypatch):
+    torch.manual_seed(0)
+    module = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3).train()
+    seen = spy_on_implementations(module, monkeypatch)
+    x = torch.randn(1, 8 * 8, 16)
+    traced = torch.jit.trace(_OnGrid(module, (8, 8)), (x, ), check_trace=False)
+    assert [record[0] for record in seen] == ['plain']
+    torch.testing.assert_close(traced(x), module(x, (8, 8)), rtol=1e-5, atol=1e-6)
+    assert [record[0] for record in seen] == ['plain', 'memory_efficient']
 
 
 def test_heads_must_divide_width():
@@ -140,12 +172,13 @@ def test_heads_must_divide_width():
 
 
 def test_options_are_validated_at_construction():
-    with pytest.raises(ValueError, match="attention='softmax'"):
-        SoftAttention(64, 2, 2, 3, attention='softmax')
+    with pytest.raises(ValueError, match="variant='softmax'"):
+        SoftAttention(64, 2, 2, 3, variant='softmax')
     with pytest.raises(ValueError, match="solver='lu'"):
         SoftAttention(64, 2, 2, 3, solver='lu')
     with pytest.warns(DeprecationWarning, match="solver='exact'"):
         assert SoftAttention(64, 2, 2, 3, solver='cholesky').solver == 'exact'
+
 
 
 def test_chunked_kernel_gives_same_output_and_gradients():

@@ -11,14 +11,14 @@ from mmsoft.models.backbones.soft import ARCH_SETTINGS
 from mmsoft.models.layers import SoftAttention
 
 HERE = osp.dirname(osp.abspath(__file__))
-README = osp.join(osp.dirname(HERE), 'README.md')
+BACKBONES_DOC = osp.join(osp.dirname(HERE), 'docs', 'backbones.md')
 # Keys and shapes of the reference models' state dicts.
 random_official_state_dict = runpy.run_path(
     osp.join(HERE, 'official_soft_reference.py'))['random_official_state_dict']
 # Tensors of the reference models that are not backbone parameters.
 OFFICIAL_BUFFER_SUFFIXES = ('.running_mean', '.running_var', '.num_batches_tracked')
 
-# Backbone parameters (classifier excluded) in millions, as the README's
+# Backbone parameters (classifier excluded) in millions, as docs/backbones.md's
 # table shows them; the reference counts with the 1000-class head are 0.51M
 # higher.
 PARAMS_M = {'tiny': 12.56, 'small': 38.35, 'medium': 45.30,
@@ -56,14 +56,14 @@ def test_parameter_count(arch):
     assert count / 1e6 == pytest.approx(PARAMS_M[arch], abs=0.005)
 
 
-def test_readme_table_shows_each_arch():
-    with open(README, encoding='utf-8') as f:
+def test_docs_table_shows_each_arch():
+    with open(BACKBONES_DOC, encoding='utf-8') as f:
         readme = f.read()
     for arch, settings in ARCH_SETTINGS.items():
         cells = [arch] + [', '.join(map(str, settings[key]))
                           for key in ('embed_dims', 'num_heads', 'depths')]
         row = '| ' + ' | '.join(cells) + f' | {PARAMS_M[arch]:.2f}M |'
-        assert row in readme, f'README.md lacks the SOFT table row {row!r}'
+        assert row in readme, f'docs/backbones.md lacks the SOFT table row {row!r}'
 
 
 @pytest.mark.parametrize('arch', list(ARCH_SETTINGS))
@@ -100,30 +100,31 @@ def outputs_under_two_solvers(solvers, size, **kwargs):
         return [model.eval()(x) for model in models]
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
-def test_solvers_agree_on_backbone(attention):
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+def test_solvers_agree_on_backbone(variant):
     newton, exact = outputs_under_two_solvers(
-        ('newton', 'exact'), (96, 96), attention=attention, max_bottleneck_tokens=None)
+        ('newton', 'exact'), (96, 96), variant=variant, max_bottleneck_tokens=None)
     for a, b in zip(newton, exact):
         torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 @pytest.mark.parametrize('cap', [None, 16])
-def test_closed_form_solver_equals_newton_on_backbone(attention, cap):
+def test_closed_form_solver_equals_newton_on_backbone(variant, cap):
     """At 128x192 the bottleneck grids are 4x6 (24 tokens), pooled to 3x4
     with the cap of 16."""
     newton, closed = outputs_under_two_solvers(
-        ('newton', 'newton_closed_form'), (128, 192), attention=attention,
+        ('newton', 'newton_closed_form'), (128, 192), variant=variant,
         max_bottleneck_tokens=cap)
     for a, b in zip(newton, closed):
         assert float((a - b).norm() / a.norm()) < 1e-5
 
 
 def test_former_solver_name_builds_the_exact_solver():
-    with pytest.warns(DeprecationWarning, match="spelled solver='exact'"):
+    with pytest.warns(DeprecationWarning, match="spelled solver='exact'") as record:
         model = SOFT(arch=tiny_arch(), solver='cholesky')
     assert model.solver == 'exact'
+    assert [warning.filename for warning in record] == [__file__]
     layers = [m for m in model.modules() if isinstance(m, SoftAttention)]
     assert {m.solver for m in layers} == {'exact'}
 
@@ -199,7 +200,7 @@ def test_registered_in_root_registry():
     (dict(arch=dict(embed_dims=[64, 128, 320, 512])), 'lacks the keys'),
     (dict(arch=dict(tiny_arch(), num_heads=[3, 2, 3, 4])),
      r'embed_dims\[0\]=32 is not divisible by num_heads\[0\]=3'),
-    (dict(attention='softmax'), "attention='softmax' is not supported"),
+    (dict(variant='softmax'), "variant='softmax' is not supported"),
     (dict(solver='lu'), "solver='lu' is not supported"),
     (dict(out_indices=(0, 4)), r'out_indices=\(0, 4\) is invalid'),
     (dict(frozen_stages=5), 'frozen_stages=5 is out of range'),

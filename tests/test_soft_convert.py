@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.checkpoint import load_soft_checkpoint, soft_official_to_mmsoft
+from mmsoft.checkpoint.soft_official import (OFFICIAL_VARIANTS, variant_hint,
+                                             check_detected_arch, rename_official_key)
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.backbones.soft import ARCH_SETTINGS
-from mmsoft.checkpoint.soft_official import (attention_hint, rename_official_key,
-                                             soft_state_layout)
+from mmsoft.models.backbones.soft import ARCH_DEFAULTS, ARCH_SETTINGS
+from mmsoft.models.ops.kernel_inverse import VARIANTS
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
@@ -32,6 +33,10 @@ def _load_by_path(name, path):
 
 ref = _load_by_path('official_soft_reference',
                     osp.join(HERE, 'official_soft_reference.py'))
+cli = _load_by_path('soft2mmsoft',
+                    osp.join(REPO, 'tools', 'model_converters', 'soft2mmsoft.py'))
+#: SOFT's named architectures, for the converter to recognise.
+ARCH_TABLE = dict(arch_table=ARCH_SETTINGS, arch_defaults=ARCH_DEFAULTS)
 TINY_HEADS = ARCH_SETTINGS['tiny']['num_heads']
 TOLERANCE = 1e-3
 
@@ -53,8 +58,16 @@ def converted(official):
     return state_dict
 
 
+def convert_and_check(official):
+    """Converts and checks against a SOFT of the detected settings."""
+    state_dict, info = soft_official_to_mmsoft(official, **ARCH_TABLE)
+    settings = info['arch_settings']
+    check_detected_arch(state_dict, settings, cli.soft_state_layout(settings))
+    return state_dict, info
+
+
 def tiny_backbone(attention, **kwargs):
-    return SOFT(arch='tiny', attention=attention, solver='newton',
+    return SOFT(arch='tiny', variant=attention, solver='newton',
                 max_bottleneck_tokens=None, **kwargs)
 
 
@@ -127,13 +140,13 @@ def test_random_weights_exercise_every_term(official_tiny_fp64):
 # Key conversion
 # --------------------------------------------------------------------------
 def test_conversion_is_one_to_one(official_tiny):
-    state_dict, info = soft_official_to_mmsoft(official_tiny)
+    state_dict, info = convert_and_check(official_tiny)
     model_keys = set(tiny_backbone('soft').state_dict())
     assert set(state_dict) == model_keys
     assert len(state_dict) == len(official_tiny) - 2 == info['num_tensors'] == 185
     assert info['dropped'] == ['head.bias', 'head.weight']
     assert info['arch'] == 'tiny' and info['pretrain_img_size'] == 224
-    assert info['attention'] is None and info['wrapper'] is None
+    assert info['variant'] is None and info['wrapper'] is None
     for key, value in official_tiny.items():
         if not key.startswith('head.'):
             assert state_dict[rename_official_key(key)] is value
@@ -151,7 +164,7 @@ def test_conversion_is_one_to_one(official_tiny):
     ('block3.0.att.mha.attn.Qnorm_act.0.bias', 'stages.2.0.attn.bottleneck_norm.bias'),
     ('block1.0.att.mha.attn.conv.weight', 'stages.0.0.attn.local_conv.weight'),
     ('block1.0.att.mha.ff.weight', 'stages.0.0.attn.out_proj.weight'),
-    ('block2.0.att.ff1.weight', 'stages.1.0.ffn.fc1.weight'),
+    ('block2.0.att.ff1.weight', 'stages.1.0.mlp.fc1.weight'),
     ('block2.0.att.norm2.bias', 'stages.1.0.norm2.bias'),
     ('block4.1.attn.kv.weight', 'stages.3.1.attn.kv.weight'),
     ('block4.0.mlp.fc2.bias', 'stages.3.0.mlp.fc2.bias'),
@@ -182,12 +195,12 @@ def test_refuses_missing_and_inconsistent_tensors(official_tiny):
     del incomplete['block2.1.att.norm1.weight']
     with pytest.raises(ValueError, match=r'does not fit the detected architecture'
                        r'.*: missing keys: stages\.1\.1\.norm1\.weight\.'):
-        soft_official_to_mmsoft(incomplete)
+        convert_and_check(incomplete)
     wrong = dict(official_tiny)
     wrong['block3.1.att.mha.W_v.weight'] = torch.zeros(320, 64)
     with pytest.raises(ValueError, match=r'stages\.2\.1\.attn\.v_proj\.weight: '
                        r'\(320, 64\) \(expected \(320, 320\)\)'):
-        soft_official_to_mmsoft(wrong)
+        convert_and_check(wrong)
 
 
 def test_refuses_mmsoft_layout_with_hint(official_tiny):
@@ -217,7 +230,7 @@ def test_detects_every_arch(arch):
     official = ref.random_official_state_dict(
         embed_dims=settings['embed_dims'], num_heads=settings['num_heads'],
         depths=settings['depths'], empty=True)
-    _, info = soft_official_to_mmsoft(official)
+    _, info = soft_official_to_mmsoft(official, **ARCH_TABLE)
     assert info['arch'] == arch
     assert info['arch_settings']['num_heads'] == settings['num_heads']
     assert info['arch_settings']['depths'] == settings['depths']
@@ -225,7 +238,7 @@ def test_detects_every_arch(arch):
 
 def test_unnamed_arch_is_reported():
     official = ref.random_official_state_dict(depths=(1, 1, 1, 1), empty=True)
-    _, info = soft_official_to_mmsoft(official)
+    _, info = convert_and_check(official)
     assert info['arch'] is None
     assert info['arch_settings']['depths'] == [1, 1, 1, 1]
     assert info['arch_settings']['num_heads'] == [2, 4, 10, None]
@@ -234,7 +247,7 @@ def test_unnamed_arch_is_reported():
 def test_detected_settings_rebuild_the_backbone(official_tiny):
     # The layout the conversion is checked against is that of SOFT-tiny.
     _, info = soft_official_to_mmsoft(official_tiny)
-    layout = soft_state_layout(info['arch_settings'])
+    layout = cli.soft_state_layout(info['arch_settings'])
     model_shapes = {k: v.shape for k, v in SOFT(arch='tiny').state_dict().items()}
     assert {k: v.shape for k, v in layout.items()} == model_shapes
 
@@ -248,8 +261,12 @@ def test_detected_settings_rebuild_the_backbone(official_tiny):
     ('softmaxfreenormvisiontransformer', 'soft++'),
     ('softmaxfreevisiontransformer', 'soft'), ('checkpoint.pth', None), (None, None),
 ])
-def test_attention_hint(text, expected):
-    assert attention_hint(text) == expected
+def test_variant_hint(text, expected):
+    assert variant_hint(text) == expected
+
+
+def test_reference_variants_are_the_backbone_variants():
+    assert OFFICIAL_VARIANTS == VARIANTS
 
 
 def test_attention_decision_order(official_tiny):
@@ -266,15 +283,15 @@ def test_attention_decision_order(official_tiny):
         (dict(checkpoint=official_tiny, name_hint='SOFT_Tiny.pth'),
          ('soft', 'file name')),
         (dict(checkpoint=official_tiny, name_hint='best.pth'), (None, None)),
-        (dict(checkpoint=timm_norm, attention='soft'), ('soft', 'argument')),
+        (dict(checkpoint=timm_norm, variant='soft'), ('soft', 'argument')),
     ]
     for kwargs, expected in cases:
         _, info = soft_official_to_mmsoft(**kwargs)
-        assert (info['attention'], info['attention_source']) == expected, kwargs
-    _, info = soft_official_to_mmsoft(timm_norm, attention='soft')
-    assert info['attention_detected'] == 'soft++'
-    with pytest.raises(ValueError, match='attention='):
-        soft_official_to_mmsoft(official_tiny, attention='norm')
+        assert (info['variant'], info['variant_source']) == expected, kwargs
+    _, info = soft_official_to_mmsoft(timm_norm, variant='soft')
+    assert info['variant_detected'] == 'soft++'
+    with pytest.raises(ValueError, match='variant='):
+        soft_official_to_mmsoft(official_tiny, variant='norm')
 
 
 # --------------------------------------------------------------------------
@@ -298,23 +315,21 @@ def test_init_cfg_converts_reference_checkpoint(official_tiny, tmp_path):
 
 def test_cli_converts_and_output_loads(official_tiny, official_tiny_fp64, tmp_path,
                                        capsys):
-    cli = _load_by_path('soft2mmsoft',
-                        osp.join(REPO, 'tools', 'model_converters', 'soft2mmsoft.py'))
     src = tmp_path / 'checkpoint.pth'
     torch.save({'model': {f'module.{k}': v for k, v in official_tiny.items()}}, src)
     dst = tmp_path / 'out' / 'soft_tiny_mmsoft.pth'
 
     assert cli.main([str(src), str(dst)]) == 1  # variant undecidable
-    assert '--attention' in capsys.readouterr().err
+    assert '--variant' in capsys.readouterr().err
     assert not dst.exists()
 
-    assert cli.main([str(src), str(dst), '--attention', 'soft++']) == 0
+    assert cli.main([str(src), str(dst), '--variant', 'soft++']) == 0
     printed = capsys.readouterr().out
     assert 'tiny' in printed and 'soft++ (from argument)' in printed
     assert '185 converted' in printed and 'head.weight' in printed
     saved = torch.load(dst, map_location='cpu', weights_only=True)
     assert set(saved) == {'state_dict', 'meta'}
-    assert saved['meta']['arch'] == 'tiny' and saved['meta']['attention'] == 'soft++'
+    assert saved['meta']['arch'] == 'tiny' and saved['meta']['variant'] == 'soft++'
     assert saved['meta']['pretrain_img_size'] == 224
 
     # A bare SOFT (default arguments) loads the converted file.
@@ -329,11 +344,9 @@ def test_cli_converts_and_output_loads(official_tiny, official_tiny_fp64, tmp_pa
 
 
 def test_cli_refuses_foreign_checkpoint(tmp_path, capsys):
-    cli = _load_by_path('soft2mmsoft',
-                        osp.join(REPO, 'tools', 'model_converters', 'soft2mmsoft.py'))
     src = tmp_path / 'other.pth'
     torch.save({'conv.weight': torch.zeros(2), 'fc.bias': torch.zeros(1)}, src)
-    assert cli.main([str(src), str(tmp_path / 'x.pth'), '--attention', 'soft']) == 1
+    assert cli.main([str(src), str(tmp_path / 'x.pth'), '--variant', 'soft']) == 1
     err = capsys.readouterr().err
     assert 'conv.weight' in err and 'fc.bias' in err
 

@@ -11,7 +11,7 @@ from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn, build_upernet,
 # run (mmcv-lite), see setup.cfg.
 pytestmark = pytest.mark.mmcv_ops
 
-SOFT_TINY = dict(type='SOFT', arch='tiny', attention='soft++', solver='exact')
+SOFT_TINY = dict(type='SOFT', arch='tiny', variant='soft++', solver='exact')
 TINY_DIMS = [64, 128, 320, 512]
 
 

@@ -29,10 +29,11 @@ NO_TIMM_PROBE = textwrap.dedent('''
                 raise ModuleNotFoundError(f'No module named {name!r}')
 
     sys.meta_path.insert(0, Absent())
-    import runpy
-    import mmsoft.analysis.detector_step, mmsoft.models.flop_handles  # noqa
-    import mmsoft.analysis.measure, mmsoft.analysis.report  # noqa
-    from mmsoft.analysis.peers import build_backbone, parse_spec
+    import os, runpy
+    sys.path.insert(0, os.path.dirname(sys.argv[1]))  # as the tool runs
+    import mmsoft_analysis.detector_step, mmsoft.models.flop_handles  # noqa
+    import mmsoft_analysis.measure, mmsoft_analysis.report  # noqa
+    from mmsoft_analysis.peers import build_backbone, parse_spec
     assert parse_spec('xcit-s12:drop_path_rate=0') == ('xcit-s12',
                                                        dict(drop_path_rate=0))
     tool = runpy.run_path(sys.argv[1], run_name='benchmark')
@@ -75,8 +76,8 @@ def expected_maps(name, batch=1):
 @pytest.mark.torchvision
 @pytest.mark.parametrize('name', TIMM_PEERS)
 def test_timm_peer_gives_four_maps_and_trains(name):
-    from mmsoft.analysis.measure import run_once
-    from mmsoft.analysis.peers import build_backbone
+    from mmsoft_analysis.measure import run_once
+    from mmsoft_analysis.peers import build_backbone
     torch.manual_seed(0)
     model = build_backbone(name)
     assert not model.training
@@ -96,7 +97,7 @@ def test_timm_peer_gives_four_maps_and_trains(name):
 @pytest.mark.torchvision
 def test_xcit_reads_blocks_3_5_7_11_and_resamples_them_like_xcit_detection():
     import timm
-    from mmsoft.analysis.peers import build_backbone
+    from mmsoft_analysis.peers import build_backbone
     torch.manual_seed(0)
     model = build_backbone('xcit-s12:drop_path_rate=0.0')
     full = timm.create_model('xcit_small_12_p16_224', pretrained=False).eval()
@@ -127,7 +128,7 @@ def test_timm_peer_attention_is_counted(name):
     """mmengine's counter sees XCiT's ``q @ k^T`` and ``attn @ v`` (plain
     matmuls); PVTv2's fused attention only through mmsoft's handle."""
     from mmsoft.models.flop_handles import count_flops
-    from mmsoft.analysis.peers import build_backbone
+    from mmsoft_analysis.peers import build_backbone
     model = build_backbone(name)
     with torch.no_grad():
         total, analyzer = count_flops(model, (torch.randn(1, 3, *SHAPE), ))
@@ -155,8 +156,8 @@ def test_timm_peer_attention_is_counted(name):
 @pytest.mark.torchvision
 @pytest.mark.parametrize('name', TIMM_PEERS)
 def test_timm_peer_mask_rcnn_step(name):
-    from mmsoft.analysis.detector_step import build_detector, generated_batch
-    from mmsoft.analysis.peers import IsotropicPyramid
+    from mmsoft_analysis.detector_step import build_detector, generated_batch
+    from configs.comparison.peer_backbones import IsotropicPyramid
     torch.manual_seed(0)
     # Fewer sampled anchors and RoIs: the heads' fixed cost dominates a tiny
     # image (6 s a step with the config's 256 anchors and 512 RoIs, 1.5 s so).

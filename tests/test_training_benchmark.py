@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mmsoft.analysis.batch_capacity import largest_batch
-from mmsoft.analysis.detector_step import detector_config
+from mmsoft_analysis import worker_env
+from mmsoft_analysis.batch_capacity import largest_batch
+from mmsoft_analysis.detector_step import detector_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +113,7 @@ def test_training_mode_writes_backbones_detectors_and_capacity(tmp_path):
 
 LIVE_MEMORY_PROBE = """
 import torch
-from mmsoft.analysis.measure import _status_kib, track_live_memory
+from mmsoft_analysis.measure import _status_kib, track_live_memory
 track_live_memory()
 warm_up = torch.ones(2**20)  # the first allocation's one-off code pages, not counted
 del warm_up
@@ -126,7 +127,8 @@ print(held - before, _status_kib('VmRSS') - before)
 
 def test_live_memory_returns_freed_blocks_at_once():
     done = subprocess.run([sys.executable, '-c', LIVE_MEMORY_PROBE],
-                          capture_output=True, text=True, timeout=120)
+                          env=worker_env(), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     held, after_free = (int(v) for v in done.stdout.split())
     assert held >= 250 * 1024  # KiB: the 256 MiB were resident

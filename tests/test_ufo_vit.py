@@ -226,7 +226,7 @@ def linear_params(in_features: int, out_features: int) -> int:
 
 
 def ufo_vit_params(embed_dims: int, depth: int, num_heads: int, mlp_ratio: int = 4,
-                   lpi_kernel_size: int = 3, pos_hidden_dims: int = 32) -> int:
+                   local_kernel_size: int = 3, pos_hidden_dims: int = 32) -> int:
     """Parameters of UFO-ViT from its definition (README, class docstrings).
 
     Stem: four 3x3 convolutions with biases, 3 -> C/8 -> C/4 -> C/2 -> C, each
@@ -234,7 +234,7 @@ def ufo_vit_params(embed_dims: int, depth: int, num_heads: int, mlp_ratio: int =
     1x1 convolution from the 2 x ``pos_hidden_dims`` sinusoidal features to
     C. Each block: three LayerNorms; QKV and output projections; one XNorm
     gamma per head for Q and one for K^T V; local patch interaction (two
-    depth-wise convolutions, one BatchNorm); the FFN (C -> ratio*C -> C);
+    depth-wise convolutions, one BatchNorm); the MLP (C -> ratio*C -> C);
     three per-channel layer scales. Pyramid: stride 4 is two 2x2 transposed
     convolutions with a BatchNorm between, stride 8 one, strides 16 and 32
     have no parameters.
@@ -246,10 +246,10 @@ def ufo_vit_params(embed_dims: int, depth: int, num_heads: int, mlp_ratio: int =
     position = conv_params(2 * pos_hidden_dims, dims, 1)
     attention = (linear_params(dims, 3 * dims) + 2 * num_heads
                  + linear_params(dims, dims))
-    patch_interaction = (2 * conv_params(dims, dims, lpi_kernel_size, groups=dims)
+    patch_interaction = (2 * conv_params(dims, dims, local_kernel_size, groups=dims)
                          + 2 * dims)
-    ffn = linear_params(dims, hidden) + linear_params(hidden, dims)
-    block = 3 * 2 * dims + attention + patch_interaction + ffn + 3 * dims
+    mlp = linear_params(dims, hidden) + linear_params(hidden, dims)
+    block = 3 * 2 * dims + attention + patch_interaction + mlp + 3 * dims
     pyramid = 3 * conv_params(dims, dims, 2) + 2 * dims
     return stem + position + depth * block + pyramid
 
@@ -310,8 +310,8 @@ def test_mask_rcnn_totals_match_paper_and_readme(arch):
     assert abs(total - paper) / paper < 0.011
 
 
-def test_readme_table_shows_each_arch():
-    with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
+def test_docs_table_shows_each_arch():
+    with open(osp.join(REPO, 'docs', 'backbones.md'), encoding='utf-8') as f:
         readme = f.read()
     for arch, (dims, depth, heads) in ARCH_SIZES.items():
         detector = [f'{MASK_RCNN_PARAMS_M[arch]:.2f}M',
@@ -319,7 +319,7 @@ def test_readme_table_shows_each_arch():
             if arch in MASK_RCNN_PARAMS_M else ['–', '–']
         cells = [arch, dims, depth, heads, f'{BACKBONE_PARAMS_M[arch]:.2f}M', *detector]
         row = '| ' + ' | '.join(map(str, cells)) + ' |'
-        assert row in readme, f'README.md lacks the UFO-ViT table row {row!r}'
+        assert row in readme, f'docs/backbones.md lacks the UFO-ViT table row {row!r}'
 
 
 @pytest.mark.parametrize('kwargs, message', [
@@ -442,9 +442,7 @@ def test_sync_batch_norm_is_never_recomputed_as_a_plain_one():
     model = UFOViT(arch=MINI_ARCH, norm_eval=False, drop_path_rate=0.).train()
     converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
     assert converted.patch_embed.proj[1].__class__ is torch.nn.SyncBatchNorm
-    grid = torch.randn(2, MINI_ARCH['embed_dims'], 6, 8, requires_grad=True)
-    assert model.blocks[0].lpi.recomputes(grid)
-    assert not converted.blocks[0].lpi.recomputes(grid)
+    assert recomputes_locally(model.blocks[0].lpi.bn)
     assert not any(recomputes_locally(norm) for norm in _batch_norms(converted))
     converted.with_cp = True
     x = torch.randn(2, 3, 48, 64)
@@ -643,7 +641,7 @@ def test_pretrained_detector_checkpoint_needs_its_prefix(tmp_path):
 
 def test_pretrained_mismatch_lists_the_keys(tmp_path):
     weights = _classifier_backbone_state()
-    del weights['blocks.2.ffn.fc2.bias']
+    del weights['blocks.2.mlp.fc2.bias']
     weights['blocks.1.extra.weight'] = torch.zeros(3)
     weights['blocks.0.norm1.weight'] = torch.zeros(48)
     torch.save(weights, tmp_path / 'bad.pth')
@@ -652,7 +650,7 @@ def test_pretrained_mismatch_lists_the_keys(tmp_path):
     message = str(err.value)
     assert f'checkpoint {tmp_path / "bad.pth"} does not fit the UFOViT backbone' \
         in message
-    assert 'missing keys: blocks.2.ffn.fc2.bias;' in message
+    assert 'missing keys: blocks.2.mlp.fc2.bias;' in message
     assert 'unexpected keys: blocks.1.extra.weight;' in message
     assert 'blocks.0.norm1.weight: (48,) (expected (32,))' in message
 

@@ -243,7 +243,7 @@ def test_converter_output(converted):
         assert torch.equal(value, classifier[prefix + key]), key
     assert meta['arch'] == 'tiny' and meta['ema'] is True
     assert meta['arch_settings'] == dict(ARCH_SETTINGS['tiny'], mlp_ratio=4,
-                                         lpi_kernel_size=3, pos_hidden_dims=32)
+                                         local_kernel_size=3, pos_hidden_dims=32)
     assert meta['not_pretrained'] == PYRAMID_KEYS
     assert meta['num_dropped'] == sum(not k.startswith(prefix) for k in classifier)
     assert meta['source_epoch'] == 1 and meta['source_iter'] == NUM_ITERS
@@ -298,12 +298,12 @@ def test_converter_rejects_foreign_checkpoint(tmp_path, capsys):
 def test_converter_lists_missing_and_unexpected_keys():
     state = _classifier_state(UFOViT(arch=dict(embed_dims=32, depth=4, num_heads=2),
                                      out_indices=(3, )))
-    del state['backbone.blocks.2.ffn.fc2.bias']
+    del state['backbone.blocks.2.mlp.fc2.bias']
     state['backbone.blocks.1.extra.weight'] = torch.zeros(3)
     with pytest.raises(ValueError) as info:
         ufo_vit_cls_to_backbone({'state_dict': state})
     message = str(info.value)
-    assert 'missing keys: blocks.2.ffn.fc2.bias;' in message
+    assert 'missing keys: blocks.2.mlp.fc2.bias;' in message
     assert 'unexpected keys: blocks.1.extra.weight.' in message
 
     state = _classifier_state(UFOViT(arch=dict(embed_dims=32, depth=4, num_heads=2)))
@@ -316,7 +316,7 @@ def test_converter_lists_missing_and_unexpected_keys():
 
 
 def test_converter_detects_custom_arch():
-    arch = dict(embed_dims=48, depth=5, num_heads=3, mlp_ratio=2, lpi_kernel_size=5,
+    arch = dict(embed_dims=48, depth=5, num_heads=3, mlp_ratio=2, local_kernel_size=5,
                 pos_hidden_dims=8)
     state = _classifier_state(UFOViTStride16(arch=arch, in_channels=4, qkv_bias=False))
     wrapped = {'module.' + k: v for k, v in state.items()}  # DDP prefix

@@ -39,7 +39,6 @@ cait = pytest.importorskip('timm.models.cait')
 
 from mmsoft.models.layers import (ConvPatchEmbed, FourierPositionEncoding,  # noqa: E402
                                   LocalPatchInteraction, UFOAttention, UFOBlock)
-from mmsoft.models.memory_efficient.layer_scale import scaled_call  # noqa: E402
 from mmsoft.pretrain import ClassAttentionBlock  # noqa: E402
 
 pytestmark = pytest.mark.torchvision
@@ -344,8 +343,8 @@ def lpi_pair(dims: int = 16, kernel_size: int = 3, seed: int = 7):
 @pytest.mark.parametrize('grid', [(5, 7), (1, 9), (8, 3)])
 def test_lpi_matches_xcit(grid, kernel_size):
     """Same tokens (B, N, C) and input gradient on non-square grids; with a
-    LayerScale folded into ``conv2`` (the UFO block's memory-efficient path)
-    the same as XCiT's ``gamma3 * LPI(x)``."""
+    LayerScale folded into ``conv2`` (as the UFO block passes it) the same as
+    XCiT's ``gamma3 * LPI(x)``."""
     timm_lpi, mm_lpi = lpi_pair(kernel_size=kernel_size)
     tokens = randn(2, grid[0] * grid[1], 16, seed=8)  # (B, N, C)
     timm_out, timm_grad = input_grad(lambda x: timm_lpi(x, *grid), tokens, seed=9)
@@ -354,8 +353,8 @@ def test_lpi_matches_xcit(grid, kernel_size):
     assert_close(mm_grad, timm_grad, f'LPI k{kernel_size} {grid} input grad')
     scale = randn(16, seed=10)
     with torch.no_grad():
-        assert_close(scaled_call(mm_lpi, 'conv2', scale, tokens, grid),
-                     scale * timm_out, f'LPI k{kernel_size} {grid} with a folded scale')
+        assert_close(mm_lpi(tokens, grid, layer_scale=scale), scale * timm_out,
+                     f'LPI k{kernel_size} {grid} with a folded scale')
 
 
 def test_lpi_valid_region_vs_xcit():
@@ -521,10 +520,10 @@ def block_pair(dims: int = 32, heads: int = 4, seed: int = 19):
     """XCiT's block with mmsoft's UFO attention in place of XCA, and UFOBlock.
 
     Mapping (XCiT names its LPI branch ``norm3``/``local_mp``/``gamma3`` and
-    its FFN ``norm2``/``mlp``/``gamma2``; mmsoft numbers them in order):
+    its MLP ``norm2``/``mlp``/``gamma2``; mmsoft numbers them in order):
     ``norm1 <- norm1``, ``attn.* <- attn.*``, ``gamma1 <- gamma1``,
     ``norm2 <- norm3``, ``lpi.* <- local_mp.*``, ``gamma2 <- gamma3``,
-    ``norm3 <- norm2``, ``ffn.fc{1,2} <- mlp.fc{1,2}``, ``gamma3 <- gamma2``.
+    ``norm3 <- norm2``, ``mlp.* <- mlp.*``, ``gamma3 <- gamma2``.
     """
     timm_block = xcit.XCABlock(dims, heads, qkv_bias=True, norm_layer=XCIT_NORM)
     timm_block.attn = UFOAttention(dims, heads, qkv_bias=True)
@@ -537,7 +536,7 @@ def block_pair(dims: int = 32, heads: int = 4, seed: int = 19):
 #: UFOBlock part -> XCABlock part (see :func:`block_pair`).
 BLOCK_RENAMES = [('norm1', 'norm1'), ('attn', 'attn'), ('gamma1', 'gamma1'),
                  ('norm2', 'norm3'), ('lpi', 'local_mp'), ('gamma2', 'gamma3'),
-                 ('norm3', 'norm2'), ('ffn', 'mlp'), ('gamma3', 'gamma2')]
+                 ('norm3', 'norm2'), ('mlp', 'mlp'), ('gamma3', 'gamma2')]
 
 
 def block_mapping(mm_keys: Iterable[str], prefix: str = '') -> Dict[str, Rule]:
@@ -554,7 +553,7 @@ def block_mapping(mm_keys: Iterable[str], prefix: str = '') -> Dict[str, Rule]:
 @pytest.mark.parametrize('grid', [(3, 5), (6, 2)])
 def test_block_is_xcit_block_with_ufo_attention(grid):
     """UFOBlock == XCiT's XCABlock (LN eps 1e-6, branch order attention,
-    LPI, FFN, per-channel scales) with XCA replaced by UFO attention."""
+    LPI, MLP, per-channel scales) with XCA replaced by UFO attention."""
     timm_block, mm_block = block_pair()
     x = randn(2, grid[0] * grid[1], 32, seed=20)
     timm_out, timm_grad = input_grad(lambda y: timm_block(y, *grid), x, seed=21)

@@ -47,12 +47,12 @@ def _assert_same_in_region(model, image_shape=IMAGE):
                 assert not outside.any(), (stage, canvas)
 
 
-@pytest.mark.parametrize('attention', ['soft', 'soft++'])
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 @pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])
 @pytest.mark.parametrize('cap', [None, 12])
-def test_soft_features_ignore_padding(attention, solver, cap):
+def test_soft_features_ignore_padding(variant, solver, cap):
     torch.manual_seed(0)
-    model = SOFT(arch=SOFT_ARCH, attention=attention, solver=solver,
+    model = SOFT(arch=SOFT_ARCH, variant=variant, solver=solver,
                  max_bottleneck_tokens=cap)
     model.init_weights()
     _assert_same_in_region(model)

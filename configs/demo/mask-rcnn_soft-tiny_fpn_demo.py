@@ -33,7 +33,7 @@ model = dict(
         type='SOFT',
         arch=dict(embed_dims=backbone_dims, num_heads=[1, 2, 5, 8],
                   depths=[1, 2, 3, 2], stem_channels=16),
-        attention='soft++',
+        variant='soft++',
         solver='exact',
         drop_path_rate=0.0,
         out_indices=(0, 1, 2, 3),

@@ -61,6 +61,25 @@ def build_in_scope(scope: str, model_cfg: dict,
         return registry.build(model_cfg)
 
 
+def build_model_from_config(cfg: Config) -> nn.Module:
+    """Builds ``cfg.model`` in the config's scope, without pretrained weights.
+
+    Args:
+        cfg (Config): An mmdet or mmseg config (its ``custom_imports``
+            already imported, as ``Config.fromfile`` does).
+
+    Returns:
+        nn.Module: The model in eval mode (weights not initialised by
+        ``init_weights``).
+
+    Raises:
+        ValueError: ``cfg.default_scope`` is not one of
+            :data:`~.config.LIBRARIES`.
+    """
+    scope = library_of(cfg, cfg.filename or '')
+    return build_in_scope(scope, cfg.model, pretrained=False).eval()
+
+
 def config_types(node) -> Iterator[str]:
     """Every ``type`` name in a (nested) config dict or list."""
     if isinstance(node, dict):

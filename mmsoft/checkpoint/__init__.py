@@ -1,18 +1,13 @@
-"""Checkpoint files: safe loading, unwrapping, strict comparison with a model.
+"""Checkpoint files: safe loading, unwrapping, strict comparison, conversion.
 
 * :mod:`.safe_load`: ``weights_only`` loading with the allow-list of
   mmengine checkpoint globals.
 * :mod:`.state_dict`: the state dict inside a checkpoint, key prefixes.
-* :mod:`.strict`: key-by-key, shape-by-shape comparison with
-  ``model.state_dict()``, listing what differs.
+* :mod:`.strict`: key-by-key, shape-by-shape comparison of state dicts.
 * :mod:`.pos_embed`: the resize hook for learned position embeddings.
-* :mod:`.backbone_loading`: ``init_cfg=dict(type='Pretrained', ...)`` of
-  the backbones.
+* :mod:`.backbone_loading`: strict loading of a file into a backbone.
 * :mod:`.soft_official`: reference SOFT checkpoints -> mmsoft key layout.
 * :mod:`.model_fit`: whether a checkpoint belongs to a built model.
-
-Nothing here imports :mod:`mmsoft.models` at module level: the backbones pass
-themselves in, and the few functions that build a model import it on use.
 """
 from .backbone_loading import (load_soft_checkpoint, load_strictly,
                                load_ufo_vit_checkpoint, read_pretrained)

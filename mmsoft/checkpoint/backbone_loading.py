@@ -1,22 +1,9 @@
-"""``init_cfg=dict(type='Pretrained', ...)`` of the backbones: strict loading.
+"""Strict loading of checkpoint files into the backbones.
 
-Both backbones load their checkpoint file the same way: read it (path or
-URL, ``weights_only``), take the state dict out of its wrapper, keep the
+The loaders read a file, take the state dict out of its wrapper, keep the
 entries under ``prefix`` when one is given, strip leading ``module.`` /
-``backbone.``, compare every key and shape with ``model.state_dict()``
-(:func:`~mmsoft.checkpoint.strict.fit_state_dict`) and load with
-``strict=True``. What differs is passed in:
-
-* SOFT (:func:`load_soft_checkpoint`): reference checkpoints are converted
-  first (``convert_weights``); position embeddings learned at another image
-  size are resized to the model's grids; a file of the other attention
-  variant is reported.
-* UFO-ViT (:func:`load_ufo_vit_checkpoint`): the resampling branches of the
-  stride-4/8 outputs (``pyramid.branches.*``), which a classifier does not
-  train, may be missing (see :mod:`mmsoft.pretrain.cls_to_backbone`); they
-  keep the model's values.
-
-BatchNorm's ``num_batches_tracked`` counters may be missing in both.
+``backbone.``, compare every key and shape with ``model.state_dict()`` and
+load with ``strict=True``.
 """
 import contextlib
 import logging
@@ -27,7 +14,7 @@ from typing import Iterator, Mapping, Optional, Tuple
 import torch.nn as nn
 from mmengine.logging import print_log
 
-from .pos_embed import RESIZE_NOTE, grid_pos_embed_resizer
+from .pos_embed import RESIZE_NOTE, PosEmbedGrids, grid_pos_embed_resizer
 from .safe_load import load_checkpoint_file
 from .soft_official import soft_official_to_mmsoft
 from .state_dict import (StateDict, key_list, select_prefix, strip_prefixes,
@@ -118,31 +105,32 @@ def load_strictly(model: nn.Module, state_dict: Mapping, source: str,
     return result
 
 
-def soft_pos_embed_grids(model: nn.Module) -> Mapping[str, Tuple[tuple, int]]:
-    """Each ``pos_embeds.i`` of a SOFT: its grid and its leading extra
-    entries (the last stage's class token)."""
-    return {f'pos_embeds.{i}': (tuple(grid), model.extra_tokens(i))
-            for i, grid in enumerate(model.pos_grids)}
-
-
 def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool = False,
                          prefix: Optional[str] = None, map_location='cpu',
+                         pos_embed_grids: Optional[PosEmbedGrids] = None,
+                         variant: Optional[str] = None,
                          logger='current') -> dict:
-    """Loads a checkpoint file into a :class:`SOFT` backbone, strictly.
+    """Loads a checkpoint file into a SOFT backbone, strictly.
 
     Args:
-        model (nn.Module): The backbone (its ``pos_grids`` and ``attention``
-            are read).
+        model (nn.Module): The backbone; only its ``state_dict()`` and
+            ``load_state_dict()`` are used.
         filename (str): Path or URL (anything mmengine's ``CheckpointLoader``
             reads).
-        convert_weights (bool): The file is a reference (official)
-            checkpoint to convert with
-            :func:`~mmsoft.checkpoint.soft_official.soft_official_to_mmsoft`.
-            Otherwise it is in the mmsoft layout, e.g. written by
-            ``tools/model_converters/soft2mmsoft.py``. Default: False.
+        convert_weights (bool): The file is a reference checkpoint, converted
+            with :func:`~mmsoft.checkpoint.soft_official.soft_official_to_mmsoft`;
+            otherwise it is in the mmsoft layout. Default: False.
         prefix (str, optional): Load only the entries under this prefix
             (e.g. ``'backbone.'`` of a detector checkpoint). Default: None.
         map_location: As for ``torch.load``. Default: ``'cpu'``.
+        pos_embed_grids (Mapping, optional): Position-embedding key -> (the
+            model's grid (H, W), number of leading extra entries); such
+            tensors of another square grid are resized (see
+            :func:`~mmsoft.checkpoint.pos_embed.grid_pos_embed_resizer`).
+            Default: None (nothing is resized).
+        variant (str, optional): The model's variant (``'soft'`` or
+            ``'soft++'``); a file of another variant is reported with a
+            warning. Default: None.
         logger: ``print_log`` logger. Default: ``'current'``.
 
     Returns:
@@ -158,29 +146,23 @@ def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool 
         with naming_file(filename):
             state_dict, info = soft_official_to_mmsoft(
                 checkpoint if not prefix else state_dict,
-                name_hint=osp.basename(filename), check=False)
+                name_hint=osp.basename(filename))
         print_log(f'converted reference SOFT checkpoint {filename}: '
-                  f'arch={info["arch"]}, attention={info["attention"]} '
-                  f'({info["attention_source"]}), {info["num_tensors"]} tensors.',
-                  logger=logger)
+                  f'variant={info["variant"]} ({info["variant_source"]}), '
+                  f'{info["num_tensors"]} tensors.', logger=logger)
     else:
         state_dict = strip_prefixes(state_dict)
         meta = checkpoint.get('meta')
         info = dict(meta) if isinstance(meta, Mapping) else {}
-    _warn_other_attention(model, info.get('attention'), filename, logger)
-    load_strictly(model, state_dict, filename, logger=logger, note=RESIZE_NOTE,
-                  resize=grid_pos_embed_resizer(soft_pos_embed_grids(model)))
-    return info
-
-
-def _warn_other_attention(model: nn.Module, file_attention: Optional[str],
-                          filename: str, logger) -> None:
-    """Warns when the file holds weights of the other SOFT attention variant."""
-    model_attention = getattr(model, 'attention', None)
-    if isinstance(file_attention, str) and file_attention != model_attention:
-        print_log(f'{filename} holds {file_attention!r} weights but the backbone '
-                  f'computes attention={model_attention!r}.', logger=logger,
+    file_variant = info.get('variant')
+    if isinstance(file_variant, str) and file_variant != variant:
+        print_log(f'{filename} holds {file_variant!r} weights but the backbone '
+                  f'computes variant={variant!r}.', logger=logger,
                   level=logging.WARNING)
+    resize = grid_pos_embed_resizer(pos_embed_grids) if pos_embed_grids else None
+    load_strictly(model, state_dict, filename, logger=logger, note=RESIZE_NOTE,
+                  resize=resize)
+    return info
 
 
 def load_ufo_vit_checkpoint(model: nn.Module, filename: str,

@@ -1,18 +1,18 @@
-"""Position embeddings learned on another grid, resized while loading.
+"""Resize hook for learned position embeddings of another image size.
 
-A backbone with learned position embeddings of shape (1, E + H*W, C) (E
-leading extra entries such as a class token's, then an H x W grid) that loads
-a checkpoint trained at another image size gets (1, E + S*S, C) from it.
-:func:`grid_pos_embed_resizer` makes the resize hook of
-:func:`~mmsoft.checkpoint.strict.compare_state_dict` that bilinearly resizes
-the grid part to the model's grid and keeps the extra entries as they are.
+Position embeddings of shape (1, E + H*W, C) hold E leading extra entries
+(e.g. a class token's), then an H x W grid.
 """
 import math
 from typing import Mapping, Optional, Tuple
 
 import torch
+
+from ..utils.pos_embed import resize_pos_embed
 from .strict import ResizeHook
 
+#: Position-embedding key -> (the model's grid (H, W), leading extra entries).
+PosEmbedGrids = Mapping[str, Tuple[Tuple[int, int], int]]
 #: Note added to shape-mismatch errors of loaders using the hook.
 RESIZE_NOTE = ('(position embeddings are resized only from a square grid of the '
                'same width.)')
@@ -57,16 +57,12 @@ def resize_grid_pos_embed(value: torch.Tensor, side: int, grid: Tuple[int, int],
     Returns:
         Tensor: Shape (1, E + H*W, C), of ``value``'s dtype.
     """
-    # Imported on use: mmsoft.models imports the backbones, which import this
-    # package when they load a checkpoint.
-    from ..models.layers.shared.position import resize_pos_embed
     extra, tokens = value[:, :num_extra], value[:, num_extra:]
     resized = resize_pos_embed(tokens.float(), (side, side), grid).to(value.dtype)
     return torch.cat((extra, resized), dim=1)
 
 
-def grid_pos_embed_resizer(grids: Mapping[str, Tuple[Tuple[int, int], int]]
-                           ) -> ResizeHook:
+def grid_pos_embed_resizer(grids: PosEmbedGrids) -> ResizeHook:
     """The resize hook for a model's learned position embeddings.
 
     Args:

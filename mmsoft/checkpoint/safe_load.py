@@ -1,46 +1,11 @@
-"""Load mmengine training checkpoints with ``torch.load(weights_only=True)``.
+"""``weights_only`` loading of mmengine training checkpoints.
 
-Since torch 2.6 ``torch.load`` only unpickles tensors, containers and an
-allow-list of globals unless ``weights_only=False`` is passed. mmengine calls
-``torch.load`` without that argument, and its full training checkpoints (the
-ones written by ``CheckpointHook``, used by ``tools/test.py`` and
-``--resume``) contain a few more globals:
-
-* ``mmengine.logging.history_buffer.HistoryBuffer``: the logged scalars of the
-  ``message_hub``. Its state holds the buffer's statistics methods, pickled as
-  ``getattr(HistoryBuffer, 'mean')`` and so on.
-* numpy arrays and scalars inside those buffers and the runtime info:
-  ``numpy.ndarray``, ``numpy.dtype`` and the concrete numeric dtype classes,
-  and ``_reconstruct``/``scalar`` from ``numpy.core.multiarray`` (numpy 1.x)
-  or ``numpy._core.multiarray`` (numpy 2.x). Both spellings are registered,
-  so checkpoints written under either numpy major version load under the
-  other.
-
-:func:`allow_mmengine_checkpoint_globals` allow-lists exactly these, keeping
-``weights_only`` loading on for every file. ``import mmsoft`` calls it, so
-that mmdet's and mmseg's own tools load these checkpoints once a config's
-``custom_imports`` names mmsoft. The entries stay for the whole process;
-mmsoft has no switch to skip them (``torch.serialization.clear_safe_globals``
-empties torch's entire allow-list, these entries included).
-
-``builtins.getattr`` is not allow-listed as such: a restricted stand-in
-registered under that name only resolves the statistics methods of
-``HistoryBuffer`` and rejects every other attribute lookup.
-
-The same protection holds on every supported torch:
-
-* torch >= 2.6 (``weights_only=True`` by default, allow-list entries with
-  their own names): the globals join torch's own allow-list, so every
-  ``torch.load`` in the process, mmengine's included, loads these files.
-* torch 2.1-2.5 (``weights_only=False`` by default; the allow-list is
-  missing or takes no renamed entries, and the weights-only unpickler of
-  torch < 2.4 builds no objects but tensors and dicts):
-  :class:`RestrictedUnpickler` resolves only torch's own weights-only
-  globals and the ones above, and refuses everything else.
-  :func:`allow_mmengine_checkpoint_globals` also makes mmengine's loader
-  of local files (used by ``load_checkpoint``, ``--resume``,
-  ``tools/test.py`` and the inferencers) load through it, so no mmengine
-  load falls back to unrestricted unpickling.
+:func:`allow_mmengine_checkpoint_globals` (called by ``import mmsoft``) adds to
+torch's allow-list the globals mmengine checkpoints hold: ``HistoryBuffer``,
+numpy arrays, dtypes and scalars (under the numpy 1.x and 2.x module names),
+and a ``getattr`` restricted to ``HistoryBuffer``'s statistics methods. On
+torch < 2.6, :class:`RestrictedUnpickler` resolves only these and torch's own
+weights-only globals, and mmengine's loader of local files uses it.
 """
 import _compat_pickle
 import argparse
@@ -147,7 +112,8 @@ def allowed_globals(extra: Sequence[Callable] = ()) -> Dict[str, Callable]:
     # weights-only unpickler reads natively.
     allowed.setdefault('_codecs.encode', codecs.encode)
     for entry in [*checkpoint_safe_globals(), *extra]:
-        allowed[_qualified_name(entry)] = entry[0] if isinstance(entry, tuple) else entry
+        obj = entry[0] if isinstance(entry, tuple) else entry
+        allowed[_qualified_name(entry)] = obj
     return allowed
 
 

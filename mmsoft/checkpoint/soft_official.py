@@ -1,39 +1,12 @@
-"""The reference SOFT / SOFT++ ImageNet checkpoints in mmsoft's key layout.
+"""Reference SOFT / SOFT++ checkpoints (fudan-zvg/SOFT) to mmsoft's key layout.
 
-The reference implementation (fudan-zvg/SOFT, timm-based) names its modules
-``patch_embed1``, ``block1.0.att.mha.W_q``, ``block4.0.attn.q``, ... Every
-tensor of its classification model except the classifier (``head.*``) has
-exactly one counterpart in :class:`~mmsoft.models.backbones.SOFT`;
-:func:`soft_official_to_mmsoft` renames them and refuses anything it cannot
-place.
-
-Attention variant. The plain SOFT models and the SOFT++ ("norm") models have
-identical parameters, so the variant cannot be read off the tensors. It is
-taken, in this order, from:
-
-1. the ``attention`` argument (``--attention`` of
-   ``tools/model_converters/soft2mmsoft.py``);
-2. the checkpoint's own metadata: training checkpoints written by timm store
-   the model name (``arch``, e.g. ``'soft_norm_tiny'``, and ``args.model``);
-   a name containing ``norm`` means ``'soft++'``, another ``soft_<size>`` or
-   ``softmaxfreevisiontransformer`` name means ``'soft'``;
-3. the file name: ``norm`` in it (``SOFT_Tiny_norm.pth``) means ``'soft++'``;
-   ``soft_<size>`` without ``norm`` (``SOFT_Tiny.pth``) means ``'soft'``.
-
-When none of these decides, the variant is reported as None: the command-line
-converter then asks for ``--attention``, and the backbone uses its own
-``attention`` setting.
-
-:func:`soft_official_to_mmsoft` checks the converted tensors against a
-``SOFT`` of the architecture read off their shapes (:func:`detect_soft_settings`),
-built to read its ``state_dict()``. The backbone loads such files through
-:func:`~mmsoft.checkpoint.backbone_loading.load_soft_checkpoint`
-(``SOFT(convert_weights=True, init_cfg=dict(type='Pretrained', ...))``).
+The attention variant is in no tensor; :func:`resolve_variant` takes it from
+the argument, else the checkpoint's metadata (timm's ``arch`` and
+``args.model``), else the file name (see :func:`variant_hint`).
 """
-import functools
 import os.path as osp
 import re
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 import torch
 
@@ -45,6 +18,8 @@ from .strict import fit_state_dict
 NUM_STAGES = 4
 #: Reference keys that have no counterpart in the backbone.
 DROPPED_KEY = re.compile(r'head\..+')
+#: Attention variants of the reference checkpoints: SOFT and SOFT++ ("norm").
+OFFICIAL_VARIANTS = ('soft', 'soft++')
 
 _BN_PARAM = r'(?P<param>weight|bias|running_mean|running_var|num_batches_tracked)'
 _AFFINE_PARAM = r'(?P<param>weight|bias)'
@@ -69,8 +44,8 @@ KEY_RULES: List[Tuple[re.Pattern, str]] = [
     (rf'{_SOFT_BLOCK}mha\.attn\.conv\.weight', _SOFT_TARGET + 'attn.local_conv.weight'),
     (rf'{_SOFT_BLOCK}mha\.ff\.{_AFFINE_PARAM}', _SOFT_TARGET + 'attn.out_proj.{param}'),
     (rf'{_SOFT_BLOCK}norm1\.{_AFFINE_PARAM}', _SOFT_TARGET + 'norm1.{param}'),
-    (rf'{_SOFT_BLOCK}ff1\.{_AFFINE_PARAM}', _SOFT_TARGET + 'ffn.fc1.{param}'),
-    (rf'{_SOFT_BLOCK}ff2\.{_AFFINE_PARAM}', _SOFT_TARGET + 'ffn.fc2.{param}'),
+    (rf'{_SOFT_BLOCK}ff1\.{_AFFINE_PARAM}', _SOFT_TARGET + 'mlp.fc1.{param}'),
+    (rf'{_SOFT_BLOCK}ff2\.{_AFFINE_PARAM}', _SOFT_TARGET + 'mlp.fc2.{param}'),
     (rf'{_SOFT_BLOCK}norm2\.{_AFFINE_PARAM}', _SOFT_TARGET + 'norm2.{param}'),
     (r'block(?P<stage>4)\.(?P<block>0|[1-9]\d*)\.'
      r'(?P<name>norm1|attn\.q|attn\.kv|attn\.proj|norm2|mlp\.fc1|mlp\.fc2)\.'
@@ -80,16 +55,6 @@ KEY_RULES: List[Tuple[re.Pattern, str]] = [
 KEY_RULES = [(re.compile(pattern), template) for pattern, template in KEY_RULES]
 
 _SIZES = r'(tiny|small|medium|large|huge)'
-
-
-def _soft_backbone():
-    """:mod:`mmsoft.models.backbones.soft` (arch table, ``SOFT``).
-
-    Imported on use: the backbone imports this package when it loads a
-    checkpoint.
-    """
-    from ..models.backbones import soft
-    return soft
 
 
 def rename_official_key(key: str) -> Optional[str]:
@@ -112,7 +77,7 @@ def rename_official_key(key: str) -> Optional[str]:
     return None
 
 
-def attention_hint(text: Optional[str]) -> Optional[str]:
+def variant_hint(text: Optional[str]) -> Optional[str]:
     """The attention variant a model or file name points to, if any.
 
     Args:
@@ -146,37 +111,39 @@ def _metadata_model_names(checkpoint: Mapping) -> List[str]:
     return names
 
 
-def resolve_attention(checkpoint: Mapping, attention: Optional[str] = None,
-                      name_hint: Optional[str] = None
+def resolve_variant(checkpoint: Mapping, variant: Optional[str] = None,
+                    name_hint: Optional[str] = None
                       ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
-    """Decides the attention variant of a reference checkpoint.
+    """Decides the variant (SOFT or SOFT++) of a reference checkpoint.
 
     Args:
         checkpoint (Mapping): The loaded checkpoint (wrapper included).
-        attention (str, optional): ``'soft'`` or ``'soft++'`` given by the
-            user; it takes precedence.
+        variant (str, optional): One of :data:`OFFICIAL_VARIANTS`; it
+            takes precedence.
         name_hint (str, optional): The checkpoint's file name.
 
     Returns:
-        tuple: ``(attention, source, detected)``: the variant (None when
+        tuple: ``(variant, source, detected)``: the variant (None when
         undecided), where it came from (``'argument'``, ``'checkpoint
         metadata'``, ``'file name'`` or None) and the variant the checkpoint
         itself points to (None when it points to none), which may differ from
-        an explicit ``attention``.
+        an explicit ``variant``.
+
+    Raises:
+        ValueError: ``variant`` is not one of :data:`OFFICIAL_VARIANTS`.
     """
-    from ..models.ops.kernel_inverse import ATTENTIONS as attentions
-    if attention is not None and attention not in attentions:
-        raise ValueError(f'attention={attention!r} is not supported; expected one '
-                         f'of {list(attentions)}.')
+    if variant is not None and variant not in OFFICIAL_VARIANTS:
+        raise ValueError(f'variant={variant!r} is not supported; expected one '
+                         f'of {list(OFFICIAL_VARIANTS)}.')
     detected, source = None, None
-    meta_hints = {attention_hint(name) for name in _metadata_model_names(checkpoint)}
+    meta_hints = {variant_hint(name) for name in _metadata_model_names(checkpoint)}
     meta_hints.discard(None)
     if len(meta_hints) == 1:
         detected, source = meta_hints.pop(), 'checkpoint metadata'
-    elif attention_hint(osp.basename(name_hint or '')) is not None:
-        detected, source = attention_hint(osp.basename(name_hint)), 'file name'
-    if attention is not None:
-        return attention, 'argument', detected
+    elif variant_hint(osp.basename(name_hint or '')) is not None:
+        detected, source = variant_hint(osp.basename(name_hint)), 'file name'
+    if variant is not None:
+        return variant, 'argument', detected
     return detected, source, detected
 
 
@@ -185,13 +152,7 @@ def _tensor_shape(state_dict: Mapping, key: str) -> torch.Size:
 
 
 def detect_soft_settings(state_dict: Mapping) -> dict:
-    """Reads the architecture of a SOFT state dict (mmsoft key layout).
-
-    Widths come from the patch-embedding convolutions, depths from the block
-    indices, head widths and bottleneck strides from the bottleneck
-    convolutions, head counts and local kernel sizes from the depth-wise
-    convolutions, the training image size from the position embeddings.
-    The last stage's head count is not stored in any shape and is None.
+    """Reads the architecture of a SOFT state dict off its tensor shapes.
 
     Args:
         state_dict (Mapping): Tensors in the mmsoft key layout.
@@ -200,13 +161,18 @@ def detect_soft_settings(state_dict: Mapping) -> dict:
         dict: ``embed_dims``, ``num_heads``, ``depths``, ``sr_ratios``
         (3 values), ``local_kernel_sizes``, ``mlp_ratios``, ``stem_channels``,
         ``in_channels`` and ``pretrain_img_size`` (None unless the
-        position-embedding grids are square and consistent).
+        position-embedding grids are square and consistent). The last
+        stage's head count is in no shape and is None.
+
+    Raises:
+        ValueError: Tensors the settings are read from are missing, or their
+            shapes are inconsistent.
     """
     required = ['patch_embeds.0.proj.0.weight', 'patch_embeds.0.proj.6.weight']
     required += [f'patch_embeds.{i}.proj.0.weight' for i in range(1, NUM_STAGES)]
     required += [f'pos_embeds.{i}' for i in range(NUM_STAGES)]
     required += [f'stages.{i}.0.{name}' for i in range(NUM_STAGES - 1) for name in (
-        'attn.bottleneck_conv.weight', 'attn.local_conv.weight', 'ffn.fc1.weight')]
+        'attn.bottleneck_conv.weight', 'attn.local_conv.weight', 'mlp.fc1.weight')]
     required += [f'stages.{NUM_STAGES - 1}.0.mlp.fc1.weight']
     missing = [key for key in required if key not in state_dict]
     if missing:
@@ -238,7 +204,7 @@ def detect_soft_settings(state_dict: Mapping) -> dict:
         num_heads.append(heads)
         sr_ratios.append(ratio)
         kernel_sizes.append(ksize)
-        mlp_ratios.append(_tensor_shape(state_dict, f'stages.{i}.0.ffn.fc1.weight')[0] /
+        mlp_ratios.append(_tensor_shape(state_dict, f'stages.{i}.0.mlp.fc1.weight')[0] /
                           embed_dims[i])
     num_heads.append(None)
     mlp_ratios.append(_tensor_shape(state_dict, 'stages.3.0.mlp.fc1.weight')[0] /
@@ -265,63 +231,34 @@ def _pretrain_img_size(state_dict: Mapping) -> Optional[int]:
     return size
 
 
-def match_arch_name(settings: dict) -> Optional[str]:
-    """The name in ``SOFT``'s ``ARCH_SETTINGS`` whose settings equal ``settings``.
+def match_arch_name(settings: Mapping, arch_table: Mapping,
+                    arch_defaults: Optional[Mapping] = None) -> Optional[str]:
+    """The name of the architecture in ``arch_table`` that ``settings`` are.
 
-    The last stage's head count (absent from checkpoints) is not compared.
-    """
-    soft = _soft_backbone()
-    for name, arch in soft.ARCH_SETTINGS.items():
-        table = dict(soft.ARCH_DEFAULTS, **arch)
-        if (list(table['embed_dims']) == settings['embed_dims']
-                and list(table['num_heads'][:3]) == settings['num_heads'][:3]
-                and list(table['depths']) == settings['depths']
-                and list(table['sr_ratios'][:3]) == settings['sr_ratios']
-                and list(table['local_kernel_sizes']) == settings['local_kernel_sizes']
-                and list(table['mlp_ratios']) == settings['mlp_ratios']
-                and table['stem_channels'] == settings['stem_channels']):
-            return name
-    return None
-
-
-def _frozen(settings: Mapping) -> tuple:
-    """``settings`` as a hashable, sorted tuple (lists become tuples)."""
-    return tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
-                        for key, value in settings.items()))
-
-
-@functools.lru_cache(maxsize=4)
-def _soft_state_layout(frozen_settings: tuple) -> Dict[str, torch.Tensor]:
-    """Meta tensors of the shapes of a ``SOFT`` state dict; see
-    :func:`soft_state_layout`. Cached: a SOFT-huge takes seconds to build."""
-    settings = {key: list(value) if isinstance(value, tuple) else value
-                for key, value in frozen_settings}
-    arch = dict(embed_dims=settings['embed_dims'], depths=settings['depths'],
-                # The last stage's head count and bottleneck stride are in no
-                # tensor shape; any valid value gives the same layout.
-                num_heads=settings['num_heads'][:NUM_STAGES - 1] + [1],
-                sr_ratios=settings['sr_ratios'][:NUM_STAGES - 1] + [1],
-                local_kernel_sizes=settings['local_kernel_sizes'],
-                mlp_ratios=settings['mlp_ratios'],
-                stem_channels=settings['stem_channels'])
-    model = _soft_backbone().SOFT(arch=arch, in_channels=settings['in_channels'],
-                                  pretrain_img_size=settings['pretrain_img_size']
-                                  or 224)
-    return {key: torch.empty(value.shape, device='meta')
-            for key, value in model.state_dict().items()}
-
-
-def soft_state_layout(settings: dict) -> Dict[str, torch.Tensor]:
-    """Keys and shapes of the state dict of a ``SOFT`` of ``settings``.
+    The last stage's head count and bottleneck stride (in no tensor shape)
+    are not compared.
 
     Args:
-        settings (dict): As returned by :func:`detect_soft_settings`.
+        settings (Mapping): As returned by :func:`detect_soft_settings`.
+        arch_table (Mapping): Name -> architecture settings (``embed_dims``,
+            ``num_heads``, ``depths``, ...), e.g. ``SOFT``'s ``ARCH_SETTINGS``.
+        arch_defaults (Mapping, optional): Settings the entries of
+            ``arch_table`` leave out. Default: None.
 
     Returns:
-        dict[str, Tensor]: ``SOFT(...).state_dict()`` as tensors on the meta
-        device (shapes without data).
+        str | None: The name, or None when no entry matches.
     """
-    return dict(_soft_state_layout(_frozen(settings)))
+    compared = [(key, slice(None)) for key in (
+        'embed_dims', 'depths', 'local_kernel_sizes', 'mlp_ratios')]
+    compared += [(key, slice(NUM_STAGES - 1)) for key in ('num_heads', 'sr_ratios')]
+    for name, arch in arch_table.items():
+        table = dict(arch_defaults or {}, **arch)
+        if (all(key in table for key, _ in compared)
+                and all(list(table[key][part]) == list(settings[key][part])
+                        for key, part in compared)
+                and table.get('stem_channels') == settings['stem_channels']):
+            return name
+    return None
 
 
 def rename_official_state_dict(state_dict: Mapping
@@ -375,26 +312,34 @@ def rename_official_state_dict(state_dict: Mapping
     return converted, sorted(dropped), sorted(prefixes)
 
 
-def check_detected_arch(converted: Mapping, settings: dict) -> None:
-    """Checks converted tensors against a ``SOFT`` of their detected settings.
+def check_detected_arch(converted: Mapping, settings: Mapping,
+                        layout: Mapping) -> None:
+    """Checks converted tensors against the state dict of their architecture.
 
     Position embeddings are not compared when their grids give no image size
     (``settings['pretrain_img_size']`` None).
 
+    Args:
+        converted (Mapping): Tensors in the mmsoft key layout.
+        settings (Mapping): As returned by :func:`detect_soft_settings`.
+        layout (Mapping): The state dict (or tensors of its shapes) of a
+            ``SOFT`` of ``settings``.
+
     Raises:
         ValueError: Missing, unexpected or mis-shaped keys, all listed.
     """
-    layout = soft_state_layout(settings)
     if settings['pretrain_img_size'] is None:
         converted = {k: v for k, v in converted.items()
                      if not k.startswith('pos_embeds.')}
         layout = {k: v for k, v in layout.items() if not k.startswith('pos_embeds.')}
     fit_state_dict(converted, layout, context=f'the checkpoint does not fit the '
-                   f'detected architecture {settings}')
+                   f'detected architecture {dict(settings)}')
 
 
-def soft_official_to_mmsoft(checkpoint: Mapping, attention: Optional[str] = None,
-                            name_hint: Optional[str] = None, check: bool = True
+def soft_official_to_mmsoft(checkpoint: Mapping, variant: Optional[str] = None,
+                            name_hint: Optional[str] = None,
+                            arch_table: Optional[Mapping] = None,
+                            arch_defaults: Optional[Mapping] = None
                             ) -> Tuple[StateDict, dict]:
     """Converts a reference SOFT / SOFT++ checkpoint to the mmsoft layout.
 
@@ -402,44 +347,40 @@ def soft_official_to_mmsoft(checkpoint: Mapping, attention: Optional[str] = None
         checkpoint (Mapping): A bare state dict of the reference model, or a
             dict holding it under ``'state_dict'`` or ``'model'``. Keys may
             carry leading ``module.`` / ``backbone.`` prefixes.
-        attention (str, optional): ``'soft'`` or ``'soft++'``; see the module
-            docstring for how it is otherwise decided. Default: None.
-        name_hint (str, optional): The checkpoint's file name, used to decide
-            the attention variant when neither ``attention`` nor the
-            checkpoint's metadata does. Default: None.
-        check (bool): Check every key and shape against a ``SOFT`` of the
-            detected architecture (:func:`check_detected_arch`). A backbone
-            loading the result checks it against itself instead.
-            Default: True.
+        variant (str, optional): ``'soft'`` or ``'soft++'``; see
+            :func:`resolve_variant`. Default: None.
+        name_hint (str, optional): The checkpoint's file name. Default: None.
+        arch_table (Mapping, optional): Named architectures to recognise the
+            detected one among; see :func:`match_arch_name`. Default: None.
+        arch_defaults (Mapping, optional): Settings the entries of
+            ``arch_table`` leave out. Default: None.
 
     Returns:
         tuple[dict, dict]: The converted state dict (the tensors themselves,
         renamed; ``head.*`` dropped) and what was recognised: ``arch`` (a
-        name of ``SOFT.ARCH_SETTINGS`` or None), ``arch_settings`` (see
+        name of ``arch_table`` or None), ``arch_settings`` (see
         :func:`detect_soft_settings`; the last stage's head count is taken
-        from the arch table when ``arch`` is named, None otherwise),
-        ``attention`` (None when undecided), ``attention_source``,
-        ``attention_detected``, ``pretrain_img_size``, ``num_tensors``,
-        ``dropped`` (keys), ``wrapper`` and ``stripped_prefixes``.
+        from ``arch_table`` when ``arch`` is named), ``variant`` (None when
+        undecided), ``variant_source``, ``variant_detected``,
+        ``pretrain_img_size``, ``num_tensors``, ``dropped`` (keys),
+        ``wrapper`` and ``stripped_prefixes``.
 
     Raises:
         ValueError: Keys that no rule places (all listed), two keys mapping
-            to one name, or (``check``) keys missing for the detected
-            architecture or shapes inconsistent with it.
+            to one name, shapes the architecture cannot be read from, or an
+            unsupported ``variant``.
     """
     state_dict, wrapper = unwrap_state_dict(checkpoint)
     converted, dropped, prefixes = rename_official_state_dict(state_dict)
     settings = detect_soft_settings(converted)
-    if check:
-        check_detected_arch(converted, settings)
-    arch = match_arch_name(settings)
+    arch = match_arch_name(settings, arch_table or {}, arch_defaults)
     if arch is not None:  # the last stage's head count is in no tensor shape
-        table = _soft_backbone().ARCH_SETTINGS[arch]
+        table = dict(arch_defaults or {}, **arch_table[arch])
         settings['num_heads'][-1] = table['num_heads'][-1]
-    attention, source, detected = resolve_attention(checkpoint, attention, name_hint)
+    variant, source, detected = resolve_variant(checkpoint, variant, name_hint)
     info = dict(arch=arch, arch_settings=settings,
-                attention=attention, attention_source=source,
-                attention_detected=detected,
+                variant=variant, variant_source=source,
+                variant_detected=detected,
                 pretrain_img_size=settings['pretrain_img_size'],
                 num_tensors=len(converted), dropped=dropped, wrapper=wrapper,
                 stripped_prefixes=prefixes)
@@ -447,7 +388,7 @@ def soft_official_to_mmsoft(checkpoint: Mapping, attention: Optional[str] = None
 
 
 __all__ = [
-    'soft_official_to_mmsoft', 'rename_official_state_dict', 'check_detected_arch',
-    'soft_state_layout', 'detect_soft_settings', 'match_arch_name',
-    'rename_official_key', 'resolve_attention', 'attention_hint'
+    'OFFICIAL_VARIANTS', 'soft_official_to_mmsoft', 'rename_official_state_dict',
+    'check_detected_arch', 'detect_soft_settings', 'match_arch_name',
+    'rename_official_key', 'resolve_variant', 'variant_hint'
 ]

@@ -112,7 +112,8 @@ def compare_state_dict(state_dict: Mapping, model_state: Mapping,
                                if key not in model_state)
     for key, target in model_state.items():
         if key not in state_dict:
-            (result.optional_missing if is_optional(key) else result.missing).append(key)
+            missing = result.optional_missing if is_optional(key) else result.missing
+            missing.append(key)
             result.fitted[key] = target
             continue
         value = state_dict[key]

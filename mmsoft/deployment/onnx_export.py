@@ -1,31 +1,29 @@
 """ONNX export of the backbones (optionally with the neck) and onnxruntime runs.
 
 What is exported is the function PyTorch computes, in operators ONNX has:
+the export formulation of the model's
+:class:`~mmsoft.models.tracing.Exportable` modules, which
+:func:`export_formulation` switches on while it exports:
 
-* SOFT attention's kernel inverse: ``solver='newton_closed_form'`` (the
-  configs' solver) computes the 20-step Newton-Raphson iteration from one
-  eigendecomposition, and ONNX has no eigendecomposition; the graph holds the
-  iteration itself (``solver='newton'``: matrix products only), which is the
-  same function. ``solver='exact'`` (Cholesky / ``pinv``) has no such
-  formulation and is refused.
-* The chunked query-bottleneck kernel product (``kernel_chunk_tokens``) is
-  exported unchunked: the same values, with the N x m kernel held whole.
-* The bottleneck cap (``max_bottleneck_tokens``) and the position-embedding
-  resize follow the input size in the traced graph
-  (:mod:`mmsoft.deployment.traced_sizes`).
+* SOFT attention's ``solver='newton_closed_form'`` is exported as the
+  Newton iteration, the same function (ONNX has no eigendecomposition);
+  ``solver='exact'`` has no such formulation and is refused;
+* the bottleneck cap and the position-embedding resize run on sizes that
+  follow the traced input.
 
-These rewrites are all in :func:`export_formulation`.
-
+Tracers see each layer's plain operations (:mod:`mmsoft.models.tracing`).
 The graph is traced with PyTorch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``) with dynamic batch, height and
 width; :func:`verify_onnx` runs it in onnxruntime at several sizes next to
-the eager model (in its own formulation) and reports the differences.
+the eager model and reports the differences.
 """
 import contextlib
 import json
 import logging
 import os
+import statistics
 import tempfile
+import time
 import warnings
 from collections import defaultdict
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -33,14 +31,11 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ..models.backbones import SOFT
 from ..models.layers import SoftAttention
-from ..models.layers.shared.position import interpolate_pos_embed
-from .traced_sizes import traceable_cap_bottleneck_grid
+from ..models.ops.kernel_inverse import EXPORT_SOLVERS
+from ..models.tracing import Exportable, set_exportable
 from ..utils.torch_compat import TORCH_VERSION, onnx_export_takes_dynamo
 
-# The solver the ONNX graph computes for each solver the model may use.
-EXPORT_SOLVERS = {'newton': 'newton', 'newton_closed_form': 'newton'}
 DEFAULT_OPSET = 17
 INPUT_NAME = 'images'
 MIN_INPUT_SIZE = 32
@@ -147,7 +142,7 @@ def build_feature_model(config, checkpoint: Optional[str] = None,
     """
     from mmengine.config import Config
 
-    from ..analysis.config_models import build_model_from_config
+    from ..apis import build_model_from_config
     cfg = config if isinstance(config, Config) else Config.fromfile(config)
     full_model = build_model_from_config(cfg)
     neck = getattr(full_model, 'neck', None) if with_neck else None
@@ -202,14 +197,12 @@ def check_exportable(model: nn.Module) -> None:
 
 @contextlib.contextmanager
 def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
-    """Switches ``model``'s SOFT layers to their ONNX formulation.
+    """Switches ``model`` to its export formulation while the context lasts.
 
-    Inside the context every :class:`SoftAttention` computes its kernel
-    inverse by the Newton iteration (``solver='newton'``, the function
-    ``'newton_closed_form'`` computes), its kernel product unchunked
-    (``kernel_chunk_tokens=None``, the same values) and its bottleneck cap
-    on traced sizes, and every :class:`SOFT` resizes its position embeddings
-    on traced sizes (:mod:`.traced_sizes`); all is restored on exit.
+    Every :class:`~mmsoft.models.tracing.Exportable` module of ``model``
+    computes its export formulation inside the context
+    (:func:`~mmsoft.models.tracing.set_exportable`) and its former one
+    after it.
 
     Args:
         model (nn.Module): The model to export.
@@ -218,26 +211,17 @@ def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
         nn.Module: ``model`` itself.
 
     Raises:
-        ValueError: A layer's solver has no ONNX formulation.
+        ValueError: A layer has no ONNX formulation.
     """
     check_exportable(model)
-    layers = [m for m in model.modules() if isinstance(m, SoftAttention)]
-    backbones = [m for m in model.modules() if isinstance(m, SOFT)]
-    saved = [(layer.solver, layer.kernel_chunk_tokens) for layer in layers]
+    modules = [m for m in model.modules() if isinstance(m, Exportable)]
+    saved = [module.exportable for module in modules]
+    set_exportable(model, True)
     try:
-        for layer in layers:
-            layer.solver = EXPORT_SOLVERS[layer.solver]
-            layer.kernel_chunk_tokens = None
-            layer.cap_bottleneck_grid = traceable_cap_bottleneck_grid
-        for backbone in backbones:
-            backbone.resize_pos_embed = interpolate_pos_embed
         yield model
     finally:
-        for layer, (solver, chunk_tokens) in zip(layers, saved):
-            layer.solver, layer.kernel_chunk_tokens = solver, chunk_tokens
-            del layer.cap_bottleneck_grid  # back to the class's eager one
-        for backbone in backbones:
-            del backbone.resize_pos_embed
+        for module, exportable in zip(modules, saved):
+            module.exportable = exportable
 
 
 def check_input_shape(name: str, shape: Sequence[int]) -> Tuple[int, int]:
@@ -460,6 +444,20 @@ def profile_onnxruntime(path: str, images: torch.Tensor, threads: int = 1,
     return dict(sorted(seconds.items(), key=lambda item: -item[1]))
 
 
+def _median_forward_seconds(model: nn.Module, images: torch.Tensor, warmup: int,
+                             repeats: int) -> float:
+    """Median wall time of ``repeats`` forwards without gradients, after
+    ``warmup`` untimed ones."""
+    seconds = []
+    with torch.no_grad():
+        for call in range(warmup + repeats):
+            start = time.perf_counter()
+            model(images)
+            if call >= warmup:
+                seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
 def compare_speed(model: nn.Module, path: str, shape: Tuple[int, int],
                   threads: int = 1, warmup: int = 1,
                   repeats: int = 3) -> Dict[str, float]:
@@ -479,17 +477,16 @@ def compare_speed(model: nn.Module, path: str, shape: Tuple[int, int],
         dict: ``torch_seconds``, ``onnxruntime_seconds`` and ``speedup``
         (PyTorch's time over onnxruntime's).
     """
-    from ..analysis.measure import latency_seconds
     images = torch.randn(1, 3, *check_input_shape('shape', shape))
     session = onnxruntime_session(path, threads)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        torch_seconds, _ = latency_seconds(model, images, False, warmup, repeats)
+        torch_seconds = _median_forward_seconds(model, images, warmup, repeats)
     finally:
         torch.set_num_threads(previous_threads)
-    ort_seconds, _ = latency_seconds(OnnxRuntimeModel(session), images, False,
-                                     warmup, repeats)
+    ort_seconds = _median_forward_seconds(OnnxRuntimeModel(session), images,
+                                          warmup, repeats)
     return dict(torch_seconds=torch_seconds, onnxruntime_seconds=ort_seconds,
                 speedup=torch_seconds / ort_seconds)
 

@@ -2,14 +2,14 @@
 
 mmengine's :class:`~mmengine.analysis.FlopAnalyzer` counts one multiply-add
 as one FLOP and only knows matmul/linear/conv/norm/pool-like operators. The
-softmax-free attentions spend real work elsewhere: the Gaussian kernel's
-exponentials and distance terms, the Newton iterations or the exact solve of
-SOFT (hidden inside one autograd function), the norms of XNorm, and the
-softmax attention of SOFT's last stage when it runs through
-``scaled_dot_product_attention``. The handles below count those with the same
-convention: a matrix product of (a x b) by (b x c) is ``a*b*c``, an
-element-wise operation one FLOP per output element, a reduction one per
-input element.
+handles below count, with the same convention, the rest of what mmsoft's
+models compute: the Gaussian kernel's exponentials and distance terms, the
+norms of XNorm, the softmax attention of SOFT's last stage
+(``scaled_dot_product_attention``) and SOFT's kernel inverses that run as
+one autograd function (the closed form and the exact solvers; the Newton
+iteration is traced step by step). A matrix product of (a x b) by (b x c) is
+``a*b*c``, an element-wise operation one FLOP per output element, a
+reduction one per input element.
 """
 from math import prod
 from typing import Any, Callable, Dict, List
@@ -26,8 +26,9 @@ ELEMENTWISE_OPS = (
 # No arithmetic (allocation), or activations, which mmengine and fvcore leave
 # out for every model alike.
 NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
-                   'aten::eye', 'aten::where', 'aten::repeat', 'aten::repeat_interleave',
-                   'aten::gelu', 'aten::silu', 'aten::relu', 'aten::relu_')
+                   'aten::eye', 'aten::where', 'aten::repeat',
+                   'aten::repeat_interleave', 'aten::gelu', 'aten::silu',
+                   'aten::relu', 'aten::relu_')
 REDUCTION_OPS = ('aten::sum', 'aten::amax', 'aten::linalg_vector_norm', 'aten::norm',
                  'aten::frobenius_norm', 'aten::mean')
 
@@ -51,26 +52,34 @@ def sdpa_flops(inputs: List[Any], outputs: List[Any]) -> int:
     return 2 * prod(batch) * queries * key[-2] * dims
 
 
-def inverse_flops(attention: str, solver: str, newton_iters: int) -> int:
-    """FLOPs of one m x m bottleneck inverse, as a multiple of m^3.
+#: The autograd functions that compute a kernel inverse in one traced node.
+INVERSE_FUNCTIONS = ('_ExactInverse', '_NewtonClosedForm')
 
-    Newton: two m x m products per iteration. Cholesky (SOFT exact): m^3/3 for the
-    factor and 2m^3/3 to invert it. An eigendecomposition (SOFT++ exact, and
-    the Newton closed form of SOFT and SOFT++): about 4m^3/3 to reduce to
-    tridiagonal form, m^3 to accumulate the eigenvectors and m^3 to multiply
-    them back: an estimate of 10m^3/3. (The SOFT++ scale's product of the
-    Newton solvers runs outside the inverse and is counted as a matmul.)
+
+def inverse_flops(variant: str, solver: str) -> float:
+    """FLOPs of one m x m bottleneck inverse computed in one node, as a
+    multiple of m^3.
+
+    Cholesky (SOFT's ``'exact'``): m^3/3 for the factor and 2m^3/3 to
+    invert it. An eigendecomposition (SOFT++'s ``'exact'``, and
+    ``'newton_closed_form'``): about 4m^3/3 to reduce to tridiagonal form,
+    m^3 to accumulate the eigenvectors and m^3 to multiply them back.
+
+    Args:
+        variant (str): ``'soft'`` or ``'soft++'``.
+        solver (str): ``'newton_closed_form'`` or ``'exact'``.
+
+    Returns:
+        float: The factor of m^3.
     """
-    if solver == 'newton':
-        return 2 * newton_iters
-    if solver == 'exact' and attention == 'soft':
+    if solver == 'exact' and variant == 'soft':
         return 1
     return 10 / 3
 
 
-def kernel_inverse_handle(attention: str, solver: str, newton_iters: int) -> Handle:
-    """Handle of SOFT's inverse for one (attention, solver, iterations) setting."""
-    factor = inverse_flops(attention, solver, newton_iters)
+def kernel_inverse_handle(variant: str, solver: str) -> Handle:
+    """Handle of SOFT's one-node inverse for one (variant, solver) setting."""
+    factor = inverse_flops(variant, solver)
 
     def handle(inputs: List[Any], outputs: List[Any]) -> int:
         *batch, size, _ = get_shape(inputs[0])
@@ -85,7 +94,8 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
     Args:
         model (nn.Module): Any model; the SOFT inverse handle is configured
             from its :class:`~mmsoft.models.layers.SoftAttention` modules,
-            which must then all share one attention, solver and iteration count.
+            whose solvers other than ``'newton'`` must then all share one
+            variant and solver.
 
     Returns:
         dict[str, Handle | None]: Operator name to handle (None: known, not
@@ -96,14 +106,14 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
     handles.update({op: reduction_flops for op in REDUCTION_OPS})
     handles.update({op: None for op in NOT_COUNTED_OPS})
     handles['aten::scaled_dot_product_attention'] = sdpa_flops
-    settings = {(m.attention, m.solver, m.newton_iters)
-                for m in model.modules() if isinstance(m, SoftAttention)}
+    settings = {(m.variant, m.solver) for m in model.modules()
+                if isinstance(m, SoftAttention) and m.solver != 'newton'}
     if len(settings) > 1:
         raise ValueError(f'SOFT attentions of one model use several inverse '
                          f'settings {sorted(settings)}; the FLOP handle needs one.')
     if settings:
         handle = kernel_inverse_handle(*settings.pop())
-        for function in ('_ExactInverse', '_NewtonIterations', '_NewtonClosedForm'):
+        for function in INVERSE_FUNCTIONS:
             handles[f'prim::PythonOp.{function}'] = handle
     return handles
 

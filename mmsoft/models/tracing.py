@@ -1,34 +1,28 @@
-"""Whether a tracer or exporter records the model: the one place that asks.
+"""How tracers and exporters see the models: the one place that decides.
 
 Three tracers run mmsoft's models: ``torch.jit.trace`` (mmengine's FLOP
 counter, TorchScript-based ONNX export), the ONNX exporter itself and
-``torch.compile``. None of them can follow data-dependent Python control
-flow, and none of them records what happens inside a
-``torch.autograd.Function``'s backward. Every layer that would take another
-path for them asks :func:`is_tracing`, and nothing else in the package
-queries torch's tracer states:
+``torch.compile``. Every layer that takes another path for them asks
+:func:`is_tracing` or :func:`records_forward_only`, and nothing else in the
+package queries torch's tracer states:
 
-* the memory-efficient training path (:mod:`mmsoft.models.memory_efficient`)
-  is off, with one exception: SOFT's Newton iteration stays one autograd
-  function, which the FLOP counter counts by formula
-  (:mod:`~mmsoft.models.ops.kernel_inverse`);
-* SOFT++'s Newton scale runs all its halving rounds instead of stopping
-  early (:mod:`~mmsoft.models.ops.kernel_inverse`);
-* the chunked kernel product of inference concatenates its chunks instead
-  of writing them into one output
-  (:mod:`~mmsoft.models.memory_efficient.kernel_attention`);
-* the contiguous-gradient identity (torch 2.1's GELU; the compiler's
-  stride model of LayerNorm's backward) is left out of the forward-only
-  tracers' records (:func:`records_forward_only`,
+* a layer's memory-efficient implementation
+  (:func:`~mmsoft.models.memory_efficient.switch.takes_memory_efficient_path`)
+  is replaced by its plain operations, which tracers record op by op;
+* the contiguous-gradient identity is left out of the forward-only tracers'
+  records (:func:`records_forward_only`,
   :mod:`~mmsoft.models.ops.contiguous_gradient`).
 
-What ONNX needs beyond that (the Newton iteration for the closed form's
-eigendecomposition, the kernel product unchunked, sizes that follow a traced
-input) is the deployment code's:
-:func:`mmsoft.deployment.onnx_export.export_formulation` switches the layers
-to it while it exports, so FLOP counting traces what eager execution runs.
+What ONNX needs beyond that is the export formulation of the
+:class:`Exportable` modules, which :func:`set_exportable` switches on:
+SOFT's kernel inverse by the Newton iteration instead of the closed form's
+eigendecomposition, and the bottleneck cap and position-embedding resize on
+sizes that follow a traced input.
+:func:`mmsoft.deployment.onnx_export.export_formulation` turns it on while
+it exports.
 """
 import torch
+import torch.nn as nn
 
 from ..utils.torch_compat import is_compiling
 
@@ -44,3 +38,37 @@ def is_tracing() -> bool:
     """Whether ``torch.jit.trace``, the ONNX exporter or ``torch.compile``
     is recording the caller."""
     return records_forward_only() or is_compiling()
+
+
+class Exportable:
+    """Mixin of the modules with an ONNX formulation of their forward.
+
+    ``exportable`` (False unless :func:`set_exportable` turns it on) selects
+    it: the same function in operators ONNX has, with sizes that follow a
+    traced input.
+    """
+
+    exportable: bool = False
+
+
+def set_exportable(model: nn.Module, enabled: bool) -> nn.Module:
+    """Turns the export formulation of every module of ``model`` on or off.
+
+    Args:
+        model (nn.Module): Any module; its :class:`Exportable` modules
+            (``model`` included) are switched.
+        enabled (bool): True: the export formulation; False: the eager one
+            (the default of every module).
+
+    Returns:
+        nn.Module: ``model``.
+
+    Raises:
+        ValueError: If ``enabled`` is not a bool.
+    """
+    if not isinstance(enabled, bool):
+        raise ValueError(f'enabled={enabled!r} is invalid; expected True or False.')
+    for module in model.modules():
+        if isinstance(module, Exportable):
+            module.exportable = enabled
+    return model

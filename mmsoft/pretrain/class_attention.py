@@ -3,7 +3,8 @@ import torch
 from mmpretrain.models.backbones.xcit import \
     ClassAttentionBlock as XCiTClassAttentionBlock
 
-from ..utils import check_divisible, check_mlp_ratio, check_positive_int, check_rate
+from ..utils import (check_divisible, check_mlp_ratio, check_positive_float,
+                     check_positive_int, check_rate)
 
 
 class ClassAttentionBlock(XCiTClassAttentionBlock):
@@ -14,7 +15,7 @@ class ClassAttentionBlock(XCiTClassAttentionBlock):
     the class token queries::
 
         c1    = cls + g1 * CA(n)                    (B, 1, C)
-        cls'  = LN2(c1) + g2 * FFN(LN2(c1))         FFN residual from LN2(c1)
+        cls'  = LN2(c1) + g2 * MLP(LN2(c1))         MLP residual from LN2(c1)
         p'    = 2 * (p + g1 * n[1:])                (B, N, C)
 
     :meth:`forward_sequence` returns ``[cls'; p']`` as XCiT's block does,
@@ -24,14 +25,14 @@ class ClassAttentionBlock(XCiTClassAttentionBlock):
     :meth:`forward` takes the class token and the patch tokens apart and
     returns ``cls'`` only.
 
-    Parameters: ``norm1``, ``attn.{q,k,v,proj}``, ``norm2``,
-    ``ffn.layers.0.0`` (C -> hidden), ``ffn.layers.1`` (hidden -> C),
-    ``gamma1``, ``gamma2``. LayerNorms with eps 1e-6, GELU.
+    Parameters: ``norm1``, ``attn.{q,k,v,proj}``, ``norm2``, the MLP under
+    mmpretrain's names ``ffn.layers.0.0`` (C -> hidden) and ``ffn.layers.1``
+    (hidden -> C), ``gamma1``, ``gamma2``. LayerNorms with eps 1e-6, GELU.
 
     Args:
         embed_dims (int): Token width C.
         num_heads (int): Attention heads; must divide ``embed_dims``.
-        mlp_ratio (float): FFN hidden width / C. Default: 4.
+        mlp_ratio (float): MLP hidden width / C. Default: 4.
         qkv_bias (bool): Biases of the query, key and value projections.
             Default: True.
         drop_path (float): Stochastic depth of both residual branches, in
@@ -48,10 +49,7 @@ class ClassAttentionBlock(XCiTClassAttentionBlock):
         check_divisible('embed_dims', [embed_dims], 'num_heads', [num_heads])
         check_rate('drop_path', drop_path)
         check_mlp_ratio('mlp_ratio', mlp_ratio, embed_dims)
-        if isinstance(layer_scale_init_value, bool) or not isinstance(
-                layer_scale_init_value, (int, float)) or layer_scale_init_value <= 0:
-            raise ValueError(f'layer_scale_init_value={layer_scale_init_value!r} is '
-                             f'invalid; expected a positive float.')
+        check_positive_float('layer_scale_init_value', layer_scale_init_value)
         super().__init__(dim=embed_dims, num_heads=num_heads, mlp_ratio=mlp_ratio,
                          qkv_bias=qkv_bias, drop_path=drop_path,
                          layer_scale_init_value=layer_scale_init_value,

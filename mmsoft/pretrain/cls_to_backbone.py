@@ -40,7 +40,7 @@ BACKBONE_PREFIX = 'backbone.'
 #: Keys read to recognise the architecture.
 ARCH_KEYS = ('patch_embed.proj.0.weight', 'pos_embed.proj.weight',
              'blocks.0.norm1.weight', 'blocks.0.attn.gamma_q',
-             'blocks.0.ffn.fc1.weight', 'blocks.0.lpi.conv1.weight')
+             'blocks.0.mlp.fc1.weight', 'blocks.0.lpi.conv1.weight')
 _BLOCK = re.compile(r'blocks\.(\d+)\.')
 
 
@@ -89,7 +89,7 @@ def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
 
     ``embed_dims`` from the LayerNorms, ``depth`` from the block indices,
     ``num_heads`` from the per-head XNorm scales (``attn.gamma_q``),
-    ``mlp_ratio`` from the FFN, ``lpi_kernel_size`` from the local patch
+    ``mlp_ratio`` from the MLP, ``local_kernel_size`` from the local patch
     interaction, ``pos_hidden_dims`` from the position-encoding projection,
     ``in_channels`` from the first convolution and ``qkv_bias`` from the
     presence of the QKV bias.
@@ -117,13 +117,13 @@ def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
     indices = sorted({int(m.group(1)) for m in map(_BLOCK.match, state_dict) if m})
     if indices != list(range(len(indices))):
         raise ValueError(f'block indices {indices} are not consecutive from 0.')
-    mlp_ratio = state_dict['blocks.0.ffn.fc1.weight'].shape[0] / dims
+    mlp_ratio = state_dict['blocks.0.mlp.fc1.weight'].shape[0] / dims
     arch = dict(
         embed_dims=dims,
         depth=len(indices),
         num_heads=int(state_dict['blocks.0.attn.gamma_q'].shape[0]),
         mlp_ratio=int(mlp_ratio) if float(mlp_ratio).is_integer() else mlp_ratio,
-        lpi_kernel_size=int(state_dict['blocks.0.lpi.conv1.weight'].shape[-1]),
+        local_kernel_size=int(state_dict['blocks.0.lpi.conv1.weight'].shape[-1]),
         pos_hidden_dims=int(state_dict['pos_embed.proj.weight'].shape[1]) // 2)
     return dict(arch=arch,
                 in_channels=int(state_dict['patch_embed.proj.0.weight'].shape[1]),

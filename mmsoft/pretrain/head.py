@@ -39,7 +39,7 @@ class UFOViTClassAttentionHead(ClsHead):
             Default: 2.
         num_heads (int): Heads of the class attention; must divide
             ``in_channels``. Default: 8.
-        mlp_ratio (float): FFN width ratio of the class-attention layers.
+        mlp_ratio (float): MLP width ratio of the class-attention layers.
             Default: 4.
         drop_path_rate (float): Stochastic depth of the class-attention
             layers (all layers alike), in [0, 1). Default: 0.

@@ -26,6 +26,12 @@ def check_positive_int(name: str, value, allow_none: bool = False) -> None:
                          f'{extra}.')
 
 
+def check_positive_float(name: str, value) -> None:
+    """Raises unless ``value`` is a number > 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f'{name}={value!r} is invalid; expected a positive float.')
+
+
 def check_divisible(name: str, dims: Sequence[int], heads_name: str,
                     heads: Sequence[int]) -> None:
     """Raises unless every ``dims[i]`` is divisible by ``heads[i]``."""
@@ -70,7 +76,7 @@ def check_frozen_stages(frozen_stages: int, num_stages: int) -> None:
 
 def check_mlp_ratio(name: str, ratio, embed_dims: int) -> None:
     """Raises unless ``ratio`` is a number with ``int(embed_dims * ratio) >= 1``
-    (an FFN hidden width of at least one channel)."""
+    (an MLP hidden width of at least one channel)."""
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
             int(embed_dims * ratio) < 1:
         raise ValueError(f'{name}={ratio!r} is invalid; expected a positive number '

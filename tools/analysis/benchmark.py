@@ -25,7 +25,7 @@ and 2 (``capacity.csv``).
 On CPU every measurement runs twice: once for time and the peak resident
 set (``peak_bytes``), once more in a process whose allocator returns freed
 memory at once, for the peak of live memory (``live_peak_bytes``, what a
-GPU's ``max_memory_allocated`` reports; see :mod:`mmsoft.analysis.measure`).
+GPU's ``max_memory_allocated`` reports; see :mod:`mmsoft_analysis.measure`).
 The batch capacity uses the live peaks. ``--no-live-memory`` skips it.
 
 Example::
@@ -44,16 +44,17 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 
 import torch
 
-from mmsoft.analysis.batch_capacity import largest_batch
-from mmsoft.analysis.detector_step import DETECTOR_CONFIGS
-from mmsoft.analysis.measure import matmul_throughput, parse_size
-from mmsoft.analysis.peers import BACKBONES, parse_spec
-from mmsoft.analysis.report import write_results
+from mmsoft.apis import parse_size
+from mmsoft_analysis import worker_command, worker_env
+from mmsoft_analysis.batch_capacity import largest_batch
+from mmsoft_analysis.detector_step import DETECTOR_CONFIGS
+from mmsoft_analysis.measure import matmul_throughput
+from mmsoft_analysis.peers import BACKBONES, parse_spec
+from mmsoft_analysis.report import write_results
 
 PEERS = ['swin-t', 'pvtv2-b2', 'pvtv2-b2-li', 'xcit-s12']
 DEFAULT_MODELS = ['soft-tiny', 'soft-small', 'ufo-vit-tiny', 'ufo-vit-small',
@@ -116,8 +117,8 @@ def parse_args():
 def run_command(command, base, timeout):
     """Runs a worker; returns its ``RESULT`` or ``base`` with the error."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(command, env=worker_env(), capture_output=True,
+                              text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return dict(base, seconds=None, error=f'timeout after {timeout}s')
     for line in done.stdout.splitlines():
@@ -149,9 +150,9 @@ def with_live_peak(command, base, args):
 
 def backbone_command(spec, size, args, batch, warmup, repeats, backward):
     """The worker command line measuring one backbone (spec, size, batch)."""
-    command = [sys.executable, '-m', 'mmsoft.analysis.measure', spec, str(size[0]),
-               str(size[1]), '--device', args.device, '--warmup', str(warmup),
-               '--repeats', str(repeats), '--batch', str(batch)]
+    command = worker_command('measure', spec, str(size[0]), str(size[1]),
+                             '--device', args.device, '--warmup', str(warmup),
+                             '--repeats', str(repeats), '--batch', str(batch))
     return command + ['--backward'] * backward
 
 
@@ -177,10 +178,10 @@ def run_worker(spec, size, args, batch=None, compile_backend=None):
 
 def run_detector_worker(name, size, args):
     """Measures one detector training iteration in child processes."""
-    command = [sys.executable, '-m', 'mmsoft.analysis.detector_step', name,
-               str(size[0]), str(size[1]), '--batch', str(args.detector_batch),
-               '--device', args.device, '--warmup', str(args.warmup),
-               '--repeats', str(args.repeats)]
+    command = worker_command('detector_step', name, str(size[0]), str(size[1]),
+                             '--batch', str(args.detector_batch), '--device',
+                             args.device, '--warmup', str(args.warmup),
+                             '--repeats', str(args.repeats))
     base = dict(model=name, height=size[0], width=size[1], device=args.device,
                 mode='train_step', batch=args.detector_batch)
     return with_live_peak(command, base, args)

@@ -17,8 +17,7 @@ import time
 
 import torch
 
-from mmsoft.analysis.measure import parse_size
-from mmsoft.checkpoint import load_soft_checkpoint
+from mmsoft.apis import parse_size
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import capped_grid_size
 
@@ -60,11 +59,11 @@ def timed_forward(model, image):
 def main():
     args = parse_args()
     torch.manual_seed(0)
-    kwargs = dict(arch=args.arch, attention=args.attention, solver=args.solver,
+    kwargs = dict(arch=args.arch, variant=args.attention, solver=args.solver,
                   drop_path_rate=0.)
     capped = SOFT(max_bottleneck_tokens=args.cap, **kwargs)
     if args.checkpoint:
-        load_soft_checkpoint(capped, args.checkpoint)
+        capped.load_pretrained(dict(checkpoint=args.checkpoint))
     else:
         capped.init_weights()
     uncapped = SOFT(max_bottleneck_tokens=None, **kwargs)

@@ -1,6 +1,6 @@
 """Accuracy against cost: mmsoft's backbones and the libraries' trained side by side.
 
-One command trains every backbone of :mod:`mmsoft.analysis.comparison` on
+One command trains every backbone of :mod:`mmsoft_analysis.comparison` on
 the demo data with the same Mask R-CNN (and, for four of them, the same
 UperNet), with each seed, measures their costs with the project's benchmark
 tools, and writes the table and the plots:
@@ -37,12 +37,13 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from mmsoft.analysis.comparison import (BBOX_METRIC, DETECTORS, MIOU_METRIC, REPO,
+from mmsoft.apis import parse_size
+from mmsoft_analysis import REPO
+from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, MIOU_METRIC,
                                         SEGM_METRIC, SEGMENTORS, Entry,
                                         detection_schedule, final_metrics,
                                         segmentation_schedule)
-from mmsoft.analysis.comparison_report import write_report
-from mmsoft.analysis.measure import parse_size
+from mmsoft_analysis.comparison_report import write_report
 
 PHASES = ('train', 'costs', 'report')
 INFERENCE_SIZE, TRAIN_SIZE, PEAK_SIZE = (800, 1333), (800, 1333), (1536, 1536)

@@ -3,24 +3,92 @@
 FLOPs are multiply-adds counted by mmengine's FlopAnalyzer plus handles for
 what it misses (Gaussian kernel, SOFT's inverse, XNorm, element-wise work,
 fused softmax attention): see ``mmsoft/models/flop_handles.py``. Needs no
-dataset and no checkpoint.
+dataset and no checkpoint. The model's weights and the input image are drawn
+from a fixed seed, and a two-stage detector's RPN passes its ``max_per_img``
+highest-scoring candidates (1,000 in mmdet's configs) to the RoI head without
+removing small or overlapping boxes, so that the count does not depend on
+what the random weights propose.
 
 Example::
 
-    python tools/analysis/get_flops.py configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py \
-        --shape 800 1333
+    python tools/analysis/get_flops.py \
+        configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py --shape 800 1333
     python tools/analysis/get_flops.py CONFIG --backbone-only --shape 224 224
+
+``tools/analysis/update_metafiles.py`` writes :func:`count_config`'s figures
+into the model zoo's metafiles and README tables.
 """
 import argparse
+import copy
 import json
+from typing import Optional, Sequence
 
 import torch
 from mmengine.config import Config
 
-from mmsoft.analysis import count_flops
-from mmsoft.apis import add_cfg_options
-from mmsoft.analysis.config_models import (DEFAULT_SHAPES, TensorModeModel,
-                                          build_model_from_config, config_scope)
+from mmsoft.apis import add_cfg_options, build_model_from_config
+from mmsoft.models.flop_handles import count_flops
+from mmsoft_analysis.config_models import DEFAULT_SHAPES, TensorModeModel, config_scope
+
+SEED = 0
+
+
+def keep_all_proposals(cfg: Config) -> Config:
+    """A copy of ``cfg`` whose RPN removes no proposal at test time.
+
+    The RPN's size filter and NMS over random weights keep a number of boxes
+    that changes with the seed; without them the RoI head always gets the
+    RPN's ``max_per_img`` proposals.
+
+    Args:
+        cfg (Config): Any config.
+
+    Returns:
+        Config: The copy (unchanged for models without an RPN).
+    """
+    cfg = copy.deepcopy(cfg)
+    rpn = (cfg.model.get('test_cfg') or {}).get('rpn')
+    if rpn is not None:
+        rpn.min_bbox_size = -1  # no size filter
+        if rpn.get('nms') is not None:
+            rpn.nms.iou_threshold = 1.0  # suppresses a box only when IoU > 1
+    return cfg
+
+
+def count_config(cfg: Config, shape: Optional[Sequence[int]] = None,
+                 backbone_only: bool = False,
+                 with_extra_handles: bool = True) -> dict:
+    """Counts the parameters and FLOPs of the model a config builds.
+
+    Args:
+        cfg (Config): An mmdet or mmseg config.
+        shape (Sequence[int], optional): Input (H, W). Defaults to 800x1333
+            for mmdet and 512x512 for mmseg configs.
+        backbone_only (bool): Count the backbone alone instead of the whole
+            model in tensor mode (backbone, neck and heads). Default: False.
+        with_extra_handles (bool): Add mmsoft's FLOP handles; False gives
+            mmengine's plain count. Default: True.
+
+    Returns:
+        dict: ``shape`` (list of H, W), ``part`` ('model' or 'backbone'),
+        ``params`` and ``backbone_params`` (parameter counts), ``flops``
+        (multiply-adds, an int) and ``uncounted_ops`` (operator name to
+        number of calls the count leaves out).
+    """
+    scope = config_scope(cfg)
+    shape = tuple(shape or DEFAULT_SHAPES[scope])
+    torch.manual_seed(SEED)
+    model = build_model_from_config(keep_all_proposals(cfg))
+    target = model.backbone if backbone_only else TensorModeModel(
+        model, scope, shape)
+    images = torch.randn(1, 3, *shape)
+    with torch.no_grad():
+        flops, analyzer = count_flops(target, (images, ),
+                                      with_extra_handles=with_extra_handles)
+    return dict(shape=list(shape), part='backbone' if backbone_only else 'model',
+                params=sum(p.numel() for p in target.parameters()),
+                backbone_params=sum(p.numel() for p in model.backbone.parameters()),
+                flops=int(flops), uncounted_ops=dict(analyzer.unsupported_ops()))
 
 
 def parse_args():
@@ -43,21 +111,14 @@ def main():
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
-    scope = config_scope(cfg)
-    shape = tuple(args.shape or DEFAULT_SHAPES[scope])
-    model = build_model_from_config(cfg)
-    target = model.backbone if args.backbone_only else TensorModeModel(
-        model, scope, shape)
-    images = torch.randn(1, 3, *shape)
-    with torch.no_grad():
-        flops, analyzer = count_flops(target, (images, ),
-                                      with_extra_handles=not args.mmengine_only)
-    params = sum(p.numel() for p in target.parameters())
-    result = dict(config=args.config, shape=list(shape),
-                  part='backbone' if args.backbone_only else 'model',
-                  params_m=round(params / 1e6, 3), gflops=round(flops / 1e9, 3),
-                  uncounted_ops=dict(analyzer.unsupported_ops()))
-    print(f"{'=' * 60}\nConfig: {args.config}\nInput shape: {shape}\n"
+    counted = count_config(cfg, args.shape, backbone_only=args.backbone_only,
+                           with_extra_handles=not args.mmengine_only)
+    result = dict(config=args.config, shape=counted['shape'],
+                  part=counted['part'],
+                  params_m=round(counted['params'] / 1e6, 3),
+                  gflops=round(counted['flops'] / 1e9, 3),
+                  uncounted_ops=counted['uncounted_ops'])
+    print(f"{'=' * 60}\nConfig: {args.config}\nInput shape: {tuple(result['shape'])}\n"
           f"Part: {result['part']}\nParams: {result['params_m']:.2f} M\n"
           f"FLOPs: {result['gflops']:.2f} G (multiply-adds)\n"
           f"Not counted: {result['uncounted_ops'] or 'none'}\n{'=' * 60}")

@@ -7,7 +7,7 @@ UFO-ViT-small (on CUDA also SyncBatchNorm-converted), mmdet's Swin-T and
 PVTv2-b2, in float32 and float16
 autocast, at 800x1333 and 1536x1536, each case in its own process with a
 hard time limit, within a time budget; writes one JSON file and prints a
-table (see :mod:`mmsoft.analysis.gpu_check`). Installs nothing: it runs in
+table (see :mod:`mmsoft_analysis.gpu_check`). Installs nothing: it runs in
 the Python it is started with (the active environment). Exits 1 when
 a test or a measurement failed (the file is written either way), 2 on
 invalid arguments or when there is no CUDA device.
@@ -24,15 +24,15 @@ Example::
 import argparse
 import sys
 
-from mmsoft.analysis.gpu_check import (AUTOCAST_DTYPES, BACKBONES, DEFAULT_BUDGET_S,
+from mmsoft.apis import parse_size
+from mmsoft.models.ops.kernel_inverse import SOLVERS
+from mmsoft_analysis.gpu_check import (AUTOCAST_DTYPES, BACKBONES, DEFAULT_BUDGET_S,
                                        DEFAULT_CASE_TIMEOUT_S, DEFAULT_OUT,
                                        DEFAULT_SOLVERS,
                                        DEFAULT_TESTS_TIMEOUT_S, DTYPES, MODES, SIZES,
                                        CheckSettings,
                                        check_passed, describe_tests, format_table,
                                        require_device, run_check)
-from mmsoft.analysis.measure import parse_size
-from mmsoft.models.ops.kernel_inverse import SOLVERS
 
 
 def parse_args():

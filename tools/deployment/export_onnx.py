@@ -21,8 +21,7 @@ import sys
 
 from mmengine.config import Config
 
-from mmsoft.analysis.measure import parse_size
-from mmsoft.apis import add_cfg_options
+from mmsoft.apis import add_cfg_options, parse_size
 from mmsoft.deployment import onnx_export
 
 

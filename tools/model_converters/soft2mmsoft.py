@@ -2,7 +2,7 @@
 
 Usage::
 
-    python tools/model_converters/soft2mmsoft.py SRC DST [--attention soft|soft++]
+    python tools/model_converters/soft2mmsoft.py SRC DST [--variant soft|soft++]
 
 SRC is a checkpoint of the reference implementation (fudan-zvg/SOFT): a bare
 state dict or a dict holding it under ``state_dict``/``model``, keys possibly
@@ -11,20 +11,23 @@ prefixed with ``module.`` or ``backbone.``. DST receives
 ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` in a ``SOFT`` backbone.
 
 The plain SOFT and the SOFT++ ("norm") models have identical parameters; the
-variant is read from ``--attention``, else from the checkpoint's metadata
+variant is read from ``--variant``, else from the checkpoint's metadata
 (timm's ``arch``/``args.model``), else from SRC's file name (``norm`` in it
 means SOFT++). When none of these decides, the converter stops and asks for
-``--attention``.
+``--variant``. The architecture is read off the tensor shapes, and every
+key and shape is checked against a ``SOFT`` of it.
 """
 import argparse
 import os
 import os.path as osp
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from mmsoft.checkpoint import load_checkpoint_file, soft_official_to_mmsoft
+from mmsoft.checkpoint.soft_official import NUM_STAGES, check_detected_arch
+from mmsoft.models.backbones.soft import ARCH_DEFAULTS, ARCH_SETTINGS, SOFT
 from mmsoft.version import __version__
 
 
@@ -33,11 +36,37 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         description='Convert a reference SOFT/SOFT++ checkpoint to mmsoft.')
     parser.add_argument('src', help='reference checkpoint (path or URL)')
     parser.add_argument('dst', help='output file')
-    parser.add_argument('--attention', choices=['soft', 'soft++'], default=None,
+    parser.add_argument('--variant', choices=['soft', 'soft++'], default=None,
                         help='attention variant the weights were trained with: '
                         'soft (SOFT) or soft++ (the "norm" models); needed when '
                         'neither the checkpoint nor its file name tells')
     return parser.parse_args(argv)
+
+
+def soft_state_layout(settings: dict) -> Dict[str, torch.Tensor]:
+    """Keys and shapes of the state dict of a ``SOFT`` of detected settings.
+
+    Args:
+        settings (dict): As returned by
+            :func:`~mmsoft.checkpoint.soft_official.detect_soft_settings`.
+
+    Returns:
+        dict[str, Tensor]: ``SOFT(...).state_dict()`` as tensors on the meta
+        device.
+    """
+    last = NUM_STAGES - 1
+    # The last stage's head count and bottleneck stride are in no tensor
+    # shape; any valid value gives the same layout.
+    arch = dict(embed_dims=settings['embed_dims'], depths=settings['depths'],
+                num_heads=list(settings['num_heads'][:last]) + [1],
+                sr_ratios=list(settings['sr_ratios'][:last]) + [1],
+                local_kernel_sizes=settings['local_kernel_sizes'],
+                mlp_ratios=settings['mlp_ratios'],
+                stem_channels=settings['stem_channels'])
+    model = SOFT(arch=arch, in_channels=settings['in_channels'],
+                 pretrain_img_size=settings['pretrain_img_size'] or 224)
+    return {key: torch.empty(value.shape, device='meta')
+            for key, value in model.state_dict().items()}
 
 
 def describe_arch(info: dict) -> str:
@@ -56,14 +85,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     checkpoint = load_checkpoint_file(args.src, map_location='cpu')
     try:
         state_dict, info = soft_official_to_mmsoft(
-            checkpoint, attention=args.attention, name_hint=osp.basename(args.src))
+            checkpoint, variant=args.variant, name_hint=osp.basename(args.src),
+            arch_table=ARCH_SETTINGS, arch_defaults=ARCH_DEFAULTS)
+        settings = info['arch_settings']
+        check_detected_arch(state_dict, settings, soft_state_layout(settings))
     except ValueError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1
-    if info['attention'] is None:
+    if info['variant'] is None:
         print('error: the attention variant cannot be told from the weights (SOFT '
               'and SOFT++ have the same parameters), the checkpoint metadata or '
-              'the file name; pass --attention soft or --attention soft++.',
+              'the file name; pass --variant soft or --variant soft++.',
               file=sys.stderr)
         return 1
 
@@ -72,24 +104,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f'unwrapped:   {info["wrapper"] or "-"}; prefixes removed: '
               f'{", ".join(info["stripped_prefixes"]) or "-"}')
     print(f'arch:        {describe_arch(info)}')
-    print(f'attention:   {info["attention"]} (from {info["attention_source"]})')
-    detected = info['attention_detected']
-    if detected is not None and detected != info['attention']:
-        print(f'warning:     the checkpoint points to attention={detected!r}; '
-              f'--attention {info["attention"]} overrides it', file=sys.stderr)
+    print(f'variant:     {info["variant"]} (from {info["variant_source"]})')
+    detected = info['variant_detected']
+    if detected is not None and detected != info['variant']:
+        print(f'warning:     the checkpoint points to variant={detected!r}; '
+              f'--variant {info["variant"]} overrides it', file=sys.stderr)
     print(f'image size:  {info["pretrain_img_size"]} (position embeddings)')
     print(f'tensors:     {info["num_tensors"]} converted; dropped: '
           f'{", ".join(info["dropped"]) or "-"}')
 
-    settings = info['arch_settings']
     meta = dict(
         converter='tools/model_converters/soft2mmsoft.py',
         mmsoft_version=__version__,
         source=osp.basename(args.src),
         arch=info['arch'],
         arch_settings={k: v for k, v in settings.items()},
-        attention=info['attention'],
-        attention_source=info['attention_source'],
+        variant=info['variant'],
+        variant_source=info['variant_source'],
         pretrain_img_size=info['pretrain_img_size'],
         dropped=info['dropped'])
     state_dict = {key: value.detach().clone().contiguous()

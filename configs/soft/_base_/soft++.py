@@ -8,7 +8,7 @@ custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 # `init_cfg` (the converted ImageNet checkpoint).
 soft_backbone = dict(
     type='SOFT',
-    attention='soft++',
+    variant='soft++',
     # The function every published SOFT++ checkpoint was trained with: 20
     # Newton-Raphson steps towards the pseudo-inverse of the bottleneck
     # kernel, computed in closed form from one eigendecomposition (at about

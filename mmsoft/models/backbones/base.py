@@ -69,29 +69,29 @@ class MultiStageBackbone(BaseModule):
         self.with_cp = with_cp
         self.min_input_size = min_input_size
 
-    def select_memory_path(self, memory_efficient: bool, recompute_ffn: bool) -> None:
+    def select_memory_path(self, memory_efficient: bool, recompute_mlp: bool) -> None:
         """Sets the training path of every layer; called once the layers exist.
 
         Args:
             memory_efficient (bool): True: each layer's memory-efficient path
                 (:mod:`mmsoft.models.memory_efficient`: the same outputs and
                 gradients, less kept for backward); False: plain autograd.
-            recompute_ffn (bool): Each FFN's backward also recomputes its
+            recompute_mlp (bool): Each MLP's backward also recomputes its
                 hidden layer (C per token kept instead of 4C more, for one
-                more ``fc1`` matmul per FFN); needs ``memory_efficient``.
+                more ``fc1`` matmul per MLP); needs ``memory_efficient``.
 
         Raises:
-            ValueError: ``recompute_ffn`` without ``memory_efficient``.
+            ValueError: ``recompute_mlp`` without ``memory_efficient``.
         """
-        if recompute_ffn and not memory_efficient:
-            raise ValueError(f'recompute_ffn={recompute_ffn!r} needs '
+        if recompute_mlp and not memory_efficient:
+            raise ValueError(f'recompute_mlp={recompute_mlp!r} needs '
                              f'memory_efficient=True (plain autograd keeps every '
                              f'hidden layer); got memory_efficient='
                              f'{memory_efficient!r}.')
         set_memory_efficient(self, memory_efficient)
         for module in self.modules():
             if isinstance(module, MLP):
-                module.keep_hidden = not recompute_ffn
+                module.keep_hidden = not recompute_mlp
 
     def stage_parts(self, stage: int) -> List:
         """Modules and parameters frozen by ``frozen_stages``.

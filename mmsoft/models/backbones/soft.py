@@ -7,13 +7,15 @@ import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 from mmengine.registry import MODELS
 
+from ...checkpoint import load_soft_checkpoint
 from ...utils import (check_divisible, check_lengths, check_out_indices,
                       check_positive_int, check_rate, resolve_arch)
 from ..layers import (ConvPatchEmbed, SoftBlock, SoftmaxBlock, init_transformer_weights,
                       resize_pos_embed)
-from ..layers.shared.position import resize_pos_embed_to_regions
-from ..ops.valid_region import ValidShapes, mask_map
+from ..layers.shared.position import interpolate_pos_embed, resize_pos_embed_to_regions
 from ..ops.kernel_inverse import check_kernel_inverse_options
+from ..ops.valid_region import ValidShapes, mask_map
+from ..tracing import Exportable
 from .base import MultiStageBackbone, tokens_to_map
 
 ARCH_SETTINGS = {
@@ -44,7 +46,7 @@ CLASS_TOKEN_STAGE = NUM_STAGES - 1
 
 
 @MODELS.register_module()
-class SOFT(MultiStageBackbone):
+class SOFT(MultiStageBackbone, Exportable):
     """SOFT / SOFT++ backbone (Lu et al., NeurIPS 2021 / IJCV 2024).
 
     Four stages at strides 4, 8, 16 and 32. Stages 1-3 use softmax-free
@@ -69,23 +71,16 @@ class SOFT(MultiStageBackbone):
             ``depths`` (4 values each) and optionally ``sr_ratios``,
             ``local_kernel_sizes`` (3 values), ``mlp_ratios``,
             ``stem_channels``. Default: ``'tiny'``.
-        attention (str): ``'soft'`` (regularised inverse) or ``'soft++'``
+        variant (str): ``'soft'`` (regularised inverse) or ``'soft++'``
             (symmetric normalisation of the pseudo-inverse, the variant of
             the published COCO/ADE20K models). Default: ``'soft++'``.
-        solver (str): How the bottleneck kernel is inverted:
-            ``'newton'`` (``newton_iters`` steps of the reference
-            Newton-Raphson iteration, the function every published
-            checkpoint was trained with), ``'newton_closed_form'`` (the same
-            function from one eigendecomposition, at about the cost of
-            ``'exact'``) or ``'exact'`` (the iteration's limit: Cholesky for
-            SOFT, pseudo-inverse for SOFT++; a different function wherever
-            the kernel is ill-conditioned). ``'cholesky'`` is accepted for
-            ``'exact'`` with a ``DeprecationWarning``. See
-            :mod:`~mmsoft.models.ops.kernel_inverse`. The default is
-            the reference iteration, bit for bit what the published
-            checkpoints were trained with; the configs choose
-            ``'newton_closed_form'``, the same function at a fraction of the
-            CPU cost. Default: ``'newton'``.
+        solver (str): How the bottleneck kernel is inverted: ``'newton'``
+            (``newton_iters`` steps of the reference Newton-Raphson
+            iteration), ``'newton_closed_form'`` (the same function from one
+            eigendecomposition) or ``'exact'`` (the iteration's limit); see
+            :mod:`~mmsoft.models.ops.kernel_inverse` and
+            ``docs/soft_design.md``. ``'cholesky'`` is a deprecated alias of
+            ``'exact'``. Default: ``'newton'``.
         newton_iters (int): Newton iterations of ``'newton'`` and
             ``'newton_closed_form'``. Default: 20.
         max_bottleneck_tokens (int, optional): Cap on bottleneck tokens per
@@ -93,10 +88,9 @@ class SOFT(MultiStageBackbone):
             which keeps cost linear in the pixel count. Inputs up to 512x512
             are unaffected at the default. None disables the cap.
             Default: 256.
-        kernel_chunk_tokens (int, optional): Stages with more tokens than
-            this compute the query-bottleneck kernel chunk by chunk (forward
-            and backward) instead of holding it whole, which bounds the
-            attention's memory at large inputs. None always holds it.
+        kernel_chunk_tokens (int, optional): Most rows of the
+            query-bottleneck kernel that SOFT attention's memory-efficient
+            implementation holds at a time (forward and backward). None: all.
             Default: 16384.
         in_channels (int): Image channels. Default: 3.
         pretrain_img_size (int): Image size the position embeddings are
@@ -115,7 +109,7 @@ class SOFT(MultiStageBackbone):
             (SOFT attention then keeps neither Gaussian kernel for backward)
             or, False, plain autograd; see
             :meth:`~.base.MultiStageBackbone.select_memory_path`. Default: True.
-        recompute_ffn (bool): FFNs also recompute their hidden layer in
+        recompute_mlp (bool): MLPs also recompute their hidden layer in
             backward (needs ``memory_efficient``; same method). Default: False.
         convert_weights (bool): ``init_cfg=dict(type='Pretrained',
             checkpoint=...)`` names a reference (official) SOFT / SOFT++
@@ -128,14 +122,9 @@ class SOFT(MultiStageBackbone):
             or mis-shaped entry raises ``ValueError``. Default: None.
     """
 
-    #: Resizes position embeddings to a stage's grid; ONNX export swaps in a
-    #: formulation that follows traced sizes
-    #: (:mod:`mmsoft.deployment.traced_sizes`).
-    resize_pos_embed = staticmethod(resize_pos_embed)
-
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
-                 attention: str = 'soft++',
+                 variant: str = 'soft++',
                  solver: str = 'newton',
                  newton_iters: int = 20,
                  max_bottleneck_tokens: Optional[int] = 256,
@@ -149,7 +138,7 @@ class SOFT(MultiStageBackbone):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  memory_efficient: bool = True,
-                 recompute_ffn: bool = False,
+                 recompute_mlp: bool = False,
                  convert_weights: bool = False,
                  init_cfg: Optional[dict] = None):
         super().__init__(in_channels, NUM_STAGES, frozen_stages, norm_eval,
@@ -161,7 +150,7 @@ class SOFT(MultiStageBackbone):
         check_lengths(settings, ('local_kernel_sizes', ), NUM_STAGES - 1)
         check_divisible('embed_dims', settings['embed_dims'], 'num_heads',
                         settings['num_heads'])
-        solver = check_kernel_inverse_options(attention, solver)
+        solver = check_kernel_inverse_options(variant, solver)
         check_positive_int('newton_iters', newton_iters)
         check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens,
                            allow_none=True)
@@ -173,7 +162,7 @@ class SOFT(MultiStageBackbone):
         check_rate('drop_path_rate', drop_path_rate)
         self.out_indices = check_out_indices(out_indices, NUM_STAGES)
         self.arch_settings = settings
-        self.attention = attention
+        self.variant = variant
         self.solver = solver
         self.convert_weights = convert_weights
         self.embed_dims = list(settings['embed_dims'])
@@ -188,7 +177,7 @@ class SOFT(MultiStageBackbone):
 
         depths = settings['depths']
         drop_path_rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
-        attn_kwargs = dict(attention=attention, solver=solver,
+        attn_kwargs = dict(variant=variant, solver=solver,
                            newton_iters=newton_iters,
                            max_bottleneck_tokens=max_bottleneck_tokens,
                            kernel_chunk_tokens=kernel_chunk_tokens)
@@ -198,7 +187,7 @@ class SOFT(MultiStageBackbone):
             self.stages.append(nn.ModuleList(
                 self._block(i, rate, attn_kwargs) for rate in rates))
         self.norm = nn.LayerNorm(self.embed_dims[3], eps=1e-6)
-        self.select_memory_path(memory_efficient, recompute_ffn)
+        self.select_memory_path(memory_efficient, recompute_mlp)
 
     def _patch_embed(self, stage: int) -> ConvPatchEmbed:
         """Stage 1: three convs (strides 2, 1, 2); later stages: one stride-2 conv."""
@@ -241,12 +230,13 @@ class SOFT(MultiStageBackbone):
     def load_pretrained(self, cfg: dict) -> None:
         """Loads the checkpoint strictly, converting reference checkpoints
         when ``convert_weights``."""
-        # Imported on use: mmsoft.checkpoint builds backbones to read shapes.
-        from ...checkpoint import load_soft_checkpoint
+        grids = {f'pos_embeds.{i}': (tuple(grid), self.extra_tokens(i))
+                 for i, grid in enumerate(self.pos_grids)}
         load_soft_checkpoint(self, cfg['checkpoint'],
                              convert_weights=self.convert_weights,
                              prefix=cfg.get('prefix'),
-                             map_location=cfg.get('map_location', 'cpu'))
+                             map_location=cfg.get('map_location', 'cpu'),
+                             pos_embed_grids=grids, variant=self.variant)
 
     # --- the class token (stage 4): its token and its position embedding ---
     @staticmethod
@@ -274,7 +264,9 @@ class SOFT(MultiStageBackbone):
         pos_embed = self.pos_embeds[stage]
         grid_embed = pos_embed[:, extra:]
         if valid_shapes is None:
-            grid = self.resize_pos_embed(grid_embed, self.pos_grids[stage], hw_shape)
+            # Exported, the resize runs on every grid, its own included.
+            resize = interpolate_pos_embed if self.exportable else resize_pos_embed
+            grid = resize(grid_embed, self.pos_grids[stage], hw_shape)
         else:
             grid = resize_pos_embed_to_regions(grid_embed, self.pos_grids[stage],
                                                hw_shape, valid_shapes)

@@ -5,8 +5,10 @@ import torch
 import torch.nn as nn
 from mmengine.registry import MODELS
 
+from ...checkpoint import load_ufo_vit_checkpoint
 from ...utils import (check_divisible, check_mlp_ratio, check_out_indices,
-                      check_positive_int, check_rate, resolve_arch)
+                      check_positive_float, check_positive_int, check_rate,
+                      resolve_arch)
 from ..layers import (ConvPatchEmbed, FeaturePyramidAdapter,
                       FourierPositionEncoding, UFOBlock, init_transformer_weights)
 from ..layers.shared.gelu import GELU
@@ -24,7 +26,7 @@ ARCH_SETTINGS = {
     'medium': dict(embed_dims=416, depth=16, num_heads=8),
     'base': dict(embed_dims=512, depth=20, num_heads=8),
 }
-ARCH_DEFAULTS = dict(mlp_ratio=4., lpi_kernel_size=3, pos_hidden_dims=32)
+ARCH_DEFAULTS = dict(mlp_ratio=4., local_kernel_size=3, pos_hidden_dims=32)
 NUM_STAGES = 4
 PATCH_SIZE = 16
 STEM_STRIDES = (2, 2, 2, 2)
@@ -35,7 +37,7 @@ class UFOViT(MultiStageBackbone):
     """UFO-ViT backbone (Song, arXiv 2109.14382) in the XCiT layout.
 
     An isotropic stack of ``depth`` pre-norm :class:`UFOBlock` s (UFO
-    attention, local patch interaction, FFN, each with per-channel scales) at
+    attention, local patch interaction, MLP, each with per-channel scales) at
     stride 16, read out after four evenly spaced blocks and resampled to
     strides 4, 8, 16 and 32 by :class:`FeaturePyramidAdapter`.
 
@@ -68,7 +70,7 @@ class UFOViT(MultiStageBackbone):
         arch (str | dict): ``'tiny'``, ``'small'``, ``'medium'``, ``'base'``
             or a dict with ``embed_dims`` (a multiple of 8 and of
             ``num_heads``), ``depth`` (>= 4) and ``num_heads``, and optionally
-            ``mlp_ratio`` (default 4), ``lpi_kernel_size`` (default 3) and
+            ``mlp_ratio`` (default 4), ``local_kernel_size`` (default 3) and
             ``pos_hidden_dims`` (Fourier features per axis, default 32).
             Default: ``'small'``.
         in_channels (int): Image channels. Default: 3.
@@ -76,7 +78,7 @@ class UFOViT(MultiStageBackbone):
             returned. Default: (0, 1, 2, 3).
         qkv_bias (bool): Whether the QKV projections have biases.
             Default: True.
-        drop_rate (float): Dropout after the position encoding, in the FFNs
+        drop_rate (float): Dropout after the position encoding, in the MLPs
             and after the attention projections. Default: 0.
         drop_path_rate (float): Stochastic depth rate, increasing linearly
             over the blocks. Default: 0.1.
@@ -89,10 +91,11 @@ class UFOViT(MultiStageBackbone):
         norm_eval (bool): Keep BatchNorm layers in eval mode. Default: False.
         with_cp (bool): Gradient checkpointing of blocks. Default: False.
         memory_efficient (bool): Train through the memory-efficient path
-            (UFO blocks then fold their LayerScales, attention and LPI
-            recompute their insides) or, False, plain autograd; see
+            (attention and LPI recompute their insides, MLPs their
+            activations, the stem and pyramid their BatchNorm outputs) or,
+            False, plain autograd; see
             :meth:`~.base.MultiStageBackbone.select_memory_path`. Default: True.
-        recompute_ffn (bool): The FFN of every block also recomputes its
+        recompute_mlp (bool): The MLP of every block also recomputes its
             hidden layer in backward (needs ``memory_efficient``). Default: False.
         init_cfg (dict, optional): Initialization config. With
             ``type='Pretrained'`` the checkpoint (optionally only the entries
@@ -113,7 +116,7 @@ class UFOViT(MultiStageBackbone):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  memory_efficient: bool = True,
-                 recompute_ffn: bool = False,
+                 recompute_mlp: bool = False,
                  init_cfg: Optional[dict] = None):
         super().__init__(in_channels, NUM_STAGES, frozen_stages, norm_eval,
                          with_cp, min_input_size=32, init_cfg=init_cfg)
@@ -125,10 +128,7 @@ class UFOViT(MultiStageBackbone):
         check_positive_int('in_channels', in_channels)
         check_rate('drop_rate', drop_rate)
         check_rate('drop_path_rate', drop_path_rate)
-        if not isinstance(layer_scale_init_value, (int, float)) or \
-                layer_scale_init_value <= 0:
-            raise ValueError(f'layer_scale_init_value={layer_scale_init_value!r} is '
-                             f'invalid; expected a positive float.')
+        check_positive_float('layer_scale_init_value', layer_scale_init_value)
         self.out_indices = check_out_indices(out_indices, NUM_STAGES)
         self.arch_settings = settings
         self.embed_dims = dims = settings['embed_dims']
@@ -144,14 +144,14 @@ class UFOViT(MultiStageBackbone):
         self.blocks = nn.ModuleList(
             UFOBlock(dims, settings['num_heads'], settings['mlp_ratio'], qkv_bias,
                      drop_rate, rate, layer_scale_init_value,
-                     settings['lpi_kernel_size']) for rate in drop_path_rates)
+                     settings['local_kernel_size']) for rate in drop_path_rates)
         self.pyramid = FeaturePyramidAdapter(dims, self.out_indices)
-        self.select_memory_path(memory_efficient, recompute_ffn)
+        self.select_memory_path(memory_efficient, recompute_mlp)
 
     @staticmethod
     def _check_arch(settings: dict) -> None:
         """Raises ``ValueError`` for an invalid architecture setting."""
-        for key in ('embed_dims', 'depth', 'num_heads', 'lpi_kernel_size',
+        for key in ('embed_dims', 'depth', 'num_heads', 'local_kernel_size',
                     'pos_hidden_dims'):
             check_positive_int(f'arch[{key!r}]', settings[key])
         dims = settings['embed_dims']
@@ -185,8 +185,6 @@ class UFOViT(MultiStageBackbone):
     def load_pretrained(self, cfg: dict) -> None:
         """Loads the checkpoint strictly; only the stride-4/8 resampling
         branches may be missing."""
-        # Imported on use: mmsoft.checkpoint builds backbones to read shapes.
-        from ...checkpoint import load_ufo_vit_checkpoint
         load_ufo_vit_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'),
                                 map_location=cfg.get('map_location', 'cpu'))
 

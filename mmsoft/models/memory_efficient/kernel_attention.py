@@ -1,32 +1,18 @@
-"""SOFT attention's kernel products, keeping no kernel for backward.
+"""SOFT's low-rank kernel attention, keeping no kernel for backward.
 
-:func:`~mmsoft.models.layers.soft.soft_attention.low_rank_kernel_attention`
-computes ``out = K1 . (middle . (K1^T V))`` with the Gaussian kernels
-``A = k(L, L)`` (m x m) and ``K1 = k(Q, L)`` (N x m) between the N queries
-(which double as keys) and the m bottleneck tokens L. Plain autograd keeps
-both kernels for backward, ``K1`` the largest tensor of the layer (N x m per
-head), and for SOFT++ the intermediate ``D^-1/2 . inverse`` of its symmetric
-scaling. This module gives the same values and gradients keeping none of
-them:
+:func:`low_rank_kernel_attention` has the arguments, values and gradients of
+:func:`~mmsoft.models.layers.soft.soft_attention.low_rank_kernel_attention`,
+``K1 . (middle . (K1^T V))`` with ``A = k(L, L)`` and ``K1 = k(Q, L)``, and
+keeps for backward neither kernel nor the Newton iterates:
 
-* :func:`recomputed_bottleneck_kernel`: ``A`` under activation checkpointing;
-  backward evaluates it again from L (m x m x d work) instead of keeping it.
-* :func:`symmetric_scale`: ``diag(scale) . mat . diag(scale)`` (SOFT++'s
-  ``D^-1/2 . inverse . D^-1/2``) keeping its two inputs only
-  (:class:`SymmetricScale`).
-* :func:`chunked_kernel_product`: ``K1 . (middle . (K1^T V))`` in one autograd
-  function (:class:`ChunkedKernelProduct`) that never keeps ``K1``. The
-  product only ever needs ``summary = K1^T V`` (m x d), ``right = middle .
-  summary`` and, per chunk of tokens, that chunk's rows of ``K1``, so both
-  forward and backward recompute the kernel chunk by chunk: memory
-  O(chunk * m + m * d) instead of O(N * m), for about three extra kernel
-  evaluations (one when all tokens fit in one chunk: forward and backward
-  then evaluate the whole kernel once each, and it is not kept in between).
-  The queries come unscaled with their scale ``s`` (``Q = s Q0``): the
-  function keeps ``Q0``, which the query projection's consumers keep anyway,
-  and scales each chunk as it goes.
-* :func:`chunked_kernel_inference`: the same product without autograd, chunk
-  by chunk, for inputs of more than ``kernel_chunk_tokens`` tokens.
+* :func:`recomputed_bottleneck_kernel`: ``A`` under activation checkpointing.
+* :func:`~mmsoft.models.memory_efficient.newton_backward.kernel_inverse`:
+  the Newton iteration keeps its operand alone.
+* :func:`symmetric_scale`: SOFT++'s ``D^-1/2 . inverse . D^-1/2`` keeping its
+  two inputs only.
+* :func:`chunked_kernel_product`: ``K1 . (middle . (K1^T V))`` evaluating
+  ``K1`` chunk by chunk in forward and again in backward: memory
+  O(chunk * m + m * d) instead of O(N * m), with or without autograd.
 
 Gradients of the product, with ``G = dL/d out``:
 
@@ -40,14 +26,14 @@ Gradients of the product, with ``G = dL/d out``:
 Everything here computes in the dtype it is given (float32 or float64 under
 autocast too, see :mod:`~mmsoft.models.ops.precision`).
 """
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..ops.precision import apply_without_autocast, backward_without_autocast
 from ..ops.gaussian_kernel import bottleneck_kernel, gaussian_kernel
-from ..tracing import is_tracing
+from ..ops.precision import apply_without_autocast, backward_without_autocast
+from .newton_backward import kernel_inverse
 
 BACKWARD_CHUNK = 1024  # tokens per slice of backward's N x m temporaries
 
@@ -64,6 +50,8 @@ def recomputed_bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
     Returns:
         Tensor: Shape (B, h, m, m).
     """
+    if not torch.is_grad_enabled():
+        return bottleneck_kernel(bottleneck)  # nothing to keep
     return checkpoint(bottleneck_kernel, bottleneck, use_reentrant=False)
 
 
@@ -244,31 +232,34 @@ def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
                                   values, chunk, query_scale)
 
 
-def chunked_kernel_inference(queries: torch.Tensor, bottleneck: torch.Tensor,
-                             middle: torch.Tensor, values: torch.Tensor,
-                             chunk: int) -> torch.Tensor:
-    """``k(Q, L) . (middle . (k(Q, L)^T V))`` without autograd, holding at most
-    ``chunk`` rows of ``k(Q, L)`` at a time.
-
-    While a tracer records (:func:`~mmsoft.models.tracing.is_tracing`: FLOP
-    counting), the chunks' outputs are concatenated instead of written into
-    one output: mmengine's matmul handle cannot read ``matmul(out=...)``.
-    The same values either way, and the kernel is evaluated twice.
+def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
+                              values: torch.Tensor, variant: str, solver: str,
+                              newton_iters: int, query_scale: float = 1.,
+                              chunk_tokens: Optional[int] = None) -> torch.Tensor:
+    """:func:`~mmsoft.models.layers.soft.soft_attention.low_rank_kernel_attention`
+    keeping neither Gaussian kernel nor the Newton iterates for backward, and
+    holding at most ``chunk_tokens`` rows of ``K1`` at a time.
 
     Args:
-        queries (Tensor): Q (scaled), shape (B, h, N, d).
-        bottleneck (Tensor): L, shape (B, h, m, d).
-        middle (Tensor): Shape (B, h, m, m).
-        values (Tensor): V, shape (B, h, N, d).
-        chunk (int): Tokens per chunk.
+        queries (Tensor): Queries Q0 before their scale, shape (B, h, N, d).
+        bottleneck (Tensor): Bottleneck tokens L, shape (B, h, m, d).
+        values (Tensor): Values V, shape (B, h, N, d).
+        variant (str): ``'soft'`` or ``'soft++'``.
+        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``.
+        newton_iters (int): Newton iterations.
+        query_scale (float): s, the queries being ``Q = s Q0``. Default: 1.
+        chunk_tokens (int, optional): Most rows of ``K1`` held at a time;
+            None: all. Default: None.
 
     Returns:
         Tensor: Shape (B, h, N, d).
     """
-    right = middle @ kernel_summary(queries, bottleneck, values, chunk)  # (B, h, m, d)
-    if is_tracing():
-        return torch.cat([
-            gaussian_kernel(queries[..., start:end, :], bottleneck) @ right
-            for start, end in _chunks(queries.shape[-2], chunk)
-        ], dim=-2)
-    return kernel_apply(queries, bottleneck, right, chunk)
+    kernel_a = recomputed_bottleneck_kernel(bottleneck)  # A: (B, h, m, m)
+    middle = kernel_inverse(kernel_a, variant, solver, newton_iters)  # (B, h, m, m)
+    if variant == 'soft++':
+        # D^-1/2 . middle . D^-1/2, D = diag(A 1): (B, h, m, m)
+        middle = symmetric_scale(middle, kernel_a.sum(-1).rsqrt())
+    tokens = queries.shape[-2]
+    chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
+    return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
+                                  query_scale)

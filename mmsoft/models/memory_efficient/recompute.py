@@ -7,10 +7,9 @@ function again to rebuild them. Two of UFO-ViT's layers run that way:
 * UFO attention (:func:`recomputed`): the attention function keeps Q, K
   and V (views of the QKV projection's output, kept anyway); backward
   recomputes their float32 copies, ``K^T V`` and both XNorms.
-* The local patch interaction (:func:`recomputed_local_mixing`): its
-  ``DWConv -> act -> BatchNorm -> DWConv`` keeps only its input grid;
-  backward recomputes the three intermediate maps (all depth-wise, hence
-  cheap).
+* The local patch interaction: its ``DWConv -> act -> BatchNorm ->
+  DWConv`` keeps only its input grid; backward recomputes the three
+  intermediate maps (all depth-wise, hence cheap).
 
 The backbones' ``with_cp`` checkpoints whole blocks the same way
 (:func:`recomputed`). A BatchNorm in training updates its running statistics
@@ -23,15 +22,12 @@ once per step, as without checkpoints.
 import threading
 from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
-
-from ..ops.valid_region import ValidShapes
 
 _STATE = threading.local()
 
@@ -104,40 +100,3 @@ def recomputes_locally(norm: nn.Module) -> bool:
     input alone: a plain BatchNorm2d (a SyncBatchNorm's statistics span the
     processes, which mmengine's ``sync_bn`` converts every BatchNorm to)."""
     return type(norm) is nn.BatchNorm2d
-
-
-def conv2d_with(conv: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor,
-                bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``conv(x)`` (zero padding) with the given weight and bias.
-
-    ``F.conv2d``, which autocast casts, unlike the ``torch.convolution`` of
-    :func:`~.norm_act_conv.convolution` (run with autocast off)."""
-    return F.conv2d(x, weight, bias, padding=conv.padding, groups=conv.groups)
-
-
-def recomputed_local_mixing(lpi: nn.Module, grid: torch.Tensor,
-                            valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-    """A local patch interaction's ``conv2(conv2_input(grid))`` keeping only
-    ``grid`` for backward.
-
-    ``conv2``'s weight and bias are those of this call, also in the
-    recomputation (they are replaced while the call runs where a LayerScale
-    is folded into them, :mod:`.layer_scale`).
-
-    Args:
-        lpi (LocalPatchInteraction): The layer (``conv2_input``, ``bn``,
-            ``conv2``).
-        grid (Tensor): Shape (B, C, H, W).
-        valid_shapes (list[tuple[int, int]], optional): Valid regions, as
-            in ``lpi.conv2_input``. Default: None.
-
-    Returns:
-        Tensor: Shape (B, C, H, W).
-    """
-    conv2_weight, conv2_bias = lpi.conv2.weight, lpi.conv2.bias
-
-    def mixing(grid: torch.Tensor) -> torch.Tensor:
-        hidden = lpi.conv2_input(grid, valid_shapes)  # (B, C, H, W)
-        return conv2d_with(lpi.conv2, hidden, conv2_weight, conv2_bias)
-
-    return recomputed(mixing, grid)

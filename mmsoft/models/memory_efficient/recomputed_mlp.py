@@ -1,6 +1,6 @@
 """``fc2(act(fc1(x)))`` whose backward recomputes the activation.
 
-Autograd would keep three tensors of a transformer FFN for backward: the
+Autograd would keep three tensors of a transformer MLP for backward: the
 input x (C wide), ``fc1``'s output h and the activation's output g (both
 4C wide). Here backward recomputes g from h (one element-wise pass), so g
 is never kept; with ``keep_hidden=False`` it recomputes h from x as well
@@ -11,8 +11,8 @@ Gradients, with ``G = dL/dy``:
 autograd through the recomputed activation), ``dW1 = dh^T x``,
 ``db1 = sum dh``, ``dx = dh W1``.
 
-``fc2``'s weight and bias are arguments of their own, so that a LayerScale
-folded into them (:mod:`.layer_scale`) runs through the same function.
+``fc2``'s weight and bias are arguments of their own: the caller passes
+them with any per-channel output scale already folded in.
 """
 from typing import Optional
 

@@ -1,35 +1,39 @@
 """The switch between the memory-efficient and the plain training path."""
-import torch
 import torch.nn as nn
 
 from ..tracing import is_tracing
-
-
-def records_gradient(*tensors: torch.Tensor) -> bool:
-    """Whether autograd records an operation on ``tensors``, outside tracing.
-
-    False while a tracer records (:func:`~mmsoft.models.tracing.is_tracing`):
-    tracers record the plain operations.
-    """
-    return (torch.is_grad_enabled() and not is_tracing()
-            and any(t.requires_grad for t in tensors))
 
 
 class MemoryEfficient:
     """Mixin of the layers that have a memory-efficient path.
 
     ``memory_efficient`` (True unless :func:`set_memory_efficient` turns it
-    off) selects, while autograd records, the implementation in
-    :mod:`mmsoft.models.memory_efficient` instead of the plain PyTorch the
-    layer's ``forward`` reads as. Both give the same outputs and gradients.
+    off) selects the implementation in :mod:`mmsoft.models.memory_efficient`
+    instead of the plain PyTorch of the layer's forward, while
+    :func:`takes_memory_efficient_path` allows it. Both give the same outputs
+    and gradients.
     """
 
     memory_efficient: bool = True
 
-    def saves_memory(self, *tensors: torch.Tensor) -> bool:
-        """Whether this call takes the memory-efficient path: the switch is
-        on and autograd records an operation on ``tensors``."""
-        return self.memory_efficient and records_gradient(*tensors)
+
+def takes_memory_efficient_path(module: nn.Module) -> bool:
+    """Whether ``module`` runs its memory-efficient implementation now.
+
+    True when the module's switch (``module.memory_efficient``) is on and
+    no tracer records (:func:`~mmsoft.models.tracing.is_tracing`:
+    ``torch.jit.trace``, the ONNX exporter and ``torch.compile`` see the plain
+    operations). Training and inference take the same path: under
+    ``torch.no_grad`` the memory-efficient functions keep nothing, and SOFT's
+    holds its query-bottleneck kernel one chunk at a time.
+
+    Args:
+        module (nn.Module): A layer with the :class:`MemoryEfficient` mixin.
+
+    Returns:
+        bool: Whether to call the memory-efficient function.
+    """
+    return module.memory_efficient and not is_tracing()
 
 
 def set_memory_efficient(model: nn.Module, enabled: bool) -> nn.Module:
@@ -43,6 +47,9 @@ def set_memory_efficient(model: nn.Module, enabled: bool) -> nn.Module:
 
     Returns:
         nn.Module: ``model``.
+
+    Raises:
+        ValueError: If ``enabled`` is not a bool.
     """
     if not isinstance(enabled, bool):
         raise ValueError(f'memory_efficient={enabled!r} is invalid; expected True '

@@ -9,5 +9,5 @@ Nothing here imports :mod:`~mmsoft.models.layers` or
 * :mod:`.contiguous_gradient`: the identity whose gradient is contiguous.
 * :mod:`.valid_region`: each image's valid region of a padded batch.
 * :mod:`.gaussian_kernel`: SOFT's Gaussian kernel.
-* :mod:`.newton_step`, :mod:`.kernel_inverse`: SOFT's bottleneck inverse.
+* :mod:`.newton`, :mod:`.kernel_inverse`: SOFT's bottleneck inverse.
 """

@@ -1,78 +1,54 @@
 """Inverses of the bottleneck kernel matrix used by SOFT attention.
 
-Two attentions (see :func:`~mmsoft.models.layers.low_rank_kernel_attention`):
+Two variants (see :func:`~mmsoft.models.layers.low_rank_kernel_attention`):
 
 * ``'soft'``: the regularised inverse of ``P = A + 0.01 I``.
-* ``'soft++'``: the Moore-Penrose pseudo-inverse of ``P = A`` (no regulariser).
+* ``'soft++'``: the Moore-Penrose pseudo-inverse of ``P = A``.
 
-and three solvers, named after what they compute:
+Three solvers:
 
-* ``'newton'``: ``k`` steps of the Newton-Raphson iteration ``V <- 2V - V P V``
-  from ``V0 = alpha * P`` (:func:`newton_iterations`), as the reference
-  implementation runs it (and as every published checkpoint was trained).
-  ``O(k m^3)``, m x m products only, forward and backward. Its memory-efficient
-  backward (:mod:`mmsoft.models.memory_efficient.newton_backward`) keeps P
-  alone and recomputes the iterates; plain autograd keeps every iterate.
+* ``'newton'``: ``k`` steps of ``V <- 2V - V P V`` from ``V0 = alpha * P``
+  (:func:`~mmsoft.models.ops.newton.newton_iterations`).
 * ``'newton_closed_form'``: the same function from one eigendecomposition
-  ``P = Q diag(lambda) Q^T``. Every iterate is a polynomial in ``P``, so
-  ``V_k = Q diag(g_k(lambda)) Q^T`` where ``g_k`` is the scalar Newton
-  iteration ``v <- v (2 - lambda v)`` from ``v0 = alpha * lambda``, i.e.
-  ``g_k(lambda) = (1 - (1 - alpha lambda^2)^(2^k)) / lambda``. Its backward is
-  the exact derivative of that spectral function (divided differences of
-  ``g_k``), the same as ``'newton'``'s. It runs the eigendecomposition in
-  float64, which is fast on CPUs and slow on GPUs, so it runs only on the
-  devices in :data:`CLOSED_FORM_DEVICES` (the CPU); elsewhere
-  ``'newton_closed_form'`` computes the same function by the iteration.
-* ``'exact'``: the limit ``k -> infinity``: ``(A + 0.01 I)^-1`` by a Cholesky
-  factorisation for SOFT, ``pinv(A)`` by an eigendecomposition for SOFT++.
-  Where ``A`` is ill-conditioned (large inputs, many bottleneck tokens) this
-  is a different function from the iteration's: 20 steps do not invert
-  eigenvalues below about ``1 / sqrt(alpha 2^20)``.
+  ``P = Q diag(lambda) Q^T``: ``V_k = Q diag(g_k(lambda)) Q^T`` with
+  ``g_k(lambda) = (1 - (1 - alpha lambda^2)^(2^k)) / lambda``; its backward is
+  the derivative of that spectral function. Runs on the devices in
+  :data:`CLOSED_FORM_DEVICES`; elsewhere it runs the iteration.
+* ``'exact'``: ``(A + 0.01 I)^-1`` by Cholesky for SOFT, ``pinv(A)`` by an
+  eigendecomposition for SOFT++; backward is that of a matrix inverse.
 
-``'cholesky'`` is a deprecated alias of ``'exact'`` (it gives a
-``DeprecationWarning``).
+``'cholesky'`` is a deprecated alias of ``'exact'``.
 
-The closed form and the exact solver are autograd functions whatever the
-memory-efficient switch says: they are solvers that define their gradient,
-not memory machinery. The closed form's is the derivative of the iteration
-(divided differences of ``g_k``), which autograd through ``eigh`` cannot give
-at repeated eigenvalues (it divides by their gaps); the exact solver's is
-that of a matrix inverse, ``dL/dP = -V^T G V^T``, from which autograd through
-``pinv`` departs where eigenvalues fall below its cut-off.
-
-The Newton scale ``alpha`` is computed per matrix for SOFT (as the reference
-does) and per image for SOFT++ (the reference uses one scale for the whole
-batch, which makes an image's features depend on its batch-mates; per image
-it equals the reference at batch size 1). It is a step size: no gradient
-flows through it.
-
-All forward computations run in float32 (or float64) under autocast too.
+``alpha`` is computed per matrix for SOFT and per image for SOFT++; no
+gradient flows through it. Forward computations run in float32 (or float64)
+under autocast too. See ``docs/soft_design.md`` for the reasons.
 """
+import os
+import sys
 import warnings
+from typing import Callable
 
 import torch
 
 from ...utils import check_choice
-from ..memory_efficient.newton_backward import recomputed_newton_iterations
-from ..tracing import is_tracing
+from .newton import newton_iterations
 from .precision import (apply_without_autocast, backward_without_autocast,
-                                full_precision)
-from .newton_step import newton_step
+                        full_precision)
 
 REGULARISER = 0.01
-ATTENTIONS = ('soft', 'soft++')
+VARIANTS = ('soft', 'soft++')
 SOLVERS = ('newton', 'newton_closed_form', 'exact')
 RENAMED_SOLVERS = {'cholesky': 'exact'}
-# The closed form's eigendecomposition runs in float64: float32's eigenvalue
-# errors (about eps * ||A||) are amplified by g_k' near the convergence
-# threshold of the iteration, up to 7e-3 relative at condition number 1e8,
-# while in float64 the result is closer to float64 Newton than float32
-# Newton itself.
+#: The solver an ONNX graph computes for each solver that has an ONNX
+#: formulation (ONNX has no eigendecomposition or Cholesky factorisation).
+EXPORT_SOLVERS = {'newton': 'newton', 'newton_closed_form': 'newton'}
+#: The dtype of the closed form's eigendecomposition.
 EIGH_DTYPE = torch.float64
-#: Device types on which ``'newton_closed_form'`` runs its float64
-#: eigendecomposition. On others (GPUs: slow float64, batched eigh of small
-#: matrices bound by latency) it runs the iteration, the same function.
+#: Device types on which ``'newton_closed_form'`` runs its eigendecomposition;
+#: on others it runs the iteration, the same function.
 CLOSED_FORM_DEVICES = ('cpu', )
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def solver_that_runs(solver: str, device_type: str) -> str:
@@ -84,9 +60,18 @@ def solver_that_runs(solver: str, device_type: str) -> str:
     return solver
 
 
+def _stacklevel_outside_package() -> int:
+    """The ``stacklevel`` at which :func:`warnings.warn`, called by this
+    function's caller, names the first frame outside the mmsoft package."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def canonical_solver(solver: str) -> str:
     """The name of ``solver`` in :data:`SOLVERS`; a deprecated alias gives a
-    ``DeprecationWarning``.
+    ``DeprecationWarning`` attributed to the first caller outside mmsoft.
 
     Args:
         solver (str): A solver name or a deprecated alias.
@@ -98,9 +83,9 @@ def canonical_solver(solver: str) -> str:
     if solver in RENAMED_SOLVERS:
         new_name = RENAMED_SOLVERS[solver]
         warnings.warn(
-            f"solver={solver!r} is deprecated: it is the exact inverse, now "
-            f"spelled solver={new_name!r}.", DeprecationWarning,
-            stacklevel=4)  # the caller of the layer or backbone constructor
+            f'solver={solver!r} is deprecated: it is the exact inverse, now '
+            f'spelled solver={new_name!r}.', DeprecationWarning,
+            stacklevel=_stacklevel_outside_package())
         return new_name
     return solver
 
@@ -123,17 +108,17 @@ def _per_image_max(values: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------
 # The Newton iteration's operand and starting scale
 # --------------------------------------------------------------------------
-def newton_operand(mat: torch.Tensor, attention: str) -> torch.Tensor:
+def newton_operand(mat: torch.Tensor, variant: str) -> torch.Tensor:
     """The matrix P the iteration inverts: ``A + 0.01 I`` (SOFT) or ``A``.
 
     Args:
         mat (Tensor): Kernel matrices A, (..., m, m).
-        attention (str): ``'soft'`` or ``'soft++'``.
+        variant (str): ``'soft'`` or ``'soft++'``.
 
     Returns:
         Tensor: (..., m, m).
     """
-    if attention == 'soft':
+    if variant == 'soft':
         return mat + REGULARISER * _eye_like(mat)
     return mat
 
@@ -182,46 +167,24 @@ def pseudo_inverse_newton_scale(mat: torch.Tensor,
     return alpha
 
 
-def newton_scale(mat: torch.Tensor, attention: str) -> torch.Tensor:
-    """The starting scale ``alpha`` (``V0 = alpha * P``) of ``attention``.
+def newton_scale(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """The starting scale ``alpha`` (``V0 = alpha * P``) of ``variant``.
 
     Args:
         mat (Tensor): Kernel matrices A, (B, ..., m, m).
-        attention (str): ``'soft'`` or ``'soft++'``.
+        variant (str): ``'soft'`` or ``'soft++'``.
 
     Returns:
         Tensor: Broadcastable to ``mat``: (..., 1, 1).
     """
-    if attention == 'soft':
+    if variant == 'soft':
         return regularised_newton_scale(mat)
     return pseudo_inverse_newton_scale(mat)
 
 
 # --------------------------------------------------------------------------
-# The iteration, on matrices and on eigenvalues
+# The iteration on eigenvalues: the closed form
 # --------------------------------------------------------------------------
-def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
-                      num_iters: int) -> torch.Tensor:
-    """``num_iters`` steps of ``V <- 2V - V P V`` from ``V0 = alpha * P``.
-
-    Under autograd every step keeps its iterate for backward;
-    :func:`~mmsoft.models.memory_efficient.newton_backward.recomputed_newton_iterations`
-    computes the same, keeping P alone.
-
-    Args:
-        operand (Tensor): P, (..., m, m).
-        alpha (Tensor): Scales broadcastable to P, (..., 1, 1).
-        num_iters (int): Steps.
-
-    Returns:
-        Tensor: (..., m, m).
-    """
-    inverse = alpha * operand
-    for _ in range(num_iters):
-        inverse = newton_step(inverse, operand)
-    return inverse
-
-
 def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
                           num_iters: int) -> torch.Tensor:
     """``g_k(lambda)``: the Newton iteration run on each eigenvalue.
@@ -363,7 +326,8 @@ class _NewtonClosedForm(torch.autograd.Function):
 
 def newton_closed_form(operand: torch.Tensor, alpha: torch.Tensor,
                        num_iters: int) -> torch.Tensor:
-    """What :func:`newton_iterations` computes, from one ``eigh``.
+    """What :func:`~mmsoft.models.ops.newton.newton_iterations` computes, from
+    one ``eigh``.
 
     Differentiable in ``operand`` (exactly, see :class:`_NewtonClosedForm`);
     ``alpha`` is a constant.
@@ -412,9 +376,9 @@ def eigh_pseudo_inverse(mat: torch.Tensor, rtol: float = None) -> torch.Tensor:
     return torch.linalg.pinv(mat, rtol=rtol, hermitian=True)
 
 
-def exact_inverse(mat: torch.Tensor, attention: str) -> torch.Tensor:
+def exact_inverse(mat: torch.Tensor, variant: str) -> torch.Tensor:
     """The limit of the iteration: ``(A + 0.01 I)^-1`` or ``pinv(A)``."""
-    if attention == 'soft':
+    if variant == 'soft':
         return cholesky_regularised_inverse(mat)
     return eigh_pseudo_inverse(mat)
 
@@ -424,9 +388,9 @@ class _ExactInverse(torch.autograd.Function):
     matrix inverse, ``-V^T G V^T``."""
 
     @staticmethod
-    def forward(ctx, mat, attention):
+    def forward(ctx, mat, variant):
         with torch.no_grad():
-            inverse = exact_inverse(mat, attention)
+            inverse = exact_inverse(mat, variant)
         ctx.save_for_backward(inverse)
         return inverse
 
@@ -447,94 +411,100 @@ class _ExactInverse(torch.autograd.Function):
 MIN_PSEUDO_INVERSE_TOKENS = 3
 
 
-def inverse_formula(attention: str, tokens: int) -> str:
-    """Which inverse ``attention`` takes of an m x m kernel matrix:
+def inverse_formula(variant: str, tokens: int) -> str:
+    """Which inverse ``variant`` takes of an m x m kernel matrix:
     ``'soft'`` ((A + 0.01 I)^-1) or ``'soft++'`` (pinv(A)).
 
-    SOFT++ with fewer than :data:`MIN_PSEUDO_INVERSE_TOKENS` tokens (a
-    region a few rows high: m = 2 for 56 rows at stage 1) takes SOFT's
-    regularised inverse. Its pseudo-inverse is degenerate there: of one
-    token, the Newton iteration gives 0 (``alpha = 2``, ``V1 = 0``); of two
-    that nearly coincide, the iteration's derivative reaches 1e6, which
-    overflows float16's gradients. The regularised inverse's eigenvalues are
-    at most 100, its derivative bounded. The shape decides, not the values:
-    no host sync, one graph per shape.
+    SOFT++ takes SOFT's regularised inverse of fewer than
+    :data:`MIN_PSEUDO_INVERSE_TOKENS` tokens, whose pseudo-inverse is
+    degenerate. The shape decides, not the values.
 
     Args:
-        attention (str): ``'soft'`` or ``'soft++'``.
+        variant (str): ``'soft'`` or ``'soft++'``.
         tokens (int): m.
 
     Returns:
         str: ``'soft'`` or ``'soft++'``.
     """
-    if attention == 'soft++' and tokens < MIN_PSEUDO_INVERSE_TOKENS:
+    if variant == 'soft++' and tokens < MIN_PSEUDO_INVERSE_TOKENS:
         return 'soft'
-    return attention
+    return variant
 
 
-def check_kernel_inverse_options(attention: str, solver: str) -> str:
-    """Validates ``attention`` and ``solver``; returns the solver's name in
+def check_kernel_inverse_options(variant: str, solver: str) -> str:
+    """Validates ``variant`` and ``solver``; returns the solver's name in
     :data:`SOLVERS` (see :func:`canonical_solver`).
 
-    The one validation of these options: layers call it once, at
-    construction, and pass its result to :func:`kernel_inverse`.
+    Layers call it once, at construction, and pass its result to
+    :func:`kernel_inverse`, which does not check again.
+
+    Args:
+        variant (str): ``'soft'`` or ``'soft++'``.
+        solver (str): A solver of :data:`SOLVERS` or a deprecated alias.
+
+    Returns:
+        str: The solver's name in :data:`SOLVERS`.
 
     Raises:
         ValueError: Naming the argument, its value and the accepted values.
     """
-    check_choice('attention', attention, ATTENTIONS)
+    check_choice('variant', variant, VARIANTS)
     solver = canonical_solver(solver)
     check_choice('solver', solver, SOLVERS)
     return solver
 
 
-def kernel_inverse(mat: torch.Tensor, attention: str = 'soft',
-                   solver: str = 'newton', num_iters: int = 20,
-                   memory_efficient: bool = True) -> torch.Tensor:
+NewtonIterations = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def solve_kernel_inverse(mat: torch.Tensor, variant: str, solver: str,
+                         num_iters: int, iterate: NewtonIterations) -> torch.Tensor:
+    """:func:`kernel_inverse` with the Newton iteration ``iterate``.
+
+    Args:
+        mat (Tensor): Symmetric kernel matrices A, (B, ..., m, m).
+        variant (str): ``'soft'`` or ``'soft++'``.
+        solver (str): One of :data:`SOLVERS`.
+        num_iters (int): Newton steps.
+        iterate (callable): ``iterate(P, alpha, k)`` computes the iteration:
+            :func:`~mmsoft.models.ops.newton.newton_iterations` or an
+            implementation of the same function.
+
+    Returns:
+        Tensor: (B, ..., m, m), float32 for half or bfloat16 ``mat``, else
+        the dtype of ``mat``.
+    """
+    variant = inverse_formula(variant, mat.shape[-1])
+    with torch.autocast(device_type=mat.device.type, enabled=False):
+        mat = full_precision(mat)
+        if solver == 'exact':
+            return _ExactInverse.apply(mat, variant)
+        with torch.no_grad():
+            alpha = newton_scale(mat, variant)  # a step size: (B, ..., 1, 1)
+        operand = newton_operand(mat, variant)  # P: (B, ..., m, m)
+        if solver_that_runs(solver, mat.device.type) == 'newton_closed_form':
+            return newton_closed_form(operand, alpha, num_iters)
+        return iterate(operand, alpha, num_iters)
+
+
+def kernel_inverse(mat: torch.Tensor, variant: str = 'soft', solver: str = 'newton',
+                   num_iters: int = 20) -> torch.Tensor:
     """Inverse of bottleneck kernel matrices, differentiable.
 
     Args:
         mat (Tensor): Symmetric kernel matrices A, shape (B, ..., m, m); the
             leading dimension indexes images.
-        attention (str): ``'soft'`` for ``(A + 0.01 I)^-1`` or ``'soft++'``
+        variant (str): ``'soft'`` for ``(A + 0.01 I)^-1`` or ``'soft++'``
             for ``pinv(A)`` (of at least :data:`MIN_PSEUDO_INVERSE_TOKENS`
             tokens, see :func:`inverse_formula`). Default: ``'soft'``.
-        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``
-            (see the module docstring), as
-            :func:`check_kernel_inverse_options` returns it. Default:
+        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``,
+            as :func:`check_kernel_inverse_options` returns it. Default:
             ``'newton'``.
         num_iters (int): Newton steps (``'newton'`` and
             ``'newton_closed_form'``). Default: 20.
-        memory_efficient (bool): Where the Newton iteration runs: True, its
-            memory-efficient autograd function (keeps P alone, backward
-            recomputes the iterates); False, the plain iteration under
-            ordinary autograd (keeps every iterate), except while a tracer
-            records (:func:`~mmsoft.models.tracing.is_tracing`), which sees
-            the autograd function either way. The same values and
-            gradients; :class:`~mmsoft.models.layers.SoftAttention` passes
-            :meth:`~mmsoft.models.memory_efficient.MemoryEfficient.saves_memory`.
-            Default: True.
 
     Returns:
         Tensor: Shape (B, ..., m, m), float32 for half or bfloat16 ``mat``
         (under autocast or not), else the dtype of ``mat``.
     """
-    attention = inverse_formula(attention, mat.shape[-1])
-    with torch.autocast(device_type=mat.device.type, enabled=False):
-        mat = full_precision(mat)
-        if solver == 'exact':
-            return _ExactInverse.apply(mat, attention)
-        if solver not in SOLVERS:
-            raise ValueError(f'solver={solver!r} is invalid; expected one of '
-                             f'{list(SOLVERS)}.')
-        with torch.no_grad():
-            alpha = newton_scale(mat, attention)  # a step size: constant
-        operand = newton_operand(mat, attention)  # P: (B, ..., m, m)
-        solver = solver_that_runs(solver, mat.device.type)
-        if solver == 'newton_closed_form':
-            return newton_closed_form(operand, alpha, num_iters)
-        # While a tracer records, the iteration is one node, as the other
-        # solvers are: the FLOP counter counts it by formula.
-        if memory_efficient or is_tracing():
-            return recomputed_newton_iterations(operand, alpha, num_iters)
-        return newton_iterations(operand, alpha, num_iters)
+    return solve_kernel_inverse(mat, variant, solver, num_iters, newton_iterations)

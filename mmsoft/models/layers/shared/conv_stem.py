@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from ...memory_efficient.norm_act_conv import fused_conv_stack
-from ...memory_efficient.switch import MemoryEfficient
+from ...memory_efficient.switch import MemoryEfficient, takes_memory_efficient_path
 from ...ops.valid_region import ValidShapes, mask_map, strided_shapes
 
 
@@ -39,20 +39,8 @@ class ConvPatchEmbed(MemoryEfficient, nn.Module):
 
     UFO-ViT's stem (``channels=[C_in, C/8, C/4, C/2, C]``, four stride-2
     layers, ``act_layer=GELU``, ``last_act=False``) computes XCiT's
-    ``ConvPatchEmbed`` (timm ``xcit.py``, patch 16; three layers for
-    patch 8), odd sizes included, with two deliberate differences
-    (``tests/test_ufo_vit_vs_xcit.py``):
-
-    * The convolutions have biases; XCiT's have none (``bias=False``). Before
-      BatchNorm a bias is redundant: batch statistics subtract it, and in
-      eval mode it equals a running mean lowered by it. XCiT weights load
-      with ``bias = 0`` (or the bias folded into ``running_mean``). The
-      names differ too: XCiT nests each conv and BN (``proj.{2i}.0``,
-      ``proj.{2i}.1``), here they are flat (``proj.{3i}``, ``proj.{3i+1}``).
-    * ``valid_shapes`` (not in XCiT): in a padded batch, each image's
-      tokens are those it has alone. XCiT convolves the padding like image
-      content; after BN and the activation it is no longer zero and leaks
-      into the border tokens (as it does here without ``valid_shapes``).
+    ``ConvPatchEmbed`` with biases added to its convolutions
+    (``docs/ufo_vit_design.md``).
 
     Args:
         channels (Sequence[int]): Input channels followed by each layer's
@@ -95,13 +83,12 @@ class ConvPatchEmbed(MemoryEfficient, nn.Module):
                 sees zeros outside the regions (as around an image alone)
                 and the output is zero there. Default: None.
 
-        Memory-efficient path (:meth:`saves_memory`): each ``BatchNorm ->
-        activation -> conv`` keeps only BatchNorm's input for backward
-        (:mod:`mmsoft.models.memory_efficient.norm_act_conv`).
+        Memory-efficient path (:func:`takes_memory_efficient_path`): each
+        ``BatchNorm -> activation -> conv`` with a plain BatchNorm2d keeps
+        only BatchNorm's input for backward; a SyncBatchNorm runs through
+        autograd (:mod:`mmsoft.models.memory_efficient.norm_act_conv`).
         """
-        if self.saves_memory(x, *self.proj.parameters()):
-            x = fused_conv_stack(self.proj, x, valid_shapes)
-        else:
-            x = conv_stack(self.proj, x, valid_shapes)  # (B, C_out, H', W')
+        stack = fused_conv_stack if takes_memory_efficient_path(self) else conv_stack
+        x = stack(self.proj, x, valid_shapes)  # (B, C_out, H', W')
         hw_shape = tuple(x.shape[-2:])
         return x.flatten(2).transpose(1, 2), hw_shape

@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from ....utils import check_out_indices, check_positive_int
 from ...memory_efficient.norm_act_conv import fused_conv_stack
-from ...memory_efficient.switch import MemoryEfficient
+from ...memory_efficient.switch import MemoryEfficient, takes_memory_efficient_path
 from .gelu import GELU
 from ...ops.valid_region import ValidShapes, mask_map, scaled_shapes, strided_shapes
 
@@ -22,13 +22,8 @@ class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
     ``MaxPool2d(2, ceil_mode=True)`` (a side L becomes ceil(L / 2)). All keep
     the channel count.
 
-    These are the branches of XCiT's detection backbone (facebookresearch/
-    xcit ``detection/backbone/xcit.py``, patch 16) but for two choices made
-    on purpose: scale 3 pools with ``ceil_mode=True`` where XCiT's
-    ``nn.MaxPool2d(2, 2)`` floors, so on an odd grid (any image size is
-    accepted) the last row and column are kept rather than dropped, and the
-    BatchNorm is ``nn.BatchNorm2d`` (XCiT hard-codes ``SyncBatchNorm``).
-    See ``tests/test_ufo_vit_vs_xcit.py``.
+    These are the branches of XCiT's detection backbone but for the
+    ceil-mode pooling and a plain BatchNorm2d (``docs/ufo_vit_design.md``).
 
     Only the branches of ``out_indices`` are built; they live in
     ``self.branches`` under the keys ``'0'``..``'3'``.
@@ -93,14 +88,17 @@ class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
             pooled = self.branches['3'](mask_map(feat, valid_shapes, float('-inf')))
             return mask_map(pooled, strided_shapes(valid_shapes, (2, )))
         factor = 2**(2 - scale)
-        return mask_map(self.run_branch(scale, feat), scaled_shapes(valid_shapes, factor))
+        out = self.run_branch(scale, feat)  # (B, C, factor * H, factor * W)
+        return mask_map(out, scaled_shapes(valid_shapes, factor))
 
     def run_branch(self, scale: int, feat: torch.Tensor) -> torch.Tensor:
         """Branch ``scale`` on ``feat``; on the memory-efficient path
-        (:meth:`saves_memory`) the x4 branch's ``BatchNorm -> GELU ->
-        deconvolution`` keeps only BatchNorm's input for backward
-        (:mod:`mmsoft.models.memory_efficient.norm_act_conv`)."""
+        (:func:`takes_memory_efficient_path`) the x4 branch's ``BatchNorm ->
+        GELU -> deconvolution`` with a plain BatchNorm2d keeps only
+        BatchNorm's input for backward
+        (:mod:`mmsoft.models.memory_efficient.norm_act_conv`; the other
+        branches have no BatchNorm)."""
         branch = self.branches[str(scale)]
-        if scale == 0 and self.saves_memory(feat, *branch.parameters()):
+        if scale == 0 and takes_memory_efficient_path(self):
             return fused_conv_stack(branch, feat)
         return branch(feat)

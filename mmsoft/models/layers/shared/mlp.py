@@ -3,10 +3,12 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ...memory_efficient.recomputed_mlp import recomputed_mlp
-from ...memory_efficient.switch import MemoryEfficient
+from ...memory_efficient.switch import MemoryEfficient, takes_memory_efficient_path
 from .gelu import GELU
+from .layer_scale import scaled_weight_and_bias
 
 
 class TanhGELU(nn.GELU):
@@ -19,9 +21,9 @@ class TanhGELU(nn.GELU):
 class MLP(MemoryEfficient, nn.Module):
     """``fc2(drop(act(fc1(x))))`` followed by dropout.
 
-    Memory-efficient path (:meth:`saves_memory` and dropout off, rate 0 or
-    eval mode): backward
-    recomputes the activation
+    Memory-efficient path (:func:`takes_memory_efficient_path`, and the
+    dropout inactive: rate 0 or eval mode, since the recomputing function
+    has no dropout): backward recomputes the activation
     (:mod:`mmsoft.models.memory_efficient.recomputed_mlp`), so the
     activation's output, a hidden-width tensor, is not kept for backward.
 
@@ -46,11 +48,22 @@ class MLP(MemoryEfficient, nn.Module):
         self.fc2 = nn.Linear(hidden_dims, in_dims)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., C) -> (..., C)."""
+    def forward(self, x: torch.Tensor,
+                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``layer_scale * fc2(drop(act(fc1(x))))``, then dropout.
+
+        Args:
+            x (Tensor): Tokens, shape (..., C).
+            layer_scale (Tensor, optional): Per-channel output scale, shape
+                (C, ), folded into ``fc2``'s weight and bias. Default: None.
+
+        Returns:
+            Tensor: Shape (..., C).
+        """
+        weight2, bias2 = scaled_weight_and_bias(self.fc2, layer_scale)
         dropout_active = self.training and self.drop.p > 0
-        if self.saves_memory(x, self.fc1.weight) and not dropout_active:
-            return recomputed_mlp(x, self.fc1, self.act, self.fc2.weight,
-                                  self.fc2.bias, self.keep_hidden)
+        if takes_memory_efficient_path(self) and not dropout_active:
+            return recomputed_mlp(x, self.fc1, self.act, weight2, bias2,
+                                  self.keep_hidden)
         hidden = self.drop(self.act(self.fc1(x)))  # (..., hidden)
-        return self.drop(self.fc2(hidden))  # (..., C)
+        return self.drop(F.linear(hidden, weight2, bias2))  # (..., C)

@@ -1,9 +1,8 @@
 """Caps the number of bottleneck tokens of SOFT attention.
 
 The capped grid is computed with Python integers and pooled with
-``adaptive_avg_pool2d``. ONNX export replaces :func:`cap_bottleneck_grid`
-with a formulation whose sizes follow a traced input
-(:mod:`mmsoft.deployment.traced_sizes`).
+``adaptive_avg_pool2d``; :mod:`.traced_bottleneck_pool` is the export
+formulation, whose sizes follow a traced input.
 """
 import math
 from typing import Optional, Tuple
@@ -40,9 +39,6 @@ def capped_grid_size(height: int, width: int,
 
 def cap_bottleneck_grid(grid: torch.Tensor, max_tokens: Optional[int]) -> torch.Tensor:
     """Average-pools a bottleneck grid down to at most ``max_tokens`` cells.
-
-    Pooling keeps the cost of SOFT attention linear in the number of pixels:
-    with m bounded, the kernel is O(N m d) and the inverse O(m^3).
 
     Args:
         grid (Tensor): Shape (B, d, h, w).

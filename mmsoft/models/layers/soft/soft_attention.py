@@ -8,23 +8,13 @@ For tokens x (B, N, C) on an (H, W) grid, h heads of d = C / h channels,
    map (one kernel shared by the heads), average-pooled down to at most
    ``max_bottleneck_tokens``, scaled by ``d^-1/4`` as the queries are
    (``Q = d^-1/4 Q0``), then LayerNorm and GELU;
-3. the Gaussian kernels ``A = k(L, L)`` (m x m) and ``K1 = k(Q, L)`` (N x m),
-   ``k(x, y) = exp(-|x - y|^2 / 2)``;
-4. ``middle``, the inverse of A (:func:`.kernel_inverse.kernel_inverse`):
-   ``(A + 0.01 I)^-1`` for ``'soft'``, ``pinv(A)`` for ``'soft++'``, which
-   also scales it symmetrically: ``D^-1/2 . middle . D^-1/2`` with
-   ``D = diag(A 1)``;
-5. ``K1 . (middle . (K1^T V))``, evaluated right to left: O(N m d), no N x N
-   matrix;
-6. plus a depth-wise convolution of V (one kernel per head), then the output
+3. :func:`low_rank_kernel_attention`: ``K1 . (middle . (K1^T V))`` with the
+   Gaussian kernels ``A = k(L, L)`` and ``K1 = k(Q, L)``,
+   ``k(x, y) = exp(-|x - y|^2 / 2)``, and ``middle`` the inverse of A;
+4. plus a depth-wise convolution of V (one kernel per head), then the output
    projection.
-
-:func:`low_rank_kernel_attention` (steps 3-5) reads as plain PyTorch. In
-training the layer takes, by default, the memory-efficient path of
-:mod:`mmsoft.models.memory_efficient.kernel_attention` instead: the same
-values and gradients, keeping neither kernel for backward.
-:func:`~mmsoft.models.memory_efficient.set_memory_efficient` turns it off.
 """
+from functools import partial
 from typing import Optional
 
 import torch
@@ -32,95 +22,62 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
-from ...memory_efficient.kernel_attention import (
-    chunked_kernel_inference, chunked_kernel_product, recomputed_bottleneck_kernel,
-    symmetric_scale)
-from ...memory_efficient.switch import MemoryEfficient, records_gradient
-from ..shared.attention_heads import merge_heads, split_heads
+from ...memory_efficient import kernel_attention as memory_efficient
+from ...memory_efficient.switch import MemoryEfficient, takes_memory_efficient_path
 from ...ops.contiguous_gradient import contiguous_gradient
-from ..shared.gelu import gelu
+from ...ops.gaussian_kernel import bottleneck_kernel, gaussian_kernel
+from ...ops.kernel_inverse import (EXPORT_SOLVERS, check_kernel_inverse_options,
+                                   kernel_inverse)
 from ...ops.precision import full_precision
 from ...ops.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
-                                   tokens_of_region)
+                                 tokens_of_region)
+from ...tracing import Exportable
+from ..shared.attention_heads import merge_heads, split_heads
+from ..shared.gelu import gelu
 from .bottleneck_pool import cap_bottleneck_grid
-from ...ops.gaussian_kernel import bottleneck_kernel, gaussian_kernel
-from ...ops.kernel_inverse import check_kernel_inverse_options, kernel_inverse
+from .traced_bottleneck_pool import traceable_cap_bottleneck_grid
 
 
 def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
-                              values: torch.Tensor, attention: str, solver: str,
+                              values: torch.Tensor, variant: str, solver: str,
                               newton_iters: int,
-                              chunk_tokens: Optional[int] = None,
-                              query_scale: float = 1.,
-                              memory_efficient: bool = False) -> torch.Tensor:
+                              query_scale: float = 1.) -> torch.Tensor:
     """``K1 . (middle . (K1^T V))``: the low-rank part of SOFT attention.
 
     ``K1 = k(Q, L)``, ``A = k(L, L)`` with the Gaussian kernel ``k``;
     ``middle = (A + 0.01 I)^-1`` for ``'soft'`` and
     ``D^-1/2 pinv(A) D^-1/2`` with ``D = diag(A 1)`` for ``'soft++'``.
-
-    ``memory_efficient`` selects, with the same values and gradients, the
-    implementations of :mod:`mmsoft.models.memory_efficient.kernel_attention`
-    and :mod:`~mmsoft.models.memory_efficient.newton_backward`: backward
-    recomputes A, the Newton iterates and ``K1`` (chunk by chunk above
-    ``chunk_tokens``) instead of keeping them. Without gradients (and while a
-    tracer records) more than ``chunk_tokens`` queries are also processed
-    chunk by chunk, never holding ``K1`` whole.
+    :func:`mmsoft.models.memory_efficient.kernel_attention.low_rank_kernel_attention`
+    computes the same, keeping less for backward.
 
     Args:
         queries (Tensor): Queries Q0 before their scale, shape (B, h, N, d):
             the queries (= keys) are ``Q = query_scale * Q0``.
         bottleneck (Tensor): Bottleneck tokens L, shape (B, h, m, d).
         values (Tensor): Values V, shape (B, h, N, d).
-        attention (str): ``'soft'`` or ``'soft++'``.
+        variant (str): ``'soft'`` or ``'soft++'``.
         solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``,
-            as :func:`.kernel_inverse.check_kernel_inverse_options` returns it.
+            as :func:`~mmsoft.models.ops.kernel_inverse.check_kernel_inverse_options`
+            returns it.
         newton_iters (int): Newton iterations.
-        chunk_tokens (int, optional): Most rows of ``K1`` held at a time;
-            None: all. Default: None.
         query_scale (float): Scale of the queries. Default: 1.
-        memory_efficient (bool): Take the memory-efficient path (only while
-            autograd records: :class:`SoftAttention` passes
-            :meth:`~mmsoft.models.memory_efficient.MemoryEfficient.saves_memory`).
-            Default: False (the plain operations below, under autograd).
 
     Returns:
         Tensor: Shape (B, h, N, d).
     """
-    # A = k(L, L): (B, h, m, m)
-    if memory_efficient:
-        kernel_a = recomputed_bottleneck_kernel(bottleneck)
-    else:
-        kernel_a = bottleneck_kernel(bottleneck)
-    # middle = (A + 0.01 I)^-1 or pinv(A): (B, h, m, m)
-    middle = kernel_inverse(kernel_a, attention, solver, newton_iters,
-                            memory_efficient=memory_efficient)
-    if attention == 'soft++':
-        # middle = D^-1/2 . middle . D^-1/2, D = diag(A 1)
+    kernel_a = bottleneck_kernel(bottleneck)  # A = k(L, L): (B, h, m, m)
+    middle = kernel_inverse(kernel_a, variant, solver, newton_iters)  # (B, h, m, m)
+    if variant == 'soft++':
+        # D^-1/2 . middle . D^-1/2, D = diag(A 1)
         inv_sqrt_degree = kernel_a.sum(-1).rsqrt()  # (B, h, m)
-        if memory_efficient:
-            middle = symmetric_scale(middle, inv_sqrt_degree)
-        else:
-            middle = (inv_sqrt_degree.unsqueeze(-1) * middle
-                      * inv_sqrt_degree.unsqueeze(-2))
-    tokens = queries.shape[-2]
-    if memory_efficient:
-        # K1 is evaluated chunk by chunk, in forward and again in backward.
-        chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
-        return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
-                                      query_scale)
-    queries = queries * query_scale  # Q: (B, h, N, d)
-    if (chunk_tokens is not None and tokens > chunk_tokens
-            and not records_gradient(queries, bottleneck, values)):
-        return chunked_kernel_inference(queries, bottleneck, middle, values,
-                                        chunk_tokens)
-    query_kernel = gaussian_kernel(queries, bottleneck)  # K1 = k(Q, L): (B, h, N, m)
+        middle = (inv_sqrt_degree.unsqueeze(-1) * middle
+                  * inv_sqrt_degree.unsqueeze(-2))
+    query_kernel = gaussian_kernel(queries * query_scale, bottleneck)  # K1: (B,h,N,m)
     summary = query_kernel.transpose(-1, -2) @ values  # K1^T V: (B, h, m, d)
-    right = middle @ summary  # (B, h, m, d)
-    return query_kernel @ right  # (B, h, N, d)
+    return query_kernel @ (middle @ summary)  # (B, h, N, d)
 
 
-class SoftAttention(BaseModule, MemoryEfficient):
+class SoftAttention(BaseModule, MemoryEfficient, Exportable):
     """Softmax-free self-attention with a shared query/key projection.
 
     ``out = ff(K1 . (middle . (K1^T V)) + DWConv(V))`` where the queries
@@ -130,10 +87,12 @@ class SoftAttention(BaseModule, MemoryEfficient):
     pseudo-) inverse of the bottleneck kernel matrix (see the module
     docstring and :func:`low_rank_kernel_attention`).
 
-    In training the memory-efficient path
-    (:mod:`mmsoft.models.memory_efficient.kernel_attention`) keeps neither
-    kernel for backward; ``memory_efficient`` (see
-    :class:`~mmsoft.models.memory_efficient.MemoryEfficient`) turns it off.
+    With its switch on (:class:`~mmsoft.models.memory_efficient.MemoryEfficient`),
+    the layer runs
+    :func:`mmsoft.models.memory_efficient.kernel_attention.low_rank_kernel_attention`
+    instead of :func:`low_rank_kernel_attention`; its export formulation
+    (:class:`~mmsoft.models.tracing.Exportable`) runs the Newton iteration for
+    ``'newton_closed_form'`` and caps the bottleneck on traced sizes.
 
     Args:
         embed_dims (int): Token width C.
@@ -141,40 +100,30 @@ class SoftAttention(BaseModule, MemoryEfficient):
         sr_ratio (int): Stride of the bottleneck convolution.
         local_kernel_size (int): Kernel of the depth-wise convolution on V,
             one kernel per head shared over its channels.
-        attention (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
-        solver (str): ``'newton'`` (the reference iteration),
-            ``'newton_closed_form'`` (the same function from one
-            eigendecomposition) or ``'exact'`` (its limit; see
-            :mod:`.kernel_inverse`). Default: ``'newton'``, the iteration the
-            reference implementation runs and the published checkpoints
-            were trained with; the configs choose ``'newton_closed_form'``,
-            the same function at far lower CPU cost.
+        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
+        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``
+            (see :mod:`~mmsoft.models.ops.kernel_inverse`). Default:
+            ``'newton'``.
         newton_iters (int): Newton iterations. Default: 20.
         max_bottleneck_tokens (int, optional): Cap on the bottleneck token
             count m; a larger bottleneck grid is average-pooled down to it.
             None keeps every token. Default: None.
-        kernel_chunk_tokens (int, optional): Above this many tokens the
-            query-bottleneck kernel is recomputed chunk by chunk rather than
-            held whole (forward and backward), bounding memory. None always
-            holds it. Default: None.
+        kernel_chunk_tokens (int, optional): Most rows of the
+            query-bottleneck kernel the memory-efficient implementation holds
+            at a time. None: all. Default: None.
         init_cfg (dict, optional): Initialization config. Default: None.
 
     Raises:
         ValueError: ``embed_dims`` not a multiple of ``num_heads``, or an
-            unknown ``attention`` or ``solver``.
+            unknown ``variant`` or ``solver``.
     """
-
-    #: Pools the bottleneck grid to ``max_bottleneck_tokens``; ONNX export
-    #: swaps in a formulation that follows traced sizes
-    #: (:mod:`mmsoft.deployment.traced_sizes`).
-    cap_bottleneck_grid = staticmethod(cap_bottleneck_grid)
 
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
                  sr_ratio: int,
                  local_kernel_size: int,
-                 attention: str = 'soft',
+                 variant: str = 'soft',
                  solver: str = 'newton',
                  newton_iters: int = 20,
                  max_bottleneck_tokens: Optional[int] = None,
@@ -186,11 +135,14 @@ class SoftAttention(BaseModule, MemoryEfficient):
                              f'num_heads={num_heads}.')
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
-        self.attention = attention
-        self.solver = check_kernel_inverse_options(attention, solver)
+        self.variant = variant
+        self.solver = check_kernel_inverse_options(variant, solver)
         self.newton_iters = newton_iters
         self.max_bottleneck_tokens = max_bottleneck_tokens
-        self.kernel_chunk_tokens = kernel_chunk_tokens
+        #: :func:`low_rank_kernel_attention`'s memory-efficient implementation.
+        self.memory_efficient_attention = partial(
+            memory_efficient.low_rank_kernel_attention,
+            chunk_tokens=kernel_chunk_tokens)
 
         self.q_proj = nn.Linear(embed_dims, embed_dims)
         self.v_proj = nn.Linear(embed_dims, embed_dims)
@@ -222,7 +174,8 @@ class SoftAttention(BaseModule, MemoryEfficient):
         weight = self.bottleneck_conv.weight.repeat(self.num_heads, 1, 1, 1)
         grid = F.conv2d(query_map, weight, stride=self.bottleneck_conv.stride,
                         groups=self.num_heads)  # (B, h*d, H/r, W/r)
-        grid = self.cap_bottleneck_grid(grid, self.max_bottleneck_tokens)  # h'w' <= cap
+        cap = traceable_cap_bottleneck_grid if self.exportable else cap_bottleneck_grid
+        grid = cap(grid, self.max_bottleneck_tokens)  # h'w' <= cap
         bottleneck = grid.reshape(batch, self.num_heads, self.head_dims, -1)
         # LayerNorm's input and gradient contiguous: the compiler's stride
         # model of its backward follows their layout, the CPU kernel's
@@ -247,14 +200,14 @@ class SoftAttention(BaseModule, MemoryEfficient):
         bottleneck = self.bottleneck_tokens(query_map, scale)  # L: (B, h, m, d)
         query_tokens = query_map.flatten(2).transpose(1, 2)  # (B, N, C)
         queries = split_heads(query_tokens, self.num_heads)  # Q0: (B, h, N, d)
+        kernel_attention = (self.memory_efficient_attention
+                            if takes_memory_efficient_path(self)
+                            else low_rank_kernel_attention)
+        solver = EXPORT_SOLVERS[self.solver] if self.exportable else self.solver
         with torch.autocast(device_type=query_map.device.type, enabled=False):
-            queries = full_precision(queries)
-            bottleneck = full_precision(bottleneck)
-            values = full_precision(values)
-            return low_rank_kernel_attention(
-                queries, bottleneck, values, self.attention, self.solver,
-                self.newton_iters, self.kernel_chunk_tokens, query_scale=scale,
-                memory_efficient=self.saves_memory(queries, bottleneck, values))
+            return kernel_attention(full_precision(queries), full_precision(bottleneck),
+                                    full_precision(values), self.variant, solver,
+                                    self.newton_iters, query_scale=scale)
 
     def global_term_per_image(self, query_map: torch.Tensor, values: torch.Tensor,
                               valid_shapes: ValidShapes) -> torch.Tensor:

@@ -11,9 +11,9 @@ from .soft_attention import SoftAttention
 
 
 class SoftBlock(nn.Module):
-    """``x = LN(x + attn(x)); x = LN(x + FFN(x))`` with SOFT attention.
+    """``x = LN(x + attn(x)); x = LN(x + MLP(x))`` with SOFT attention.
 
-    The FFN is 4x wide with tanh-approximated GELU, as in the reference
+    The MLP is 4x wide with tanh-approximated GELU, as in the reference
     model. Stochastic depth (``drop_path``) replaces the reference's
     element-wise dropout on the residual branches; both are the identity at
     inference.
@@ -23,9 +23,9 @@ class SoftBlock(nn.Module):
         num_heads (int): Number of heads.
         sr_ratio (int): Stride of the bottleneck convolution.
         local_kernel_size (int): Kernel of the depth-wise convolution on V.
-        mlp_ratio (float): FFN hidden width / C. Default: 4.
+        mlp_ratio (float): MLP hidden width / C. Default: 4.
         drop_path (float): Stochastic depth rate. Default: 0.
-        **attn_kwargs: ``attention``, ``solver``, ``newton_iters``,
+        **attn_kwargs: ``variant``, ``solver``, ``newton_iters``,
             ``max_bottleneck_tokens`` and ``kernel_chunk_tokens`` of
             :class:`SoftAttention`.
     """
@@ -37,7 +37,7 @@ class SoftBlock(nn.Module):
         self.attn = SoftAttention(embed_dims, num_heads, sr_ratio,
                                   local_kernel_size, **attn_kwargs)
         self.norm1 = nn.LayerNorm(embed_dims)
-        self.ffn = MLP(embed_dims, int(embed_dims * mlp_ratio), act_layer=TanhGELU)
+        self.mlp = MLP(embed_dims, int(embed_dims * mlp_ratio), act_layer=TanhGELU)
         self.norm2 = nn.LayerNorm(embed_dims)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
@@ -49,4 +49,4 @@ class SoftBlock(nn.Module):
         (see :meth:`SoftAttention.forward`).
         """
         x = self.norm1(x + self.drop_path(self.attn(x, hw_shape, valid_shapes)))
-        return self.norm2(x + self.drop_path(self.ffn(x)))
+        return self.norm2(x + self.drop_path(self.mlp(x)))

@@ -14,17 +14,11 @@ class FourierPositionEncoding(nn.Module):
     Computed for the actual grid at every forward, so nothing is tied to a
     training resolution. Coordinates are the cell indices ``1..H`` and
     ``1..W`` normalised to (0, 2*pi]; each is encoded by ``hidden_dims``
-    sines/cosines of geometrically spaced frequencies.
-
-    With the weights of XCiT's ``PositionalEncodingFourier`` (timm
-    ``xcit.py``; ``proj`` is its ``token_projection``) the encoding of a grid
-    is the same: the same coordinates and their normalisation by the side
-    length, frequencies and channel order (y features, then x). The one
-    deliberate difference is ``valid_shapes`` (not in XCiT): in a padded
-    batch each image gets the encoding of its own grid, normalised by its
-    own h, w, which is what XCiT gives the image alone; XCiT encodes the
-    padded grid, so coordinates in an image's region depend on how much its
-    batch is padded (``tests/test_ufo_vit_vs_xcit.py``).
+    sines/cosines of geometrically spaced frequencies, y features first.
+    With ``valid_shapes`` each image of a padded batch gets the encoding of
+    its own grid. XCiT's ``PositionalEncodingFourier`` with the same weights
+    (``proj`` is its ``token_projection``) gives the same encoding of a grid
+    (``docs/ufo_vit_design.md``).
 
     Args:
         embed_dims (int): Output channels.

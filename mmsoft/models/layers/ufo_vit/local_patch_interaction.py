@@ -3,13 +3,15 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ....utils import check_positive_int
-from ...memory_efficient.recompute import (batch_norm_once, recomputed_local_mixing,
+from ...memory_efficient.recompute import (batch_norm_once, recomputed,
                                            recomputes_locally)
-from ...memory_efficient.switch import MemoryEfficient
-from ..shared.gelu import GELU
+from ...memory_efficient.switch import MemoryEfficient, takes_memory_efficient_path
 from ...ops.valid_region import ValidShapes, mask_map
+from ..shared.gelu import GELU
+from ..shared.layer_scale import scaled_weight_and_bias
 
 
 class LocalPatchInteraction(MemoryEfficient, nn.Module):
@@ -17,20 +19,15 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
 
     Mixes every token with its spatial neighbours, channel by channel; the
     convolutions are zero-padded to keep the grid size, so any grid works.
+    Parameter names ``conv1``, ``bn``, ``conv2`` are those of XCiT's ``LPI``
+    (``docs/ufo_vit_design.md``).
 
-    This is XCiT's ``LPI`` (timm ``xcit.py``; same parameter names
-    ``conv1``, ``bn``, ``conv2``, same output for its weights). Deliberate
-    additions, not in XCiT: ``valid_shapes`` (in a padded batch both
-    convolutions see zeros outside an image's region, so its valid tokens
-    are those it has alone; XCiT mixes the padding tokens into the border
-    tokens) and the check that the kernel is odd (XCiT's padding ``k // 2``
-    would change the grid size otherwise). See ``tests/test_ufo_vit_vs_xcit.py``.
-
-    Memory-efficient path (:meth:`saves_memory`, with a plain BatchNorm2d:
-    a SyncBatchNorm keeps autograd's path): backward recomputes the three
-    intermediate maps from the input instead of keeping them, without
-    updating BatchNorm's running statistics a second time
-    (:func:`~mmsoft.models.memory_efficient.recompute.recomputed_local_mixing`).
+    Memory-efficient path (:func:`takes_memory_efficient_path`, and ``bn`` a
+    plain BatchNorm2d: a SyncBatchNorm's statistics span the processes, so
+    it keeps autograd's path): backward recomputes the three intermediate
+    maps from the input instead of keeping them, without updating
+    BatchNorm's running statistics a second time
+    (:func:`~mmsoft.models.memory_efficient.recompute.recomputed`).
 
     Args:
         embed_dims (int): Token width C.
@@ -38,6 +35,10 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
             Default: 3.
         act_layer (type): Activation class. Default: mmsoft's exact GELU
             (:class:`~mmsoft.models.layers.shared.gelu.GELU`).
+
+    Raises:
+        ValueError: If ``embed_dims`` or ``kernel_size`` is not a positive
+            integer, or ``kernel_size`` is even.
     """
 
     def __init__(self, embed_dims: int, kernel_size: int = 3,
@@ -57,8 +58,9 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
                                padding=padding, groups=embed_dims)
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
-                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """Forward.
+                valid_shapes: Optional[ValidShapes] = None,
+                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``layer_scale * conv2(bn(act(conv1(x))))`` on the token grid.
 
         Args:
             x (Tensor): Tokens, shape (B, N, C).
@@ -66,38 +68,39 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
             valid_shapes (list[tuple[int, int]], optional): Each image's
                 valid region of the grid: both convolutions then see zeros
                 outside it, as around the image alone. Default: None.
+            layer_scale (Tensor, optional): Per-channel output scale, shape
+                (C, ), folded into ``conv2``'s weight and bias. Default: None.
 
         Returns:
             Tensor: Shape (B, N, C).
         """
         batch, _, channels = x.shape
         grid = x.transpose(1, 2).reshape(batch, channels, *hw_shape)  # (B, C, H, W)
-        if self.recomputes(grid):
-            grid = recomputed_local_mixing(self, grid, valid_shapes)
-        else:  # conv2(bn(act(conv1(grid)))), zero outside the valid regions
-            grid = self.conv2(self.conv2_input(grid, valid_shapes))
+        weight2, bias2 = scaled_weight_and_bias(self.conv2, layer_scale)
+        if takes_memory_efficient_path(self) and recomputes_locally(self.bn):
+            grid = recomputed(self.mix, grid, weight2, bias2, valid_shapes)
+        else:
+            grid = self.mix(grid, weight2, bias2, valid_shapes)
         return grid.flatten(2).transpose(1, 2)  # (B, N, C)
 
-    def recomputes(self, grid: torch.Tensor) -> bool:
-        """Whether :meth:`forward` takes the memory-efficient path on
-        ``grid``: the switch is on, autograd records, and ``bn`` is a plain
-        BatchNorm2d."""
-        return (self.saves_memory(grid, self.conv1.weight)
-                and recomputes_locally(self.bn))
-
-    def conv2_input(self, grid: torch.Tensor,
-                    valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """``bn(act(conv1(grid)))``, the input of ``conv2``; a rerun by a
-        checkpoint updates no running statistics.
+    def mix(self, grid: torch.Tensor, weight2: torch.Tensor,
+            bias2: Optional[torch.Tensor],
+            valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """``conv2(bn(act(conv1(grid))))`` with ``conv2``'s weight and bias
+        given; a rerun by a checkpoint updates no running statistics.
 
         Args:
             grid (Tensor): Shape (B, C, H, W).
+            weight2 (Tensor): ``conv2``'s weight, shape (C, 1, k, k).
+            bias2 (Tensor, optional): ``conv2``'s bias, shape (C, ).
             valid_shapes (list[tuple[int, int]], optional): Valid regions;
-                ``conv1``'s input and the output are zeroed outside them.
+                ``conv1``'s and ``conv2``'s inputs are zeroed outside them.
                 Default: None.
 
         Returns:
             Tensor: Shape (B, C, H, W).
         """
-        hidden = self.act(self.conv1(mask_map(grid, valid_shapes)))
-        return mask_map(batch_norm_once(self.bn)(hidden), valid_shapes)
+        hidden = self.act(self.conv1(mask_map(grid, valid_shapes)))  # (B, C, H, W)
+        hidden = mask_map(batch_norm_once(self.bn)(hidden), valid_shapes)
+        return F.conv2d(hidden, weight2, bias2, padding=self.conv2.padding,
+                        groups=self.conv2.groups)  # (B, C, H, W)

@@ -3,13 +3,15 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from ....utils import check_divisible, check_positive_int
 from ...memory_efficient.recompute import recomputed
-from ...memory_efficient.switch import MemoryEfficient
-from ..shared.attention_heads import merge_heads, split_heads
+from ...memory_efficient.switch import MemoryEfficient, takes_memory_efficient_path
 from ...ops.precision import full_precision
+from ..shared.attention_heads import merge_heads, split_heads
+from ..shared.layer_scale import scaled_weight_and_bias
 
 
 def xnorm(x: torch.Tensor, gamma: torch.Tensor, dim: int,
@@ -55,10 +57,10 @@ def ufo_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
       to.
 
     Output entry ``(n, j)`` is then ``gamma_q * gamma_kv * cos(q_n, c_j)``, a
-    cosine between query ``n`` and centroid ``j``, hence bounded by
-    ``|gamma_q * gamma_kv|`` for any input (normalising the other axis of
-    ``K^T V`` would not bound it). The sum over N in ``K^T V`` is divided out
-    by the norm, so the output does not scale with the token count.
+    cosine between query ``n`` and centroid ``j``, bounded by
+    ``|gamma_q * gamma_kv|`` for any input. The sum over N in ``K^T V`` is
+    divided out by the norm, so the output does not scale with the token
+    count.
 
     Everything runs in float32 (float64 for float64 input), autocast or not.
 
@@ -90,26 +92,17 @@ class UFOAttention(MemoryEfficient, BaseModule):
     has one learnable XNorm scale for Q (``gamma_q``) and one for K^T V
     (``gamma_kv``), both initialised to 1, so a freshly built layer outputs
     cosines in [-1, 1] before the projection. See :func:`ufo_attention` for
-    which axis each XNorm normalises and why. Memory and time are linear in
+    which axis each XNorm normalises. Memory and time are linear in
     the token count N. Under ``torch.autocast`` the K^T V product and both
     norms run in float32; the result is cast back to the dtype of V before
-    the output projection. Memory-efficient path (:meth:`saves_memory`):
-    backward recomputes the attention from Q, K and V instead of keeping its
+    the output projection. Parameter names ``qkv`` and ``proj`` are those
+    of XCiT's ``XCA``, which UFO attention replaces
+    (``docs/ufo_vit_design.md``).
+
+    Memory-efficient path (:func:`takes_memory_efficient_path`): backward
+    recomputes the attention from Q, K and V instead of keeping its
     intermediate tensors
     (:func:`~mmsoft.models.memory_efficient.recompute.recomputed`).
-
-    Differs on purpose from XCiT's cross-covariance attention (``XCA`` in
-    timm ``xcit.py``), which UFO-ViT replaces: XCA normalises Q and K per
-    channel over the N tokens and applies ``softmax(tau * Q_hat^T K_hat)``, a
-    d x d attention between channels, to the channels of V, so its output
-    is a convex mix of V's channels and scales with V. UFO has no softmax:
-    ``XNorm(Q) . XNorm(K^T V)`` is a cosine times ``gamma_q * gamma_kv``,
-    bounded whatever the input and unchanged when V is scaled. Both split
-    the ``qkv`` output as (3, heads, C / heads) and share the names ``qkv``
-    and ``proj``; XCA's ``temperature`` (h, 1, 1) has no counterpart here and
-    ``gamma_q``, ``gamma_kv`` none in XCA. ``key_mask`` (padding left out of
-    ``K^T V``) has no XCA counterpart either: XCA's token sums and norms
-    take padding in. See ``tests/test_ufo_vit_vs_xcit.py``.
 
     Args:
         embed_dims (int): Token width C.
@@ -162,14 +155,25 @@ class UFOAttention(MemoryEfficient, BaseModule):
             keys = keys.masked_fill(~key_mask[:, None, :, None], 0.)
         values = split_heads(values, self.num_heads)  # (B, h, N, d)
         args = (queries, keys, values, self.gamma_q, self.gamma_kv, self.eps)
-        if self.saves_memory(queries, self.gamma_q):
+        if takes_memory_efficient_path(self):
             out = recomputed(ufo_attention, *args)
         else:
             out = ufo_attention(*args)  # XNorm(Q) . XNorm(K^T V): (B, h, N, d)
         return out.to(values.dtype)
 
-    def forward(self, x: torch.Tensor,
-                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C); ``key_mask`` as in :meth:`attend`."""
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
+                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``layer_scale * proj(attend(x))``, then dropout.
+
+        Args:
+            x (Tensor): Tokens, shape (B, N, C).
+            key_mask (Tensor, optional): As in :meth:`attend`. Default: None.
+            layer_scale (Tensor, optional): Per-channel output scale, shape
+                (C, ), folded into ``proj``'s weight and bias. Default: None.
+
+        Returns:
+            Tensor: Shape (B, N, C).
+        """
         out = merge_heads(self.attend(x, key_mask))  # (B, N, C)
-        return self.proj_drop(self.proj(out))
+        weight, bias = scaled_weight_and_bias(self.proj, layer_scale)
+        return self.proj_drop(F.linear(out, weight, bias))  # (B, N, C)

@@ -1,20 +1,13 @@
-"""The shapes of the ONNX graph: sizes that follow a traced input.
+"""SOFT's bottleneck cap with sizes that follow a traced input.
 
-Traced for ONNX export with dynamic height and width, a model's sizes are
-0-dim tensors: Python arithmetic on them, or a branch on their values,
-freezes the example input's sizes into the graph. Two of SOFT's functions do
-that in eager execution, and :func:`~mmsoft.deployment.onnx_export.
-export_formulation` swaps in the formulations below while it exports:
-
-* the bottleneck cap (:func:`~mmsoft.models.layers.soft.bottleneck_pool.
-  cap_bottleneck_grid`), whose sizes :func:`traceable_capped_grid_size`
-  computes branch-free and whose pooling :func:`traceable_cap_bottleneck_grid`
-  runs as two averaging-matrix products (ONNX's pooling has no adaptive
-  bins);
-* the position-embedding resize, which skips resizing to the grid the
-  embeddings were learned on: exported, it always resizes
-  (:func:`~mmsoft.models.layers.shared.position.interpolate_pos_embed`), the
-  identity on that grid.
+Traced for ONNX export with dynamic height and width, sizes are 0-dim
+tensors: Python arithmetic on them freezes the example input's sizes into
+the graph. :func:`traceable_cap_bottleneck_grid` is the export formulation
+(:class:`~mmsoft.models.tracing.Exportable`) of
+:func:`~mmsoft.models.layers.soft.bottleneck_pool.cap_bottleneck_grid`: its
+sizes come from :func:`traceable_capped_grid_size`, branch-free, and its
+pooling is two averaging-matrix products (ONNX's pooling has no adaptive
+bins).
 """
 from typing import Optional, Tuple
 

@@ -14,7 +14,7 @@ the canvas on each side), once under CUDA's sync debug mode (``host_sync``):
   SOFT++-small once per solver (``'newton_closed_form'``, the configs'
   solver, then ``'newton'`` and ``'exact'``): each the backbone of its 1x
   COCO Mask R-CNN config
-  (:data:`~mmsoft.analysis.detector_step.DETECTOR_CONFIGS`: the shipped
+  (:data:`~mmsoft_analysis.detector_step.DETECTOR_CONFIGS`: the shipped
   configs' settings such as ``max_bottleneck_tokens``, mmdet's own for
   Swin-T and PVTv2-b2), built from the registry without its checkpoint and
   initialised from scratch;
@@ -45,20 +45,20 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
-from ..apis.runner import build_in_scope
-from ..models.ops.kernel_inverse import SOLVERS, solver_that_runs
-from ..models.valid_region_record import register_valid_shapes
-from ..utils import check_choice, check_positive_int
+from mmsoft.apis.runner import build_in_scope
+from mmsoft.models.ops.kernel_inverse import SOLVERS, solver_that_runs
+from mmsoft.models.valid_region_record import register_valid_shapes
+from mmsoft.utils import check_choice, check_positive_int
+
+from . import REPO, worker_command, worker_env
 from .detector_step import detector_config
 from .measure import peak_memory_of, run_once, timing_fields
 
-REPO = Path(__file__).resolve().parents[2]
 CUDA_TESTS = (str(REPO / 'tests' / 'test_cuda.py'), )
 SOFT_BACKBONES = ('soft++-tiny', 'soft++-small')
 # Measured in this order at each size: the references first, the slowest last.
@@ -407,10 +407,10 @@ def measure_in_subprocess(case: Case, device: torch.device, warmup: int,
     """
     request = dict(case=dataclasses.asdict(case), device=str(device),
                    warmup=warmup, repeats=repeats)
-    command = [sys.executable, '-m', 'mmsoft.analysis.gpu_check', json.dumps(request)]
+    command = worker_command('gpu_check', json.dumps(request))
     try:
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout_s)
+        done = subprocess.run(command, cwd=REPO, env=worker_env(),
+                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return case.record('error', error=f'timed out after {timeout_s:.0f} s '
                            '(the hard limit of a case)')

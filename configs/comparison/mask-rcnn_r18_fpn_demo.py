@@ -3,7 +3,7 @@
 # trained from scratch like the demo's (no frozen stage, BatchNorm in
 # training mode, no pretrained weights). Data, neck, heads, schedule,
 # optimiser and seed are the demo's.
-_base_ = ['./mask-rcnn_soft-tiny_fpn_demo.py']
+_base_ = ['../demo/mask-rcnn_soft-tiny_fpn_demo.py']
 
 model = dict(
     backbone=dict(

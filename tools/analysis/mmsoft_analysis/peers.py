@@ -5,10 +5,12 @@ literals when possible), e.g. ``soft-small``, ``soft-small:solver=newton``,
 ``ufo-vit-small``, ``swin-t``, ``pvtv2-b2``, ``pvtv2-b2-li``, ``xcit-s12``;
 or the path of an mmdet or mmseg config (``*.py``), whose model's backbone
 is built as the config builds it, e.g.
-``configs/demo/mask-rcnn_r18_fpn_demo.py``.
+``configs/comparison/mask-rcnn_r18_fpn_demo.py``.
 
 The peers: mmdet's Swin-T and PVTv2-b2, and timm's PVTv2-b2-li and XCiT-S12
-(through mmpretrain's ``TIMMBackbone``). timm and mmpretrain are imported
+(through mmpretrain's ``TIMMBackbone``; XCiT-S12 inside
+:class:`IsotropicPyramid`, the comparison's wrapper in
+``configs/comparison/peer_backbones.py``). timm and mmpretrain are imported
 only when one of the latter two is built: they need torchvision, which some
 supported environments lack.
 """
@@ -16,12 +18,15 @@ import ast
 import contextlib
 import logging
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Tuple
 
-import torch
 import torch.nn as nn
-from mmengine.model import BaseModule
 from mmengine.registry import MODELS
+
+# Importing the module (from the repository root, which the package put on
+# sys.path) registers IsotropicPyramid, XCiT's backbone type.
+from configs.comparison.peer_backbones import IsotropicPyramid
+from mmsoft.apis import build_model_from_config
 
 SOFT_ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
 UFO_ARCHS = ('tiny', 'small', 'medium', 'base')
@@ -29,8 +34,8 @@ UFO_ARCHS = ('tiny', 'small', 'medium', 'base')
 
 def _soft(arch: str) -> Callable[..., nn.Module]:
     def build(**kwargs):
-        from ..models.backbones import SOFT
-        settings = dict(arch=arch, attention='soft++', solver='newton_closed_form')
+        from mmsoft.models.backbones import SOFT
+        settings = dict(arch=arch, variant='soft++', solver='newton_closed_form')
         settings.update(kwargs)
         return SOFT(**settings)
     return build
@@ -76,54 +81,6 @@ XCIT_S12_TRUNK = dict(model_name='xcit_small_12_p16_224', features_only=True,
 XCIT_S12_DIMS = 384
 
 
-@MODELS.register_module()
-class IsotropicPyramid(BaseModule):
-    """A single-stride trunk's maps resampled to strides 4, 8, 16 and 32.
-
-    The resampling is XCiT's detection neck-in-backbone, the same as
-    UFO-ViT's: the branches of :class:`~mmsoft.models.layers.FeaturePyramidAdapter`
-    (x4: deconvolution, BatchNorm, GELU, deconvolution; x2: deconvolution;
-    identity; max pool), run with plain autograd (not the adapter's
-    memory-saving ``BatchNorm -> GELU -> deconvolution`` function, which is
-    mmsoft's own), so the peer costs what XCiT's code costs.
-
-    Registered in mmengine's ``MODELS`` as ``IsotropicPyramid`` when this
-    module is imported (``custom_imports`` of
-    ``configs/demo/mask-rcnn_xcit-t12_fpn_demo.py``).
-
-    Args:
-        trunk (nn.Module | dict): Returns four (B, C, H, W) maps of one
-            stride, e.g. ``TIMMBackbone(..., features_only=True)`` of an
-            isotropic model; a dict is built by ``MODELS``.
-        embed_dims (int): C.
-        init_cfg (dict, optional): mmengine's initialisation config.
-            Default: None.
-    """
-
-    def __init__(self, trunk: Union[nn.Module, dict], embed_dims: int,
-                 init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
-        from ..models.layers import FeaturePyramidAdapter
-        self.trunk = MODELS.build(trunk) if isinstance(trunk, dict) else trunk
-        self.pyramid = FeaturePyramidAdapter(embed_dims, (0, 1, 2, 3))
-
-    def init_weights(self) -> None:
-        """The trunk's own initialisation (timm initialises on construction);
-        the resampling branches keep PyTorch's defaults."""
-        if hasattr(self.trunk, 'init_weights'):
-            self.trunk.init_weights()
-
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """(B, 3, H, W) -> maps at strides 4, 8, 16 and 32 of the trunk's
-        stride-16 grid (h, w): (4h, 4w), (2h, 2w), (h, w), (ceil(h/2),
-        ceil(w/2))."""
-        feats: Sequence[torch.Tensor] = self.trunk(x)
-        if len(feats) != 4:
-            raise ValueError(f'the trunk gave {len(feats)} maps; expected 4.')
-        return tuple(self.pyramid.branches[str(i)](feat)
-                     for i, feat in enumerate(feats))
-
-
 def timm_backbone(**settings) -> nn.Module:
     """mmpretrain's ``TIMMBackbone(**settings)``, without a checkpoint
     (imports timm and mmpretrain)."""
@@ -167,7 +124,6 @@ def config_backbone(path: str) -> nn.Module:
     """The backbone of the model of config ``path`` (mmdet or mmseg), built in
     the config's scope after its ``custom_imports``, without weights."""
     from mmengine.config import Config
-    from .config_models import build_model_from_config
     return build_model_from_config(Config.fromfile(path)).backbone
 
 

@@ -5,9 +5,10 @@
 (UperNet, demo ADE20K shapes) with each seed, on the demo schedule
 compressed to fewer epochs (iterations) in proportion
 (:func:`detection_schedule`, :func:`segmentation_schedule`), and reads each
-run's final validation metrics (:func:`final_metrics`). Every config lives in
-``configs/demo/`` and inherits the demo config: only the backbone (and the
-input widths of the neck or heads) changes.
+run's final validation metrics (:func:`final_metrics`). Each of mmsoft's
+entries is a demo config (``configs/demo/``); each peer's config
+(``configs/comparison/``) inherits the demo config and changes only the
+backbone (and the input widths of the neck or heads).
 """
 import json
 import math
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIGS = 'configs/demo'
+PEER_CONFIGS = 'configs/comparison'
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ def _demo(config: str) -> str:
     return f'{DEMO_CONFIGS}/{config}.py'
 
 
+def _peer(config: str) -> str:
+    return f'{PEER_CONFIGS}/{config}.py'
+
+
 # The pairs, by the backbone's parameter count: 3-7 M (the demo's half-width
 # SOFT++, UFO-ViT-tiny, PVTv2-b0, XCiT-T12), 11-14 M (SOFT++-tiny,
 # ResNet-18, Swin at 64 channels, PVTv2-b1) and the 22-24 M references
@@ -57,23 +62,23 @@ DETECTORS: List[Entry] = [
           'mmsoft', SMALL),
     Entry('UFO-ViT-tiny', _demo('mask-rcnn_ufo-vit-tiny_fpn_demo'), 'mmsoft',
           SMALL),
-    Entry('PVTv2-b0', _demo('mask-rcnn_pvtv2-b0_fpn_demo'), 'mmdet', SMALL),
-    Entry('XCiT-T12', _demo('mask-rcnn_xcit-t12_fpn_demo'), 'timm', SMALL),
+    Entry('PVTv2-b0', _peer('mask-rcnn_pvtv2-b0_fpn_demo'), 'mmdet', SMALL),
+    Entry('XCiT-T12', _peer('mask-rcnn_xcit-t12_fpn_demo'), 'timm', SMALL),
     Entry('SOFT++-tiny', _demo('mask-rcnn_soft++-tiny_fpn_demo'), 'mmsoft',
           MEDIUM),
-    Entry('ResNet-18', _demo('mask-rcnn_r18_fpn_demo'), 'mmdet', MEDIUM),
-    Entry('Swin (64 channels)', _demo('mask-rcnn_swin-64_fpn_demo'), 'mmdet',
+    Entry('ResNet-18', _peer('mask-rcnn_r18_fpn_demo'), 'mmdet', MEDIUM),
+    Entry('Swin (64 channels)', _peer('mask-rcnn_swin-64_fpn_demo'), 'mmdet',
           MEDIUM),
-    Entry('PVTv2-b1', _demo('mask-rcnn_pvtv2-b1_fpn_demo'), 'mmdet', MEDIUM),
-    Entry('ResNet-50', _demo('mask-rcnn_r50_fpn_demo'), 'mmdet', LARGE),
-    Entry('PVTv2-b2-li', _demo('mask-rcnn_pvtv2-b2-li_fpn_demo'), 'timm', LARGE),
+    Entry('PVTv2-b1', _peer('mask-rcnn_pvtv2-b1_fpn_demo'), 'mmdet', MEDIUM),
+    Entry('ResNet-50', _peer('mask-rcnn_r50_fpn_demo'), 'mmdet', LARGE),
+    Entry('PVTv2-b2-li', _peer('mask-rcnn_pvtv2-b2-li_fpn_demo'), 'timm', LARGE),
 ]
 SEGMENTORS: List[Entry] = [
     Entry('SOFT++ half-width (demo)', _demo('upernet_soft-tiny_demo'), 'mmsoft',
           SMALL),
     Entry('UFO-ViT-tiny', _demo('upernet_ufo-vit-tiny_demo'), 'mmsoft', SMALL),
-    Entry('PVTv2-b0', _demo('upernet_pvtv2-b0_demo'), 'mmdet', SMALL),
-    Entry('ResNet-18', _demo('upernet_r18_demo'), 'mmseg', MEDIUM),
+    Entry('PVTv2-b0', _peer('upernet_pvtv2-b0_demo'), 'mmdet', SMALL),
+    Entry('ResNet-18', _peer('upernet_r18_demo'), 'mmseg', MEDIUM),
 ]
 # The demo configs' schedules: 8 epochs of 75 iterations with a 100-iteration
 # warm-up (Mask R-CNN); 1100 iterations with a 50-iteration warm-up (UperNet).

@@ -8,27 +8,28 @@ PVTv2-b2-li nor XCiT). PVTv2-b2 is mmdet's (RetinaNet-PVTv2-b2's backbone);
 PVTv2-b2-li and XCiT-S12 are timm's, built through mmpretrain's
 ``TIMMBackbone`` (``type='mmpretrain.TIMMBackbone'``), XCiT's trunk
 inside its detection resampling to strides 4-32
-(``type='IsotropicPyramid'``, :class:`~mmsoft.analysis.peers.IsotropicPyramid`,
-the module the backbone benchmark measures). The iteration
+(``type='IsotropicPyramid'``, the module the backbone benchmark measures,
+from ``configs/comparison/peer_backbones.py``). The iteration
 is what ``model.train_step`` runs between data loading and the optimizer
 step: the loss forward on a pre-processed batch and its backward. Images and
 annotations (boxes, labels, masks) are generated.
 
-Run as a worker (``python -m mmsoft.analysis.detector_step NAME H W``) it
+Run as a worker (``python -m mmsoft_analysis.detector_step NAME H W``) it
 prints one ``RESULT {json}`` line; ``tools/analysis/benchmark.py`` starts
 one per (detector, size) so each peak is its own.
 """
 import argparse
 import copy
 import json
-from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 from mmengine.config import Config
 
-from .config_models import build_model_from_config
+from mmsoft.apis import build_model_from_config
+
+from . import REPO
 from .measure import (add_live_memory_flag, peak_memory_of, start_worker,
                       timing_fields)
 # Importing peers also registers IsotropicPyramid, XCiT-S12's backbone type.
@@ -36,7 +37,7 @@ from .peers import (PVTV2_B2_LI, PVTV2_B2_LI_CHANNELS, XCIT_S12_DIMS,
                     XCIT_S12_TRUNK)
 from .saved_tensors import SavedTensorRecorder
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / 'configs'
+CONFIG_DIR = REPO / 'configs'
 SWIN_T_CONFIG = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 DETECTOR_CONFIGS = {
     'soft++-tiny': str(CONFIG_DIR / 'soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py'),

@@ -3,7 +3,7 @@
 # (32/64/160/256) are the demo backbone's. From scratch: no pretrained
 # weights, no stochastic depth. Data, heads, schedule, optimiser and seed
 # are the demo's.
-_base_ = ['./upernet_soft-tiny_demo.py']
+_base_ = ['../demo/upernet_soft-tiny_demo.py']
 
 model = dict(
     backbone=dict(

@@ -162,14 +162,6 @@ def peak_memory_bytes(model, images: torch.Tensor, backward: bool) -> int:
     return peak_memory_of(lambda: run_once(model, images, backward), images.device)
 
 
-def latency_seconds(model, images: torch.Tensor, backward: bool, warmup: int,
-                    repeats: int) -> Tuple[float, list]:
-    """Median and all wall times of ``repeats`` calls after ``warmup`` calls."""
-    wall, _ = call_times(lambda: run_once(model, images, backward),
-                         images.device, warmup, repeats)
-    return statistics.median(wall), wall
-
-
 def matmul_throughput(size: int = 2048, repeats: int = 5, device='cpu') -> float:
     """Dense float32 matmul throughput of this machine, multiply-adds/second."""
     a = torch.randn(size, size, device=device)
@@ -192,7 +184,7 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
     """Builds the backbone ``spec`` and measures it at ``shape``.
 
     Args:
-        spec (str): Backbone spec (see :mod:`mmsoft.analysis.peers`).
+        spec (str): Backbone spec (see :mod:`mmsoft_analysis.peers`).
         shape (tuple[int, int]): Input (H, W).
         device (str): ``'cpu'`` or ``'cuda'``. Default: ``'cpu'``.
         backward (bool): Time forward + backward (training: the backbone in
@@ -237,7 +229,7 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
         result.update(timing_fields(lambda: run_once(model, images, backward),
                                     images.device, warmup, repeats))
     if flops:
-        from ..models.flop_handles import count_flops
+        from mmsoft.models.flop_handles import count_flops
         eager.eval()
         with torch.no_grad():
             total, _ = count_flops(eager, (images, ))
@@ -257,19 +249,6 @@ def start_worker(args: argparse.Namespace) -> None:
     if args.live_memory:
         track_live_memory()
         args.warmup, args.repeats = 0, 0
-
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """``'800x1333'`` -> ``(800, 1333)``, for argparse's ``type=``.
-
-    Raises:
-        argparse.ArgumentTypeError: When ``text`` is not ``HxW``.
-    """
-    try:
-        height, width = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'size {text!r} must look like 800x1333')
-    return height, width
 
 
 def main():

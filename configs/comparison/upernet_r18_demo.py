@@ -3,7 +3,7 @@
 # mmseg's own UperNet configs, undilated: strides 4-32), trained from scratch
 # like the demo's backbone (BatchNorm in training mode, no pretrained
 # weights). Data, heads, schedule, optimiser and seed are the demo's.
-_base_ = ['./upernet_soft-tiny_demo.py']
+_base_ = ['../demo/upernet_soft-tiny_demo.py']
 
 model = dict(
     backbone=dict(

@@ -1,11 +1,9 @@
-"""Building a config's model for analysis, without data or checkpoints."""
+"""A config's library and default input size, and its model run end to end."""
 from typing import Tuple
 
 import torch
 import torch.nn as nn
 from mmengine.config import Config
-
-from ..apis.runner import build_in_scope
 
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
 
@@ -17,19 +15,6 @@ def config_scope(cfg: Config) -> str:
         raise ValueError(f'default_scope={scope!r} of the config is not supported; '
                          f'expected one of {list(DEFAULT_SHAPES)}.')
     return scope
-
-
-def build_model_from_config(cfg: Config) -> nn.Module:
-    """Builds ``cfg.model`` in the config's scope, skipping pretrained weights.
-
-    Args:
-        cfg (Config): An mmdet or mmseg config.
-
-    Returns:
-        nn.Module: The model in eval mode.
-    """
-    model = build_in_scope(config_scope(cfg), cfg.model, pretrained=False)
-    return model.eval()
 
 
 class TensorModeModel(nn.Module):

@@ -1,7 +1,7 @@
 """The accuracy-against-cost table and plots of ``tools/analysis/compare_backbones.py``.
 
 :func:`comparison_rows` joins each backbone's training runs (one
-``result.json`` per seed, see :mod:`mmsoft.analysis.comparison`) with its
+``result.json`` per seed, see :mod:`mmsoft_analysis.comparison`) with its
 cost measurements (``tools/analysis/benchmark.py``'s ``results.json`` of the
 inference and the training run); :func:`write_report` writes them as
 ``table.md``, ``comparison.json`` and two plots.

@@ -5,7 +5,7 @@
 # pretrained weights, no stochastic depth. Needs timm, mmpretrain and
 # torchvision (requirements/runtime.txt). Data, neck, heads, schedule,
 # optimiser and seed are the demo's.
-_base_ = ['./mask-rcnn_soft-tiny_fpn_demo.py']
+_base_ = ['../demo/mask-rcnn_soft-tiny_fpn_demo.py']
 
 model = dict(
     backbone=dict(

@@ -3,7 +3,7 @@
 # (32/64/160/256) are the demo backbone's. From scratch: no pretrained
 # weights, no stochastic depth, like the demo's backbone. Data, neck,
 # heads, schedule, optimiser and seed are the demo's.
-_base_ = ['./mask-rcnn_soft-tiny_fpn_demo.py']
+_base_ = ['../demo/mask-rcnn_soft-tiny_fpn_demo.py']
 
 model = dict(
     backbone=dict(

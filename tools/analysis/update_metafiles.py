@@ -1,0 +1,284 @@
+"""Writes the model zoo's parameters and FLOPs from ``get_flops``'s count.
+
+Every model that ``model-index.yml``'s metafiles list is built from its config
+and counted by :func:`get_flops.count_config`: the whole model in tensor mode
+(backbone, neck and heads) on one image of 3x800x1333 (COCO, mmdet configs)
+or 3x512x512 (ADE20K, mmseg configs), with mmsoft's FLOP handles. The tool
+rewrites, and changes nothing else:
+
+- in the metafile, the model's ``Parameters`` (exact) and ``FLOPs``
+  (multiply-adds rounded to millions, as ``get_flops.py --json`` gives GFLOPs
+  to three decimals);
+- in the README of the metafile's collection, the ``Params (ours)``,
+  ``Backbone params`` (millions, two decimals) and ``GFLOPs*`` (two decimals)
+  cells of the table row that links the model's config.
+
+A second run changes nothing. Configs that build the same model (an ms-3x
+config and its 1x counterpart) are counted once. All models take about 8
+minutes on two idle CPU cores (24 while other work shares them).
+
+Usage::
+
+    # Regenerate every metafile and README table:
+    python tools/analysis/update_metafiles.py
+    # List the figures that differ from the count, write nothing, exit 1 if any:
+    python tools/analysis/update_metafiles.py --check
+    # Only some models (metafile names):
+    python tools/analysis/update_metafiles.py --models mask-rcnn_soft++-tiny_fpn_1x_coco
+"""
+import argparse
+import json
+import os.path as osp
+import re
+import sys
+import time
+import warnings
+from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
+
+import yaml
+from mmengine.config import Config
+
+if osp.dirname(osp.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from get_flops import count_config  # noqa: E402
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+COMMAND = 'python tools/analysis/update_metafiles.py'
+
+
+class ZooModel(NamedTuple):
+    """One model entry of a metafile."""
+    name: str
+    config: str  # relative to the repository root
+    metafile: str
+    readme: str
+    parameters: Optional[int]  # as the metafile states them
+    flops: Optional[int]
+
+
+class Figures(NamedTuple):
+    """What the tool writes for one model."""
+    parameters: int
+    backbone_parameters: int
+    flops: int  # multiply-adds rounded to millions
+
+
+def read_yaml(path: str, repo: str = REPO) -> dict:
+    with open(osp.join(repo, path)) as file:
+        return yaml.safe_load(file)
+
+
+def zoo_models(repo: str = REPO) -> List[ZooModel]:
+    """Every model that the metafiles of ``model-index.yml`` list."""
+    models = []
+    for metafile in read_yaml('model-index.yml', repo)['Import']:
+        meta = read_yaml(metafile, repo)
+        readmes = {c['Name']: c['README'] for c in meta['Collections']}
+        for model in meta['Models']:
+            metadata = model.get('Metadata', {})
+            models.append(ZooModel(
+                model['Name'], model['Config'], metafile,
+                readmes[model['In Collection']], metadata.get('Parameters'),
+                metadata.get('FLOPs')))
+    return models
+
+
+def round_flops(flops: int) -> int:
+    """The metafiles' form of a count: multiply-adds rounded to millions."""
+    return int(round(flops / 1e6)) * 10**6
+
+
+def model_key(cfg: Config) -> str:
+    """Identifies the model a config builds (equal for an ms-3x and its 1x)."""
+    return json.dumps(dict(scope=cfg.get('default_scope'), model=cfg.model.to_dict()),
+                      sort_keys=True, default=repr)
+
+
+def measure(configs: Iterable[str], repo: str = REPO,
+            log: bool = False) -> Dict[str, Figures]:
+    """Counts the model of each config (paths relative to ``repo``).
+
+    Args:
+        configs (Iterable[str]): Config paths.
+        repo (str): The repository root.
+        log (bool): Print each count and its time. Default: False.
+
+    Returns:
+        dict[str, Figures]: Config path to its figures.
+    """
+    counted: Dict[str, Figures] = {}
+    figures = {}
+    for config in configs:
+        cfg = Config.fromfile(osp.join(repo, config))
+        key = model_key(cfg)
+        start = time.perf_counter()
+        if key not in counted:
+            result = count_config(cfg)
+            counted[key] = Figures(result['params'], result['backbone_params'],
+                                   round_flops(result['flops']))
+        figures[config] = counted[key]
+        if log:
+            print(f'{config}: {counted[key].parameters} parameters, '
+                  f'{counted[key].flops / 1e9:.3f} GFLOPs '
+                  f'({time.perf_counter() - start:.1f} s)', flush=True)
+    return figures
+
+
+def readme_cells(figures: Figures) -> Dict[str, str]:
+    """README column header to the cell the tool writes."""
+    return {'Params (ours)': f'{figures.parameters / 1e6:.2f}M',
+            'Backbone params': f'{figures.backbone_parameters / 1e6:.2f}M',
+            'GFLOPs*': f'{figures.flops / 1e9:.2f}'}
+
+
+def rewrite_metafile(text: str, figures: Dict[str, Figures]) -> str:
+    """``text`` of a metafile with the ``Parameters`` and ``FLOPs`` of the
+    models named in ``figures`` replaced.
+
+    Raises:
+        ValueError: If a named model has no ``Parameters`` or ``FLOPs`` line.
+    """
+    lines = text.split('\n')
+    name, in_models, written = None, False, {}
+    for index, line in enumerate(lines):
+        if line.startswith('Models:'):
+            in_models = True
+        match = re.match(r'  - Name: (\S+)$', line)
+        if in_models and match:
+            name = match[1]
+        match = re.match(r'(\s+)(Parameters|FLOPs): \d+$', line)
+        if in_models and match and name in figures:
+            value = figures[name].parameters if match[2] == 'Parameters' else \
+                figures[name].flops
+            lines[index] = f'{match[1]}{match[2]}: {value}'
+            written.setdefault(name, set()).add(match[2])
+    for name in figures:
+        if written.get(name) != {'Parameters', 'FLOPs'}:
+            raise ValueError(f'{name} has no Parameters or FLOPs line to write')
+    return '\n'.join(lines)
+
+
+def table_rows(text: str, readme: str) -> Iterator[Tuple[int, str, Dict[str, str]]]:
+    """The table rows of a README that link a config.
+
+    Args:
+        text (str): The README's text.
+        readme (str): Its path relative to the repository root.
+
+    Yields:
+        tuple[int, str, dict[str, str]]: Line index, the linked config's path
+        relative to the repository root, and column header to cell.
+    """
+    header = None
+    for index, line in enumerate(text.split('\n')):
+        if not line.startswith('|'):
+            header = None
+            continue
+        cells = [cell.strip() for cell in line.strip()[1:-1].split('|')]
+        if header is None:
+            header = cells
+            continue
+        match = re.match(r'\[[^\]]*\]\(([^)]+\.py)\)$', cells[0])
+        if match and len(cells) == len(header) == len(set(header)):
+            config = osp.normpath(osp.join(osp.dirname(readme), match[1]))
+            yield index, config, dict(zip(header, cells))
+
+
+def rewrite_readme(text: str, readme: str, figures: Dict[str, Figures]) -> str:
+    """``text`` of the README at ``readme`` (relative to the repository root)
+    with the figure cells of the rows that link a config of ``figures``
+    replaced.
+
+    Raises:
+        ValueError: If a config of ``figures`` has no row under a header with
+            every column of :func:`readme_cells`.
+    """
+    lines = text.split('\n')
+    found = set()
+    for index, config, row in table_rows(text, readme):
+        wanted = readme_cells(figures[config]) if config in figures else {}
+        if not wanted or not set(wanted) <= set(row):
+            continue
+        found.add(config)
+        if any(row[column] != value for column, value in wanted.items()):
+            lines[index] = '| ' + ' | '.join({**row, **wanted}.values()) + ' |'
+    missing = sorted(set(figures) - found)
+    if missing:
+        raise ValueError(f'{readme} has no table row with figure columns for '
+                         f'{", ".join(missing)}')
+    return '\n'.join(lines)
+
+
+def differences(old: str, new: str, path: str) -> List[str]:
+    """The lines that ``new`` changes, as ``path: old -> new``."""
+    return [f'{path}:{number}: {before.strip()}  ->  {after.strip()}'
+            for number, (before, after) in
+            enumerate(zip(old.split('\n'), new.split('\n')), 1) if before != after]
+
+
+def update(models: List[ZooModel], figures: Dict[str, Figures], repo: str = REPO,
+           write: bool = True) -> List[str]:
+    """Brings the metafiles and READMEs of ``models`` to ``figures``.
+
+    Args:
+        models (list[ZooModel]): Models to update.
+        figures (dict[str, Figures]): Config path to figures, for every model.
+        repo (str): The repository root.
+        write (bool): Write the files; False only compares. Default: True.
+
+    Returns:
+        list[str]: The changed (or, without ``write``, differing) lines.
+    """
+    by_file: Dict[str, Dict[str, Figures]] = {}
+    for model in models:
+        by_file.setdefault(model.metafile, {})[model.name] = figures[model.config]
+        by_file.setdefault(model.readme, {})[model.config] = figures[model.config]
+    changed = []
+    for path, file_figures in by_file.items():
+        with open(osp.join(repo, path)) as file:
+            old = file.read()
+        if path.endswith('.yml'):
+            new = rewrite_metafile(old, file_figures)
+        else:
+            new = rewrite_readme(old, path, file_figures)
+        changed += differences(old, new, path)
+        if write and new != old:
+            with open(osp.join(repo, path), 'w') as file:
+                file.write(new)
+    return changed
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--check', action='store_true',
+                        help='write nothing; list the figures that differ from '
+                        'the count and exit 1 if any')
+    parser.add_argument('--models', nargs='+', metavar='NAME',
+                        help='only these models (metafile names); default: all')
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # Each config's custom_imports would repeat it.
+    warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
+    models = zoo_models()
+    if args.models:
+        unknown = sorted(set(args.models) - {model.name for model in models})
+        if unknown:
+            raise SystemExit(f'not in the metafiles: {", ".join(unknown)}')
+        models = [model for model in models if model.name in args.models]
+    start = time.perf_counter()
+    figures = measure([model.config for model in models], log=True)
+    print(f'Counted {len(models)} models in {time.perf_counter() - start:.0f} s')
+    changed = update(models, figures, write=not args.check)
+    print('\n'.join(changed) or 'Every figure matches the count.')
+    if args.check and changed:
+        print(f'{len(changed)} lines differ from the count; run {COMMAND}',
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
