@@ -198,12 +198,16 @@ def test_plain_path_without_gradient_and_with_dropout(monkeypatch):
 
 
 def test_memory_efficient_path_follows_the_switch_outside_tracers():
-    """The switch on: in training and under ``torch.no_grad`` alike; never
+    """The switch on and autograd recording, or under ``torch.no_grad`` for
+    the layers that save memory in inference too (SOFT attention); never
     while ``torch.jit.trace`` records (tracers see the plain ops)."""
     mlp = MLP(8, 32)
+    attention = SoftAttention(16, 2, 2, 3)
     assert takes_memory_efficient_path(mlp)
+    assert takes_memory_efficient_path(attention)
     with torch.no_grad():
-        assert takes_memory_efficient_path(mlp)
+        assert not takes_memory_efficient_path(mlp)
+        assert takes_memory_efficient_path(attention)
     assert not takes_memory_efficient_path(set_memory_efficient(MLP(8, 32), False))
     decisions = []
 

@@ -1,4 +1,5 @@
 """The switch between the memory-efficient and the plain training path."""
+import torch
 import torch.nn as nn
 
 from ..tracing import is_tracing
@@ -15,17 +16,20 @@ class MemoryEfficient:
     """
 
     memory_efficient: bool = True
+    #: Whether the memory-efficient implementation also holds less without
+    #: autograd (SOFT attention's query-bottleneck kernel, one chunk at a
+    #: time); False: inference runs the plain operations.
+    saves_memory_in_inference: bool = False
 
 
 def takes_memory_efficient_path(module: nn.Module) -> bool:
     """Whether ``module`` runs its memory-efficient implementation now.
 
-    True when the module's switch (``module.memory_efficient``) is on and
-    no tracer records (:func:`~mmsoft.models.tracing.is_tracing`:
+    True when the module's switch (``module.memory_efficient``) is on, no
+    tracer records (:func:`~mmsoft.models.tracing.is_tracing`:
     ``torch.jit.trace``, the ONNX exporter and ``torch.compile`` see the plain
-    operations). Training and inference take the same path: under
-    ``torch.no_grad`` the memory-efficient functions keep nothing, and SOFT's
-    holds its query-bottleneck kernel one chunk at a time.
+    operations), and autograd records or the implementation saves memory in
+    inference too (:attr:`MemoryEfficient.saves_memory_in_inference`).
 
     Args:
         module (nn.Module): A layer with the :class:`MemoryEfficient` mixin.
@@ -33,7 +37,8 @@ def takes_memory_efficient_path(module: nn.Module) -> bool:
     Returns:
         bool: Whether to call the memory-efficient function.
     """
-    return module.memory_efficient and not is_tracing()
+    return (module.memory_efficient and not is_tracing()
+            and (torch.is_grad_enabled() or module.saves_memory_in_inference))
 
 
 def set_memory_efficient(model: nn.Module, enabled: bool) -> nn.Module:

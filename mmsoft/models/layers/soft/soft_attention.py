@@ -118,6 +118,8 @@ class SoftAttention(BaseModule, MemoryEfficient, Exportable):
             unknown ``variant`` or ``solver``.
     """
 
+    saves_memory_in_inference = True
+
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
