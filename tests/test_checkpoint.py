@@ -219,6 +219,28 @@ def test_imports_between_checkpoint_and_models_are_one_way_and_module_level():
     assert not offences, offences
 
 
+#: Who may import whom inside ``mmsoft.models``: the math both the layers and
+#: the memory-saving functions use (``ops``) imports neither; the
+#: memory-saving functions import ``ops`` only; the layers import both.
+FORBIDDEN_MODEL_IMPORTS = {
+    'mmsoft.models.ops': ('mmsoft.models.layers', 'mmsoft.models.memory_efficient'),
+    'mmsoft.models.memory_efficient': ('mmsoft.models.layers', ),
+}
+
+
+def test_models_layers_depend_one_way():
+    offences = [f'{module}:{line} imports {name}'
+                for package, forbidden in FORBIDDEN_MODEL_IMPORTS.items()
+                for module, path in package_modules(package)
+                for name, line, _ in imports_of(module, path)
+                if any(in_package(name, other) for other in forbidden)]
+    assert not offences, offences
+    # The scan sees the layers' imports of the memory-saving functions.
+    assert any(in_package(name, 'mmsoft.models.memory_efficient')
+               for module, path in package_modules('mmsoft.models.layers')
+               for name, _, _ in imports_of(module, path))
+
+
 def test_import_scan_resolves_relative_and_function_level_imports(tmp_path):
     path = tmp_path / 'soft.py'
     path.write_text('from ...checkpoint import load\n'
