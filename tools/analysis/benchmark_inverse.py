@@ -2,7 +2,9 @@
 
 For each bottleneck size m, builds Gaussian-kernel matrices of random
 bottleneck tokens (one per head, as in a SOFT attention call), times
-``kernel_inverse`` with each solver (median of repeats, forward and, with
+the ``kernel_inverse`` that training runs by default (the memory-efficient
+one, :mod:`mmsoft.models.memory_efficient.newton_backward`) with each
+solver (median of repeats, forward and, with
 ``--backward``, forward plus backward) and reports each solver's time
 relative to the exact solver and its largest relative difference from the
 Newton iteration (the function the published checkpoints were trained with).
@@ -18,7 +20,8 @@ import time
 
 import torch
 
-from mmsoft.models.layers import gaussian_kernel, kernel_inverse
+from mmsoft.models.layers import gaussian_kernel
+from mmsoft.models.memory_efficient.newton_backward import kernel_inverse
 from mmsoft.models.ops.kernel_inverse import SOLVERS
 
 
