@@ -32,6 +32,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..ops.gaussian_kernel import bottleneck_kernel, gaussian_kernel
+from ..ops.kernel_inverse import scaled_both_sides
 from ..ops.precision import apply_without_autocast, backward_without_autocast
 from .newton_backward import kernel_inverse
 
@@ -58,11 +59,6 @@ def recomputed_bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------
 # SOFT++'s symmetric scaling
 # --------------------------------------------------------------------------
-def _scaled_both_sides(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``diag(scale) . mat . diag(scale)``: (..., m, m), (..., m) -> (..., m, m)."""
-    return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
-
-
 class SymmetricScale(torch.autograd.Function):
     """Autograd function of :func:`symmetric_scale`: keeps ``mat`` and
     ``scale`` only.
@@ -75,7 +71,7 @@ class SymmetricScale(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mat, scale):
         ctx.save_for_backward(mat, scale)
-        return _scaled_both_sides(mat, scale)
+        return scaled_both_sides(mat, scale)
 
     @staticmethod
     @backward_without_autocast
@@ -83,7 +79,7 @@ class SymmetricScale(torch.autograd.Function):
         mat, scale = ctx.saved_tensors
         weighted = grad_out * mat  # (..., m, m)
         column = scale.unsqueeze(-1)  # (..., m, 1)
-        grad_mat = _scaled_both_sides(grad_out, scale)
+        grad_mat = scaled_both_sides(grad_out, scale)
         grad_scale = weighted @ column + weighted.transpose(-1, -2) @ column
         return grad_mat, grad_scale.squeeze(-1)
 

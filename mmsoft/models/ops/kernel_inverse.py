@@ -457,6 +457,19 @@ def check_kernel_inverse_options(variant: str, solver: str) -> str:
 NewtonIterations = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
+def scaled_both_sides(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``diag(scale) . mat . diag(scale)`` (SOFT++'s ``D^-1/2 . middle . D^-1/2``).
+
+    Args:
+        mat (Tensor): Shape (..., m, m).
+        scale (Tensor): Shape (..., m).
+
+    Returns:
+        Tensor: Shape (..., m, m).
+    """
+    return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
+
+
 def solve_kernel_inverse(mat: torch.Tensor, variant: str, solver: str,
                          num_iters: int, iterate: NewtonIterations) -> torch.Tensor:
     """:func:`kernel_inverse` with the Newton iteration ``iterate``.

@@ -27,7 +27,7 @@ from ...memory_efficient.switch import MemoryEfficient, takes_memory_efficient_p
 from ...ops.contiguous_gradient import contiguous_gradient
 from ...ops.gaussian_kernel import bottleneck_kernel, gaussian_kernel
 from ...ops.kernel_inverse import (EXPORT_SOLVERS, check_kernel_inverse_options,
-                                   kernel_inverse)
+                                   kernel_inverse, scaled_both_sides)
 from ...ops.precision import full_precision
 from ...ops.valid_region import (ValidShapes, mask_map, region_tokens_to_grid,
                                  tokens_of_region)
@@ -69,9 +69,7 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
     middle = kernel_inverse(kernel_a, variant, solver, newton_iters)  # (B, h, m, m)
     if variant == 'soft++':
         # D^-1/2 . middle . D^-1/2, D = diag(A 1)
-        inv_sqrt_degree = kernel_a.sum(-1).rsqrt()  # (B, h, m)
-        middle = (inv_sqrt_degree.unsqueeze(-1) * middle
-                  * inv_sqrt_degree.unsqueeze(-2))
+        middle = scaled_both_sides(middle, kernel_a.sum(-1).rsqrt())  # (B,h,m,m)
     query_kernel = gaussian_kernel(queries * query_scale, bottleneck)  # K1: (B,h,N,m)
     summary = query_kernel.transpose(-1, -2) @ values  # K1^T V: (B, h, m, d)
     return query_kernel @ (middle @ summary)  # (B, h, N, d)
