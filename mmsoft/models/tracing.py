@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from ..utils.torch_compat import is_compiling
+from .module_switch import switch_modules
 
 
 def records_forward_only() -> bool:
@@ -66,9 +67,4 @@ def set_exportable(model: nn.Module, enabled: bool) -> nn.Module:
     Raises:
         ValueError: If ``enabled`` is not a bool.
     """
-    if not isinstance(enabled, bool):
-        raise ValueError(f'enabled={enabled!r} is invalid; expected True or False.')
-    for module in model.modules():
-        if isinstance(module, Exportable):
-            module.exportable = enabled
-    return model
+    return switch_modules(model, Exportable, 'exportable', enabled, 'enabled')

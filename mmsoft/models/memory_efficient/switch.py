@@ -2,6 +2,7 @@
 import torch
 import torch.nn as nn
 
+from ..module_switch import switch_modules
 from ..tracing import is_tracing
 
 
@@ -56,10 +57,4 @@ def set_memory_efficient(model: nn.Module, enabled: bool) -> nn.Module:
     Raises:
         ValueError: If ``enabled`` is not a bool.
     """
-    if not isinstance(enabled, bool):
-        raise ValueError(f'memory_efficient={enabled!r} is invalid; expected True '
-                         f'or False.')
-    for module in model.modules():
-        if isinstance(module, MemoryEfficient):
-            module.memory_efficient = enabled
-    return model
+    return switch_modules(model, MemoryEfficient, 'memory_efficient', enabled)
