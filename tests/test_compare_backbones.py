@@ -14,10 +14,14 @@ import pytest
 from mmengine.config import Config
 
 from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, MIOU_METRIC,
-                                        PAIR_PARAMS, SEGM_METRIC, SEGMENTORS,
-                                        detection_schedule, final_metrics,
+                                        PAIR_PARAMS, PROBE_CONTROL,
+                                        PROBE_DETECTORS,
+                                        RECIPES, SEGM_METRIC, SEGMENTORS,
+                                        detection_schedule, epoch_loss,
+                                        final_metrics, first_epoch_metrics,
+                                        probe_options, recipe_options,
                                         seed_summary, segmentation_schedule)
-from mmsoft_analysis.comparison_report import comparison_rows, write_report
+from mmsoft_analysis.comparison_report import PLAIN, comparison_rows, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DETECTOR = 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py'
@@ -88,6 +92,86 @@ def test_backbone_is_the_libraries_class_in_its_pair(entry):
     assert low <= params <= high, (entry.name, params)
 
 
+STRIDES = (4, 8, 16, 32)
+
+
+def input_channels(entry) -> list:
+    """The widths the neck (or the heads) of ``entry``'s config expect."""
+    model = _resolved(entry.config)['model']
+    head = model.get('neck') or model['decode_head']
+    return list(head['in_channels'])
+
+
+def pyramid_errors(outputs, channels, height: int, width: int) -> list:
+    """What is wrong with ``outputs`` as the four maps at strides 4-32 of one
+    ``height`` x ``width`` image with ``channels`` channels (empty: right)."""
+    errors = [] if len(outputs) == len(STRIDES) else [
+        f'{len(outputs)} maps, expected {len(STRIDES)}']
+    for level, (out, stride, width_c) in enumerate(zip(outputs, STRIDES, channels)):
+        expected = (1, width_c, height // stride, width // stride)
+        if tuple(out.shape) != expected:
+            errors.append(f'level {level}: {tuple(out.shape)}, expected {expected} '
+                          f'(stride {stride})')
+    return errors
+
+
+@pytest.mark.mmcv_ops  # builds mmdet and mmseg backbones from their configs
+@pytest.mark.parametrize('entry', [
+    pytest.param(e, id=f'{e.name}-{Path(e.config).stem[:4]}', marks=_marks(e))
+    for e in DETECTORS + SEGMENTORS + [PROBE_CONTROL]])
+def test_backbone_gives_strides_4_to_32_at_the_heads_widths(entry):
+    """One 160x224 image (the demo's 160 and a second size, so that height
+    and width cannot be swapped) through the backbone as its config builds
+    it: four maps at strides 4, 8, 16 and 32 with the neck's (heads')
+    input widths."""
+    import torch
+    from mmsoft_analysis.peers import config_backbone
+    torch.manual_seed(0)
+    backbone = config_backbone(str(REPO / entry.config))
+    backbone.eval()  # some backbones' train() returns None
+    with torch.no_grad():
+        outputs = backbone(torch.randn(1, 3, 160, 224))
+    assert pyramid_errors(outputs, input_channels(entry), 160, 224) == []
+
+
+@pytest.mark.mmcv_ops
+@pytest.mark.parametrize('settings, error', [
+    (dict(strides=(1, 2, 2, 1)), 'level 3: (1, 512, 10, 14), expected (1, 512, 5, 7)'),
+    (dict(out_indices=(1, 2, 3)), '3 maps, expected 4')])
+def test_stride_check_fails_on_a_wrong_stride(settings, error):
+    """The check above rejects ResNet-18 with its last stage's stride 1
+    (stride 16 where 32 is expected) and with a level left out."""
+    import torch
+    from mmdet.models.backbones import ResNet
+    backbone = ResNet(depth=18, **settings)
+    backbone.eval()
+    with torch.no_grad():
+        outputs = backbone(torch.randn(1, 3, 160, 224))
+    assert error in ' '.join(pyramid_errors(outputs, [64, 128, 256, 512], 160, 224))
+
+
+def test_config_specs_take_backbone_options():
+    """``config.py:key=value`` builds the config's backbone with the option
+    set: how the costs measure mmsoft's backbones without the
+    memory-efficient path."""
+    from mmsoft_analysis.peers import parse_spec
+    spec = f'{DEMO_DETECTOR}{PLAIN}'
+    assert parse_spec(spec) == (DEMO_DETECTOR, dict(memory_efficient=False))
+    with pytest.raises(FileNotFoundError, match="config 'missing.py'"):
+        parse_spec('missing.py:memory_efficient=False')
+
+
+@pytest.mark.mmcv_ops
+def test_config_backbone_applies_the_options():
+    from mmsoft.models.memory_efficient.switch import MemoryEfficient
+    from mmsoft_analysis.peers import build_backbone
+    for spec, expected in ((DEMO_DETECTOR, True), (DEMO_DETECTOR + PLAIN, False)):
+        backbone = build_backbone(str(REPO / spec))
+        switches = {module.memory_efficient for module in backbone.modules()
+                    if isinstance(module, MemoryEfficient)}
+        assert switches == {expected}, spec
+
+
 def test_detection_schedule_keeps_the_warmup_share():
     options = dict(option.split('=') for option in detection_schedule(3))
     # The demo warms up for 100 of 8 x 75 iterations; 3 epochs keep 3/8 of it.
@@ -130,6 +214,78 @@ def test_final_metrics_reads_the_newest_validation(tmp_path):
     assert final_metrics(tmp_path, [BBOX_METRIC]) is None
 
 
+def test_recipes_set_the_learning_rate_and_a_warmup_in_epochs():
+    assert recipe_options('shared', 3) == []
+    assert recipe_options('warmup-1-epoch', 3) == ['param_scheduler.0.end=75']
+    assert recipe_options('lr-3e-4-warmup-1-epoch', 3) == [
+        'optim_wrapper.optimizer.lr=0.0003', 'param_scheduler.0.end=75']
+    with pytest.raises(ValueError, match="recipe 'lr-1' is not known"):
+        recipe_options('lr-1', 3)
+    # Later options win in mmengine's --cfg-options: the recipe's warm-up
+    # replaces the schedule's, and the probe stops after the first epoch.
+    options = dict(o.split('=') for o in [*detection_schedule(3),
+                                          *recipe_options('warmup-1-epoch', 3),
+                                          *probe_options()])
+    assert options['param_scheduler.0.end'] == '75'
+    assert options['param_scheduler.1.T_max'] == '3'
+    assert options['train_cfg.max_epochs'] == '1'
+
+
+def test_probe_covers_every_recipe_and_the_control(tmp_path):
+    """The failed backbones and the control under every recipe: the first
+    epoch, then the full run after it, in the same work dir."""
+    sys.path.insert(0, str(REPO / 'tools/analysis'))
+    try:
+        from compare_backbones import probe_jobs
+    finally:
+        sys.path.pop(0)
+
+    class Args:
+        seeds, epochs, cfg_options, work_dir = [0, 1], 3, [], tmp_path
+
+    jobs = probe_jobs(Args)
+    first = [job for job in jobs if job['task'] == 'probe']
+    full = [job for job in jobs if job['task'] == 'detection']
+    expected = {(entry.name, recipe) for entry in PROBE_DETECTORS
+                for recipe in RECIPES}
+    assert {(job['entry'].name, job['entry'].recipe) for job in first} == expected
+    assert {(job['entry'].name, job['entry'].recipe) for job in full} == expected
+    assert len(jobs) == 2 * len(expected)
+    assert [entry.name for entry in PROBE_DETECTORS] == [
+        'Swin (64 channels, window 5)', 'PVTv2-b2-li', 'PVTv2-b2 (control)']
+    by_key = {job['key']: job for job in jobs}
+    for job in full:
+        before = by_key[job['after']]
+        assert jobs.index(before) < jobs.index(job)
+        assert before['work_dir'] == job['work_dir'] and job['seed'] == 0
+        assert 'train_cfg.max_epochs=1' in before['command']
+        assert 'train_cfg.max_epochs=1' not in job['command']
+    assert all(entry.recipe in RECIPES for entry in DETECTORS + SEGMENTORS)
+
+
+def _write_scalars(folder, records):
+    folder.mkdir(parents=True)
+    (folder / 'scalars.json').write_text(
+        '\n'.join(json.dumps(record) for record in records) + '\n')
+
+
+def test_first_epoch_metrics_and_loss_survive_the_resumed_run(tmp_path):
+    """The probe's epoch-1 figures are read back after the full run has
+    resumed in the same work dir (a newer timestamp)."""
+    _write_scalars(tmp_path / '20260101_000000' / 'vis_data', [
+        *[dict(loss=4.0 - step / 50, step=step) for step in range(10, 80, 10)],
+        {BBOX_METRIC: 0.01, SEGM_METRIC: 0.02, 'step': 1}])
+    _write_scalars(tmp_path / '20260102_000000' / 'vis_data', [
+        dict(loss=0.5, step=150), {BBOX_METRIC: 0.2, SEGM_METRIC: 0.1, 'step': 3}])
+    keys = [BBOX_METRIC, SEGM_METRIC]
+    assert first_epoch_metrics(tmp_path, keys) == {BBOX_METRIC: 0.01,
+                                                   SEGM_METRIC: 0.02, 'step': 1}
+    assert final_metrics(tmp_path, keys)[BBOX_METRIC] == 0.2
+    # Iterations 50, 60 and 70 are the last 40% of a 75-iteration epoch.
+    assert epoch_loss(tmp_path, 75) == pytest.approx(4.0 - 60 / 50)
+    assert epoch_loss(tmp_path / 'missing', 75) is None
+
+
 def test_seed_summary():
     assert seed_summary([0.3, 0.1]) == dict(mean=pytest.approx(0.2), low=0.1,
                                             high=0.3, values=[0.3, 0.1])
@@ -143,15 +299,20 @@ def _run(entry, task, seed, metrics):
 def _costs(entries):
     results = [dict(model=e.config, params=3_000_000 + i, gflops=10.0 + i,
                     cpu_seconds=1.0 + i) for i, e in enumerate(entries)]
+    flops = [dict(model=e.config, gflops=0.5 + i) for i, e in enumerate(entries)]
     train = [dict(model=e.config, cpu_seconds=5.0 + i) for i, e in enumerate(entries)]
     peaks = [dict(model=e.config, peak_bytes=(100 + i) * 2**20)
              for i, e in enumerate(entries)]
-    return dict(inference=dict(results=results),
+    plain = [e.config + PLAIN for e in entries if e.ours]
+    train += [dict(model=spec, cpu_seconds=7.0) for spec in plain]
+    peaks += [dict(model=spec, peak_bytes=102 * 2**20) for spec in plain]
+    return dict(inference=dict(results=results), flops=dict(results=flops),
                 train=dict(results=train, peaks=peaks))
 
 
 SETTINGS = dict(epochs=3, seg_iters=300, seeds=[0, 1], threads=1, jobs=2,
-                sizes=dict(inference='800x1333', train='800x1333', peak='1536x1536'),
+                sizes=dict(inference='800x1333', flops='160x160', train='800x1333',
+                           peak='1536x1536'),
                 machine=dict(processor='x86_64', cpu_count=2, torch='2.x',
                              date='2026-12-01'))
 
@@ -164,6 +325,10 @@ def test_report_rows_join_seeds_and_costs():
     rows = comparison_rows(runs, _costs([detector, missing]), [detector, missing],
                            SEGMENTORS[:1])
     first, second = rows['detection']
+    # mmsoft's rows read the plain-autograd figures from their own spec, the
+    # peers' repeat theirs.
+    assert (first['train_iter_s_plain'], first['train_peak_mib_plain']) == (7.0, 102.0)
+    assert first['gflops_small'] == 0.5
     assert first[BBOX_METRIC] == dict(mean=pytest.approx(0.25), low=0.2, high=0.3,
                                       values=[0.3, 0.2])
     assert first['seeds'] == [0, 1] and first['train_minutes'] == pytest.approx(10.5)
@@ -178,14 +343,24 @@ def test_report_writes_table_and_plots(tmp_path):
     detector = DETECTORS[0]
     runs = [_run(detector, 'detection', s, {BBOX_METRIC: v, SEGM_METRIC: v / 2})
             for s, v in ((0, 0.31), (1, 0.27))]
-    paths = write_report(runs, _costs(DETECTORS[:2]), DETECTORS[:2], SEGMENTORS[:1],
-                         SETTINGS, str(tmp_path))
+    probes = [dict(_run(PROBE_CONTROL, 'probe', 0, {BBOX_METRIC: 0.004,
+                                                    SEGM_METRIC: 0.002}),
+                   recipe='lr-3e-4-warmup-1-epoch', loss=2.345),
+              dict(_run(PROBE_CONTROL, 'detection', 0, {BBOX_METRIC: 0.05,
+                                                        SEGM_METRIC: 0.04}),
+                   recipe='lr-3e-4-warmup-1-epoch')]
+    paths = write_report(runs, probes, _costs(DETECTORS[:2]), DETECTORS[:2],
+                         SEGMENTORS[:1], SETTINGS, str(tmp_path))
     table = (tmp_path / 'table.md').read_text()
+    probe = (tmp_path / 'probe.md').read_text()
+    assert ('| PVTv2-b2 (control) | lr 0.0003, warm-up 1 epoch | 0.004 | 0.002 | '
+            '2.345 | 0.050 | 0.040 | 10.0 |') in probe
+    assert probe.count('PVTv2-b2 (control)') == 1
     assert '**0.290** (0.310, 0.270)' in table
     assert table.count('not run') == 3  # 2 mAPs of the second row, 1 mIoU
     assert 'mask-rcnn_soft-tiny_fpn_demo.py' in table and '1,536×1,536' not in table
     assert 'training peak 1536×1536 (MiB)' in table
-    for path in paths[2:]:
+    for path in paths[3:]:
         assert Path(path).read_bytes()[:4] == b'\x89PNG'
     data = json.loads((tmp_path / 'comparison.json').read_text())
     assert data['settings']['epochs'] == 3 and len(data['detection']) == 2
@@ -206,14 +381,17 @@ def test_tool_rejects_unknown_names():
 @pytest.mark.mmcv_ops  # trains mmdet and mmseg models
 def test_tool_trains_measures_and_reports(tmp_path, small_coco, small_ade):
     """One real run per task on the small generated datasets (one iteration
-    and one validation each), the costs at 64x64, then the report; a second
-    call reuses the finished runs."""
+    and one validation each), the costs at 64x64 (mmsoft's backbone also
+    without the memory-efficient path), then the report; a second call
+    reuses the finished runs, and a third, in a fresh work dir, the records
+    (``runs.json``) the first calls wrote beside the report."""
     work, out = tmp_path / 'work', tmp_path / 'out'
     common = ['--seeds', '0', '--jobs', '1', '--work-dir', str(work), '--out-dir',
               str(out), '--epochs', '1', '--seg-iters', '2']
-    small = ['--inference-size', '64x64', '--train-size', '64x64', '--peak-size',
-             '64x96']
-    detection = _tool(*common, *small, '--detectors', 'SOFT++ half-width (demo)',
+    small = ['--inference-size', '64x64', '--flops-size', '32x32', '--train-size',
+             '64x64', '--peak-size', '64x96']
+    detection = _tool(*common, *small, '--phases', 'train', 'costs', 'report',
+                      '--detectors', 'SOFT++ half-width (demo)',
                       '--segmentors', '--cfg-options',
                       f'train_dataloader.dataset.data_root={small_coco}',
                       f'val_dataloader.dataset.data_root={small_coco}',
@@ -233,15 +411,29 @@ def test_tool_trains_measures_and_reports(tmp_path, small_coco, small_ade):
     assert 0 <= seg['metrics'][MIOU_METRIC] <= 100
     costs = json.loads((work / 'costs.json').read_text())
     (inference, ) = costs['inference']['results']
-    (training, ) = costs['train']['results']
+    (flops, ) = costs['flops']['results']
+    training, plain = costs['train']['results']
     assert inference['model'] == DEMO_DETECTOR and inference['gflops'] > 0
+    assert flops['height'] == 32 and 0 < flops['gflops'] < inference['gflops']
     assert (inference['height'], training['height']) == (64, 64)
+    assert plain['model'] == DEMO_DETECTOR + PLAIN
     assert costs['train']['peaks'][0]['width'] == 96
     # The report of both tasks, without training again.
     again = _tool(*common, '--phases', 'train', 'report', '--detectors',
                   'SOFT++ half-width (demo)', '--segmentors', 'PVTv2-b0')
     assert again.returncode == 0, again.stderr[-3000:]
     assert 'training' not in again.stdout
+    table = (out / 'table.md').read_text()
+    assert f"**{result['metrics'][BBOX_METRIC]:.3f}**" in table
+    assert f"**{seg['metrics'][MIOU_METRIC]:.3f}**" in table
+    records = json.loads((out / 'runs.json').read_text())
+    assert sorted(r['task'] for r in records) == ['detection', 'segmentation']
+    # Another clone: no work dir, the records only.
+    fresh = _tool(*common[:5], str(tmp_path / 'fresh'), *common[6:], '--phases',
+                  'train', 'report', '--detectors', 'SOFT++ half-width (demo)',
+                  '--segmentors', 'PVTv2-b0')
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert 'training' not in fresh.stdout
     table = (out / 'table.md').read_text()
     assert f"**{result['metrics'][BBOX_METRIC]:.3f}**" in table
     assert f"**{seg['metrics'][MIOU_METRIC]:.3f}**" in table

@@ -5,24 +5,34 @@ the demo data with the same Mask R-CNN (and, for four of them, the same
 UperNet), with each seed, measures their costs with the project's benchmark
 tools, and writes the table and the plots:
 
-1. **train**: ``tools/train.py`` per (config, seed), ``--jobs`` at a time,
+1. **probe**: the first epoch of the compressed Mask R-CNN schedule under
+   each recipe of :data:`~mmsoft_analysis.comparison.RECIPES` (learning rate
+   and warm-up) for the backbone that did not learn under the shared one,
+   PVTv2-b2-li, and mmdet's PVTv2 at its depths as a control. Each probe run
+   is the first epoch of the full run of its recipe, which resumes from it.
+2. **train**: ``tools/train.py`` per (config, seed), ``--jobs`` at a time,
    each with ``--threads`` threads, on the demo schedule compressed to
-   ``--epochs`` epochs (``--seg-iters`` iterations for UperNet); the final
-   validation gives COCO bbox / segm mAP (mmdet's ``CocoMetric``) or mIoU.
-   A finished run is kept (``result.json`` in its work dir) and skipped next
-   time; a killed one resumes from its last checkpoint.
-2. **costs**: ``tools/analysis/benchmark.py`` on each detector's backbone,
+   ``--epochs`` epochs (``--seg-iters`` iterations for UperNet), under the
+   entry's recipe; the final validation gives COCO bbox / segm mAP (mmdet's
+   ``CocoMetric``) or mIoU.
+3. **costs**: ``tools/analysis/benchmark.py`` on each detector's backbone,
    built from its config: parameters, FLOPs (mmsoft's handle-aware counter)
-   and inference latency at 800x1333, one training iteration (forward and
-   backward) at 800x1333, and the peak of live training memory at 1536x1536.
-3. **report**: ``table.md`` (the table, with each seed's value),
-   ``comparison.json``, and the plots ``map_vs_latency.png`` and
-   ``map_vs_train_memory.png`` in ``--out-dir`` (``docs/comparison/``;
-   ``docs/comparison.md`` explains them).
+   at 800x1333 and at the training size (160x160), inference latency at
+   800x1333, one training iteration (forward and backward) at 800x1333, and
+   the peak of live training memory at 1536x1536; the training figures of
+   mmsoft's backbones also with ``memory_efficient=False``.
+4. **report**: ``table.md``, ``probe.md``, ``comparison.json`` and the
+   plots ``map_vs_latency.png`` and ``map_vs_train_memory.png`` in
+   ``--out-dir`` (``docs/comparison/``; ``docs/comparison.md`` explains them).
+
+Every finished run is recorded in ``runs.json`` beside the report and is not
+run again, here or in another clone; a run finished in its work dir (a
+``result.json``) is recorded at the next call; a killed run resumes from its
+last checkpoint.
 
 Example::
 
-    python tools/analysis/compare_backbones.py            # everything, ~2 h on 2 cores
+    python tools/analysis/compare_backbones.py            # what is not recorded yet
     python tools/analysis/compare_backbones.py --phases report
     python tools/analysis/compare_backbones.py --detectors ResNet-18 PVTv2-b0 \\
         --segmentors --epochs 1 --seeds 0 --phases train
@@ -34,19 +44,25 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Sequence
 
 from mmsoft.apis import parse_size
 from mmsoft_analysis import REPO
-from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, MIOU_METRIC,
+from mmsoft_analysis.comparison import (BBOX_METRIC, DEMO_EPOCH_ITERS, DETECTORS,
+                                        MIOU_METRIC, PROBE_DETECTORS, RECIPES,
                                         SEGM_METRIC, SEGMENTORS, Entry,
-                                        detection_schedule, final_metrics,
+                                        detection_schedule, epoch_loss,
+                                        final_metrics, first_epoch_metrics,
+                                        probe_options, recipe_options,
                                         segmentation_schedule)
-from mmsoft_analysis.comparison_report import write_report
+from mmsoft_analysis.comparison_report import PLAIN, write_report
 
-PHASES = ('train', 'costs', 'report')
+PHASES = ('probe', 'train', 'costs', 'report')
 INFERENCE_SIZE, TRAIN_SIZE, PEAK_SIZE = (800, 1333), (800, 1333), (1536, 1536)
+FLOPS_SIZE = (160, 160)
+RECORDS = 'runs.json'  # every finished run, beside the report
 DATASETS = dict(detection=('coco', 'data/demo_coco'),
                 segmentation=('ade', 'data/demo_ade'))
 
@@ -86,6 +102,9 @@ def parse_args():
     parser.add_argument('--inference-size', type=parse_size, default=INFERENCE_SIZE,
                         help='backbone inference size HxW of the latency and '
                         'FLOPs columns')
+    parser.add_argument('--flops-size', type=parse_size, default=FLOPS_SIZE,
+                        help='size HxW of the second FLOPs column (the size '
+                        'the comparison trains at)')
     parser.add_argument('--train-size', type=parse_size, default=TRAIN_SIZE,
                         help='size HxW of the training-iteration column')
     parser.add_argument('--peak-size', type=parse_size, default=PEAK_SIZE,
@@ -102,46 +121,87 @@ def parse_args():
 
 
 def run_name(entry: Entry, seed: int) -> str:
-    """The work-dir name of one (config, seed) run."""
-    return f'{Path(entry.config).stem}_seed{seed}'
+    """The work-dir name of one (config, recipe, seed) run."""
+    recipe = '' if entry.recipe == 'shared' else f'_{entry.recipe}'
+    return f'{Path(entry.config).stem}{recipe}_seed{seed}'
+
+
+def run_key(task: str, config: str, recipe: str, seed: int) -> str:
+    """What identifies a run among the records."""
+    return f'{task}:{config}:{recipe}:{seed}'
+
+
+def _job(args, task: str, entry: Entry, seed: int, schedule: List[str],
+         marker: str) -> Dict:
+    work_dir = args.work_dir / ('detection' if task == 'probe' else task) / run_name(
+        entry, seed)
+    command = [sys.executable, 'tools/train.py', entry.config, '--work-dir',
+               str(work_dir), '--resume', '--cfg-options', f'randomness.seed={seed}',
+               *schedule, *args.cfg_options]
+    return dict(task=task, entry=entry, seed=seed, work_dir=work_dir,
+                command=command, marker=work_dir / marker,
+                key=run_key(task, entry.config, entry.recipe, seed))
 
 
 def training_jobs(args) -> List[Dict]:
     """Every (entry, seed) run, seed-major, with its command line."""
     jobs = []
     for seed in args.seeds:
-        for task, entries in (('detection', args.detectors),
-                              ('segmentation', args.segmentors)):
-            for entry in entries:
-                schedule = (detection_schedule(args.epochs) if task == 'detection'
-                            else segmentation_schedule(args.seg_iters))
-                work_dir = args.work_dir / task / run_name(entry, seed)
-                command = [sys.executable, 'tools/train.py', entry.config,
-                           '--work-dir', str(work_dir), '--resume',
-                           '--cfg-options', f'randomness.seed={seed}', *schedule,
-                           *args.cfg_options]
-                jobs.append(dict(task=task, entry=entry, seed=seed,
-                                 work_dir=work_dir, command=command))
+        for entry in args.detectors:
+            schedule = [*detection_schedule(args.epochs),
+                        *recipe_options(entry.recipe, args.epochs)]
+            jobs.append(_job(args, 'detection', entry, seed, schedule, 'result.json'))
+        for entry in args.segmentors:
+            jobs.append(_job(args, 'segmentation', entry, seed,
+                             segmentation_schedule(args.seg_iters), 'result.json'))
     return jobs
+
+
+def probe_jobs(args) -> List[Dict]:
+    """The probe's runs (first seed): for each backbone of the probe and each
+    recipe, the first epoch, then the full run resuming from it (started
+    only once the first epoch has finished); all first epochs first."""
+    seed = args.seeds[0]
+    first_epochs, full_runs = [], []
+    for base in PROBE_DETECTORS:
+        for recipe in RECIPES:
+            entry = replace(base, recipe=recipe)
+            schedule = [*detection_schedule(args.epochs),
+                        *recipe_options(recipe, args.epochs)]
+            first = _job(args, 'probe', entry, seed, [*schedule, *probe_options()],
+                         'probe.json')
+            full = _job(args, 'detection', entry, seed, schedule, 'result.json')
+            first_epochs.append(first)
+            full_runs.append(dict(full, after=first['key']))
+    return first_epochs + full_runs
 
 
 def metric_keys(task: str) -> List[str]:
     """The validation metrics a run of ``task`` reports."""
-    return [BBOX_METRIC, SEGM_METRIC] if task == 'detection' else [MIOU_METRIC]
+    return [MIOU_METRIC] if task == 'segmentation' else [BBOX_METRIC, SEGM_METRIC]
 
 
 def finish(job: Dict, returncode: int, seconds: float) -> Dict:
-    """Reads a finished run's metrics and writes its ``result.json``."""
-    metrics = final_metrics(job['work_dir'], metric_keys(job['task']))
-    result = dict(task=job['task'], name=job['entry'].name,
-                  config=job['entry'].config, seed=job['seed'],
-                  wall_seconds=round(seconds, 1), returncode=returncode)
+    """Reads a finished run's metrics (a probe's: those of its first epoch,
+    and its training loss there) and writes its marker file."""
+    keys = metric_keys(job['task'])
+    if job['task'] == 'probe':
+        metrics = first_epoch_metrics(job['work_dir'], keys)
+    else:
+        metrics = final_metrics(job['work_dir'], keys)
+    entry = job['entry']
+    result = dict(task=job['task'], name=entry.name, config=entry.config,
+                  recipe=entry.recipe, seed=job['seed'],
+                  wall_seconds=round(seconds, 1), returncode=returncode,
+                  date=time.strftime('%Y-%m-%d'))
     if returncode != 0 or metrics is None:
         result['error'] = (f'tools/train.py exited with {returncode}; see '
                            f"{job['work_dir'] / 'train.log'}")
         return result
     result['metrics'] = metrics
-    (job['work_dir'] / 'result.json').write_text(json.dumps(result, indent=2))
+    if job['task'] == 'probe':
+        result['loss'] = epoch_loss(job['work_dir'], DEMO_EPOCH_ITERS)
+    job['marker'].write_text(json.dumps(result, indent=2))
     return result
 
 
@@ -151,16 +211,30 @@ def thread_env(threads: int) -> Dict[str, str]:
                 MKL_NUM_THREADS=str(threads))
 
 
-def train_all(args) -> List[Dict]:
-    """Runs every unfinished job, ``args.jobs`` at a time."""
+def run_all(args, jobs: List[Dict], recorded: Dict[str, Dict],
+            records_path: Path) -> List[Dict]:
+    """Runs every job that is not recorded, ``args.jobs`` at a time, and
+    records each as it finishes."""
     env = thread_env(args.threads)
-    pending = [job for job in training_jobs(args)
-               if not (job['work_dir'] / 'result.json').exists()]
+    pending = [job for job in jobs if job['key'] not in recorded]
     running, failed = [], []
     total = len(pending)
     while pending or running:
-        while pending and len(running) < args.jobs:
-            job = pending.pop(0)
+        # A job waits for the run it resumes from ('after'); one whose
+        # prerequisite failed is dropped with it.
+        failed_keys = {result['key'] for result in failed}
+        for job in [job for job in pending if job.get('after') in failed_keys]:
+            pending.remove(job)
+            failed.append(dict(key=job['key'], name=job['entry'].name,
+                               seed=job['seed'], error='its first epoch failed'))
+        ready = [job for job in pending
+                 if job.get('after') is None or job['after'] in recorded]
+        if pending and not ready and not running:
+            raise RuntimeError('runs wait for runs that are not scheduled: '
+                               f"{[job['after'] for job in pending]}")
+        while ready and len(running) < args.jobs:
+            job = ready.pop(0)
+            pending.remove(job)
             job['work_dir'].mkdir(parents=True, exist_ok=True)
             log = open(job['work_dir'] / 'train.log', 'a')
             job['process'] = subprocess.Popen(job['command'], cwd=REPO, env=env,
@@ -168,51 +242,68 @@ def train_all(args) -> List[Dict]:
             job['log'], job['start'] = log, time.time()
             running.append(job)
             print(f"[{total - len(pending)}/{total}] training {job['entry'].name} "
-                  f"({job['task']}, seed {job['seed']}) in {job['work_dir']}",
-                  flush=True)
+                  f"({job['task']}, recipe {job['entry'].recipe}, seed "
+                  f"{job['seed']}) in {job['work_dir']}", flush=True)
         time.sleep(5)
         for job in [job for job in running if job['process'].poll() is not None]:
             running.remove(job)
             job['log'].close()
             result = finish(job, job['process'].returncode, time.time() - job['start'])
             if 'error' in result:
-                failed.append(result)
+                failed.append(dict(result, key=job['key']))
                 print(f"failed: {job['entry'].name} seed {job['seed']}: "
                       f"{result['error']}", flush=True)
             else:
+                recorded[job['key']] = result
+                save_records(records_path, recorded)
                 print(f"done: {job['entry'].name} seed {job['seed']}: "
                       f"{result['metrics']} ({result['wall_seconds']:.0f} s)",
                       flush=True)
     return failed
 
 
-def collect_runs(args) -> List[Dict]:
-    """The ``result.json`` of every finished run of the selected entries."""
-    runs = []
-    for job in training_jobs(args):
-        path = job['work_dir'] / 'result.json'
-        if path.exists():
-            runs.append(json.loads(path.read_text()))
-    return runs
+def load_records(path: Path) -> Dict[str, Dict]:
+    """The recorded runs (``runs.json`` beside the report), by :func:`run_key`."""
+    if not path.exists():
+        return {}
+    return {run_key(r['task'], r['config'], r.get('recipe', 'shared'), r['seed']): r
+            for r in json.loads(path.read_text())}
 
 
-def ensure_data(args) -> None:
-    """Generates the demo datasets the selected entries train on."""
-    for task, entries in (('detection', args.detectors),
-                          ('segmentation', args.segmentors)):
+def record_finished(jobs: List[Dict], recorded: Dict[str, Dict]) -> None:
+    """Adds the jobs finished in their work dirs to ``recorded`` (the work
+    dir's result replaces an older record)."""
+    for job in jobs:
+        if job['marker'].exists():
+            recorded[job['key']] = json.loads(job['marker'].read_text())
+
+
+def collect_runs(jobs: List[Dict], recorded: Dict[str, Dict]) -> List[Dict]:
+    """The recorded results of ``jobs``."""
+    return [recorded[job['key']] for job in jobs if job['key'] in recorded]
+
+
+def ensure_data(args, probe: bool = False) -> None:
+    """Generates the demo datasets the selected entries (or the probe) train
+    on."""
+    for task, entries in (('detection', PROBE_DETECTORS if probe else args.detectors),
+                          ('segmentation', [] if probe else args.segmentors)):
         kind, root = DATASETS[task]
         if entries and not (REPO / root).exists():
             subprocess.run([sys.executable, 'tools/generate_demo_data.py', kind],
                            cwd=REPO, check=True)
 
 
-def benchmark(args, name: str, *options: str) -> Dict:
+def benchmark(args, name: str, *options: str, plain: bool = False) -> Dict:
     """Runs ``tools/analysis/benchmark.py`` on the detectors' backbones (built
-    from their configs) and returns its ``results.json``."""
+    from their configs; with ``plain``, mmsoft's also without the
+    memory-efficient path) and returns its ``results.json``."""
     out_dir = args.work_dir / 'costs' / name
+    models = [entry.config for entry in args.detectors]
+    if plain:
+        models += [entry.config + PLAIN for entry in args.detectors if entry.ours]
     command = [sys.executable, 'tools/analysis/benchmark.py', '--device', 'cpu',
-               '--models', *[entry.config for entry in args.detectors],
-               '--out-dir', str(out_dir), *options]
+               '--models', *models, '--out-dir', str(out_dir), *options]
     print('$ ' + ' '.join(command), flush=True)
     subprocess.run(command, cwd=REPO, env=thread_env(args.threads), check=True)
     return json.loads((REPO / out_dir / 'results.json').read_text())
@@ -224,14 +315,16 @@ def size_text(size) -> str:
 
 
 def measure_costs(args) -> Dict:
-    """The cost columns, from two benchmark runs; written to ``costs.json``."""
+    """The cost columns, from three benchmark runs; written to ``costs.json``."""
     inference = benchmark(args, 'inference', '--sizes', size_text(args.inference_size),
                           '--flops',
                           '--warmup', '1', '--repeats', '3', '--no-live-memory')
+    flops = benchmark(args, 'flops', '--sizes', size_text(args.flops_size), '--flops',
+                      '--warmup', '0', '--repeats', '1', '--no-live-memory')
     training = benchmark(args, 'train', '--mode', 'train', '--sizes',
                          size_text(args.train_size), '--warmup', '1', '--repeats',
-                         '2', '--peak-sizes', size_text(args.peak_size))
-    costs = dict(inference=inference, train=training)
+                         '2', '--peak-sizes', size_text(args.peak_size), plain=True)
+    costs = dict(inference=inference, flops=flops, train=training)
     path = args.work_dir / 'costs.json'
     path.write_text(json.dumps(costs, indent=2))
     return costs
@@ -245,12 +338,26 @@ def machine() -> Dict:
                 python=platform.python_version(), date=time.strftime('%Y-%m-%d'))
 
 
+def save_records(path: Path, recorded: Dict[str, Dict]) -> None:
+    """Adds ``recorded`` to the records in ``path`` (another call of the tool
+    may have added some since this one read them) and writes them, sorted."""
+    merged = {**load_records(path), **recorded}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([merged[key] for key in sorted(merged)],
+                               indent=2) + '\n')
+
+
 def main():
     args = parse_args()
+    records_path = args.out_dir / RECORDS
+    recorded = load_records(records_path)
+    record_finished(probe_jobs(args) + training_jobs(args), recorded)
+    save_records(records_path, recorded)
     failed = []
-    if 'train' in args.phases:
-        ensure_data(args)
-        failed = train_all(args)
+    for phase, jobs in (('probe', probe_jobs), ('train', training_jobs)):
+        if phase in args.phases:
+            ensure_data(args, probe=phase == 'probe')
+            failed += run_all(args, jobs(args), recorded, records_path)
     if 'costs' in args.phases:
         measure_costs(args)
     if 'report' in args.phases:
@@ -260,11 +367,14 @@ def main():
                         seeds=args.seeds, threads=args.threads, jobs=args.jobs,
                         cfg_options=args.cfg_options,
                         sizes=dict(inference=size_text(args.inference_size),
+                                   flops=size_text(args.flops_size),
                                    train=size_text(args.train_size),
                                    peak=size_text(args.peak_size)),
                         machine=machine())
-        paths = write_report(collect_runs(args), costs, args.detectors,
-                             args.segmentors, settings, args.out_dir)
+        paths = write_report(collect_runs(training_jobs(args), recorded),
+                             collect_runs(probe_jobs(args), recorded), costs,
+                             args.detectors, args.segmentors, settings,
+                             args.out_dir)
         print('written: ' + ', '.join(str(path) for path in paths))
     if failed:
         raise SystemExit(f'{len(failed)} training runs failed: '

@@ -29,13 +29,17 @@ class Entry:
         config (str): Config path relative to the repository root.
         source (str): Where the backbone's code comes from: ``'mmsoft'``,
             ``'mmdet'``, ``'mmseg'`` or ``'timm'``.
-        pair (str): The group of similar parameter count and FLOPs that the
-            fair comparisons are made within.
+        pair (str): The group of similar parameter count that the entry is
+            read within.
+        recipe (str): The name of its training recipe in :data:`RECIPES`:
+            ``'shared'`` (the demo's), or the winner of the probe for a
+            backbone that does not learn under it.
     """
     name: str
     config: str
     source: str
     pair: str
+    recipe: str = 'shared'
 
     @property
     def ours(self) -> bool:
@@ -49,6 +53,29 @@ def _demo(config: str) -> str:
 
 def _peer(config: str) -> str:
     return f'{PEER_CONFIGS}/{config}.py'
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A learning rate and warm-up length for the compressed schedules.
+
+    Attributes:
+        lr (float | None): AdamW's learning rate; None keeps the demo's 1e-3.
+        warmup_epochs (float | None): Length of the linear warm-up in epochs
+            of the demo data (75 iterations each); None keeps the demo's
+            share of the schedule (100 of 600 iterations).
+    """
+    lr: Optional[float] = None
+    warmup_epochs: Optional[float] = None
+
+
+# The shared recipe (the demo's, tuned for its SOFT) and the probe's
+# alternatives for a backbone that does not learn under it.
+RECIPES: Dict[str, Recipe] = {
+    'shared': Recipe(),
+    'warmup-1-epoch': Recipe(warmup_epochs=1),
+    'lr-3e-4-warmup-1-epoch': Recipe(lr=3e-4, warmup_epochs=1),
+}
 
 
 # The pairs, by the backbone's parameter count: 3-7 M (the demo's half-width
@@ -67,11 +94,14 @@ DETECTORS: List[Entry] = [
     Entry('SOFT++-tiny', _demo('mask-rcnn_soft++-tiny_fpn_demo'), 'mmsoft',
           MEDIUM),
     Entry('ResNet-18', _peer('mask-rcnn_r18_fpn_demo'), 'mmdet', MEDIUM),
-    Entry('Swin (64 channels)', _peer('mask-rcnn_swin-64_fpn_demo'), 'mmdet',
-          MEDIUM),
+    # The recipes below are the probe's best (seed 0, full run); neither
+    # makes the backbone learn (docs/comparison.md, "The probe").
+    Entry('Swin (64 channels, window 5)', _peer('mask-rcnn_swin-64_fpn_demo'),
+          'mmdet', MEDIUM, recipe='lr-3e-4-warmup-1-epoch'),
     Entry('PVTv2-b1', _peer('mask-rcnn_pvtv2-b1_fpn_demo'), 'mmdet', MEDIUM),
     Entry('ResNet-50', _peer('mask-rcnn_r50_fpn_demo'), 'mmdet', LARGE),
-    Entry('PVTv2-b2-li', _peer('mask-rcnn_pvtv2-b2-li_fpn_demo'), 'timm', LARGE),
+    Entry('PVTv2-b2-li', _peer('mask-rcnn_pvtv2-b2-li_fpn_demo'), 'timm', LARGE,
+          recipe='warmup-1-epoch'),
 ]
 SEGMENTORS: List[Entry] = [
     Entry('SOFT++ half-width (demo)', _demo('upernet_soft-tiny_demo'), 'mmsoft',
@@ -80,6 +110,17 @@ SEGMENTORS: List[Entry] = [
     Entry('PVTv2-b0', _peer('upernet_pvtv2-b0_demo'), 'mmdet', SMALL),
     Entry('ResNet-18', _peer('upernet_r18_demo'), 'mmseg', MEDIUM),
 ]
+# The probe (``compare_backbones.py --phases probe``): each recipe for the
+# two backbones that did not learn under the shared recipe, and for mmdet's
+# PVTv2 at PVTv2-b2-li's depths (a control for timm's implementation): the
+# first epoch of the compressed Mask R-CNN schedule, then the full run
+# (seed 0) resumed from it.
+PROBE_CONTROL = Entry('PVTv2-b2 (control)', _peer('mask-rcnn_pvtv2-b2_fpn_demo'),
+                      'mmdet', LARGE)
+PROBE_DETECTORS: List[Entry] = [
+    *[entry for entry in DETECTORS
+      if entry.name in ('Swin (64 channels, window 5)', 'PVTv2-b2-li')],
+    PROBE_CONTROL]
 # The demo configs' schedules: 8 epochs of 75 iterations with a 100-iteration
 # warm-up (Mask R-CNN); 1100 iterations with a 50-iteration warm-up (UperNet).
 DEMO_EPOCHS, DEMO_EPOCH_ITERS, DEMO_DET_WARMUP = 8, 75, 100
@@ -108,6 +149,33 @@ def detection_schedule(epochs: int) -> List[str]:
             f'param_scheduler.0.end={warmup}', f'param_scheduler.1.end={epochs}',
             f'param_scheduler.1.T_max={epochs}',
             'default_hooks.checkpoint.max_keep_ckpts=1']
+
+
+def recipe_options(recipe: str, epochs: int) -> List[str]:
+    """``--cfg-options`` that apply ``recipe`` (a key of :data:`RECIPES`) to
+    the Mask R-CNN schedule compressed to ``epochs``.
+
+    Raises:
+        ValueError: When ``recipe`` is not known.
+    """
+    if recipe not in RECIPES:
+        raise ValueError(f'recipe {recipe!r} is not known; expected one of '
+                         f'{list(RECIPES)}.')
+    settings, options = RECIPES[recipe], []
+    if settings.lr is not None:
+        options.append(f'optim_wrapper.optimizer.lr={settings.lr}')
+    if settings.warmup_epochs is not None:
+        warmup = math.ceil(settings.warmup_epochs * DEMO_EPOCH_ITERS)
+        options.append(f'param_scheduler.0.end={min(warmup, epochs * DEMO_EPOCH_ITERS)}')
+    return options
+
+
+def probe_options() -> List[str]:
+    """``--cfg-options`` that stop a compressed run after its first epoch and
+    validate there. Everything else (the schedule's length, so the
+    learning rate at each step) is that of the full run, which continues
+    from the probe's checkpoint with ``--resume``."""
+    return ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1']
 
 
 def segmentation_schedule(iters: int) -> List[str]:
@@ -150,6 +218,35 @@ def final_metrics(work_dir: Path, keys: Sequence[str]) -> Optional[Dict]:
         if found is not None:
             return found
     return None
+
+
+def _records(work_dir: Path):
+    """Every JSON line of every ``scalars.json`` of the run in ``work_dir``,
+    oldest first."""
+    for scalars in sorted(work_dir.glob('*/vis_data/scalars.json')):
+        for line in scalars.read_text().splitlines():
+            yield json.loads(line)
+
+
+def first_epoch_metrics(work_dir: Path, keys: Sequence[str]) -> Optional[Dict]:
+    """The validation after the first epoch (``step`` 1) of the run in
+    ``work_dir``, as :func:`final_metrics` reads the last one; None when it
+    has not run."""
+    found = None
+    for record in _records(work_dir):
+        if record.get('step') == 1 and all(key in record for key in keys):
+            found = {key: record[key] for key in (*keys, 'step')}
+    return found
+
+
+def epoch_loss(work_dir: Path, epoch_iters: int, share: float = 0.4) -> Optional[float]:
+    """The mean logged training loss over the last ``share`` of the first
+    epoch (``epoch_iters`` iterations): a less noisy sign of early learning
+    than an mAP near zero."""
+    first = epoch_iters * (1 - share)
+    losses = [record['loss'] for record in _records(work_dir)
+              if 'loss' in record and first < record['step'] <= epoch_iters]
+    return sum(losses) / len(losses) if losses else None
 
 
 def seed_summary(values: Sequence[float]) -> Dict:

@@ -3,9 +3,10 @@
 A spec is ``NAME`` or ``NAME:key=value,key=value`` (values parsed as Python
 literals when possible), e.g. ``soft-small``, ``soft-small:solver=newton``,
 ``ufo-vit-small``, ``swin-t``, ``pvtv2-b2``, ``pvtv2-b2-li``, ``xcit-s12``;
-or the path of an mmdet or mmseg config (``*.py``), whose model's backbone
-is built as the config builds it, e.g.
-``configs/comparison/mask-rcnn_r18_fpn_demo.py``.
+or the path of an mmdet or mmseg config (``*.py``, options allowed), whose
+model's backbone is built as the config builds it with the options set on
+it, e.g. ``configs/comparison/mask-rcnn_r18_fpn_demo.py`` or
+``configs/demo/mask-rcnn_soft++-tiny_fpn_demo.py:memory_efficient=False``.
 
 The peers: mmdet's Swin-T and PVTv2-b2, and timm's PVTv2-b2-li and XCiT-S12
 (through mmpretrain's ``TIMMBackbone``; XCiT-S12 inside
@@ -117,32 +118,34 @@ BACKBONES: Dict[str, Callable[..., nn.Module]] = {
 
 def is_config_spec(spec: str) -> bool:
     """Whether ``spec`` names a config file rather than a backbone."""
-    return spec.endswith('.py')
+    return spec.partition(':')[0].endswith('.py')
 
 
-def config_backbone(path: str) -> nn.Module:
+def config_backbone(path: str, **overrides) -> nn.Module:
     """The backbone of the model of config ``path`` (mmdet or mmseg), built in
-    the config's scope after its ``custom_imports``, without weights."""
+    the config's scope after its ``custom_imports``, without weights, with
+    ``overrides`` set in its backbone's settings."""
     from mmengine.config import Config
-    return build_model_from_config(Config.fromfile(path)).backbone
+    config = Config.fromfile(path)
+    config.model.backbone.update(overrides)
+    return build_model_from_config(config).backbone
 
 
 def parse_spec(spec: str) -> Tuple[str, dict]:
-    """Splits ``NAME:key=value,...`` into the name and keyword arguments; a
-    config path (``*.py``) is returned as the name, without options.
+    """Splits ``NAME:key=value,...`` (``NAME`` a backbone or a config path)
+    into the name and keyword arguments.
 
     Raises:
         FileNotFoundError: When a config path does not exist.
         ValueError: When the name is not known or an option is not
             ``key=value``.
     """
-    if is_config_spec(spec):
-        if not Path(spec).is_file():
-            raise FileNotFoundError(f'config {spec!r} (a backbone spec ending in '
-                                    "'.py') does not exist.")
-        return spec, {}
     name, _, options = spec.partition(':')
-    if name not in BACKBONES:
+    if is_config_spec(name):
+        if not Path(name).is_file():
+            raise FileNotFoundError(f'config {name!r} (a backbone spec ending in '
+                                    "'.py') does not exist.")
+    elif name not in BACKBONES:
         raise ValueError(f'backbone {name!r} is not known; expected one of '
                          f'{sorted(BACKBONES)} (optionally followed by '
                          f"':key=value,...') or a config path ending in '.py'.")
@@ -175,7 +178,10 @@ def quiet_init_info():
 def build_backbone(spec: str) -> nn.Module:
     """The backbone named by ``spec``, initialised, in eval mode."""
     name, kwargs = parse_spec(spec)
-    model = config_backbone(name) if is_config_spec(name) else BACKBONES[name](**kwargs)
+    if is_config_spec(name):
+        model = config_backbone(name, **kwargs)
+    else:
+        model = BACKBONES[name](**kwargs)
     with quiet_init_info():
         model.init_weights()
     model.eval()  # some backbones' train() does not return the module
