@@ -353,7 +353,7 @@ def test_report_writes_table_and_plots(tmp_path):
                          SEGMENTORS[:1], SETTINGS, str(tmp_path))
     table = (tmp_path / 'table.md').read_text()
     probe = (tmp_path / 'probe.md').read_text()
-    assert ('| PVTv2-b2 (control) | lr 0.0003, warm-up 1 epoch | 0.004 | 0.002 | '
+    assert ('| PVTv2-b2 (control) | lr 3e-4, warm-up 1 epoch | 0.004 | 0.002 | '
             '2.345 | 0.050 | 0.040 | 10.0 |') in probe
     assert probe.count('PVTv2-b2 (control)') == 1
     assert '**0.290** (0.310, 0.270)' in table

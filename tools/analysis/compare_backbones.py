@@ -199,6 +199,9 @@ def finish(job: Dict, returncode: int, seconds: float) -> Dict:
                            f"{job['work_dir'] / 'train.log'}")
         return result
     result['metrics'] = metrics
+    if job.get('after'):
+        result['note'] = ('wall_seconds counts the epochs after the first; the '
+                          'first is the probe run of the same work dir')
     if job['task'] == 'probe':
         result['loss'] = epoch_loss(job['work_dir'], DEMO_EPOCH_ITERS)
     job['marker'].write_text(json.dumps(result, indent=2))

@@ -115,15 +115,20 @@ def _sizes(settings: Dict) -> Dict[str, str]:
     return {kind: size.replace('x', '×') for kind, size in settings['sizes'].items()}
 
 
+def _number_text(value: float) -> str:
+    """``0.0003`` -> ``'3e-4'``."""
+    mantissa, exponent = f'{value:e}'.split('e')
+    return f'{float(mantissa):g}e{int(exponent)}'
+
+
 def _recipe(name: str) -> str:
-    """A recipe as ``lr 1e-3, warm-up 1 epoch``; the shared one by name."""
+    """A recipe in words: ``shared (lr 1e-3, warm-up 1/6 of the run)`` or
+    ``lr 3e-4, warm-up 1 epoch``."""
     recipe = RECIPES[name]
-    if name == 'shared':
-        return 'shared'
-    lr = 'lr 1e-3' if recipe.lr is None else f'lr {recipe.lr:g}'
-    warmup = ('warm-up 3/8 epoch' if recipe.warmup_epochs is None
-              else f'warm-up {recipe.warmup_epochs:g} epoch')
-    return f'{lr}, {warmup}'
+    lr = 'lr 1e-3' if recipe.lr is None else f'lr {_number_text(recipe.lr)}'
+    if recipe.warmup_epochs is None:
+        return f'{name} ({lr}, warm-up 1/6 of the run)'
+    return f'{lr}, warm-up {recipe.warmup_epochs:g} epoch'
 
 
 def markdown_tables(rows: Dict[str, List[Dict]], settings: Dict) -> str:
@@ -268,6 +273,6 @@ def write_report(runs: Sequence[Dict], probes: Sequence[Dict],
                      f"{settings['threads']} thread)", paths[3])
     plot_map_against(rows['detection'], 'train_peak_mib_plain',
                      f"backbone training peak at {sizes['peak']} (MiB of live "
-                     "memory, plain autograd; hollow: mmsoft's memory-efficient "
-                     'path)', paths[4], ours_also='train_peak_mib')
+                     "memory)\nfilled: plain autograd; hollow: mmsoft's "
+                     'memory-efficient path', paths[4], ours_also='train_peak_mib')
     return paths
