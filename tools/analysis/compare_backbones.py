@@ -7,9 +7,9 @@ tools, and writes the table and the plots:
 
 1. **probe**: the first epoch of the compressed Mask R-CNN schedule under
    each recipe of :data:`~mmsoft_analysis.comparison.RECIPES` (learning rate
-   and warm-up) for the backbone that did not learn under the shared one,
-   PVTv2-b2-li, and mmdet's PVTv2 at its depths as a control. Each probe run
-   is the first epoch of the full run of its recipe, which resumes from it.
+   and warm-up) for the backbones that did not learn under the shared one
+   (Swin, PVTv2-b2-li) and mmdet's PVTv2 at PVTv2-b2-li's depths as a
+   control, then the full run of each, resumed from its first epoch.
 2. **train**: ``tools/train.py`` per (config, seed), ``--jobs`` at a time,
    each with ``--threads`` threads, on the demo schedule compressed to
    ``--epochs`` epochs (``--seg-iters`` iterations for UperNet), under the
