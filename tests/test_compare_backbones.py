@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from mmengine.config import Config
 
-from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, MIOU_METRIC,
-                                        PAIR_PARAMS, PROBE_CONTROL,
-                                        PROBE_DETECTORS,
-                                        RECIPES, SEGM_METRIC, SEGMENTORS,
+from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, GROUP_PARAMS,
+                                        MIOU_METRIC, PROBE_CONTROL,
+                                        PROBE_DETECTORS, RECIPES, SEGM_METRIC,
+                                        SEGMENTORS,
                                         detection_schedule, epoch_loss,
                                         final_metrics, first_epoch_metrics,
                                         probe_options, recipe_options,
@@ -73,7 +73,7 @@ def test_segmentor_differs_from_the_demo_only_in_backbone(entry):
 @pytest.mark.parametrize('entry', [
     pytest.param(e, id=f'{e.name}-{Path(e.config).stem[:4]}', marks=_marks(e))
     for e in DETECTORS + SEGMENTORS])
-def test_backbone_is_the_libraries_class_in_its_pair(entry):
+def test_backbone_is_the_libraries_class_in_its_group(entry):
     from mmsoft_analysis.peers import config_backbone
     backbone = config_backbone(str(REPO / entry.config))
     modules = [type(backbone).__module__]
@@ -87,7 +87,7 @@ def test_backbone_is_the_libraries_class_in_its_pair(entry):
         assert modules[0].split('.')[0] == entry.source, modules
     assert all(m == PEER_WRAPPERS or m.split('.')[0] in LIBRARIES + ('timm', )
                for m in modules), modules
-    low, high = PAIR_PARAMS[entry.pair]
+    low, high = GROUP_PARAMS[entry.group]
     params = sum(p.numel() for p in backbone.parameters())
     assert low <= params <= high, (entry.name, params)
 

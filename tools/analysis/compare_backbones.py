@@ -354,13 +354,14 @@ def main():
     args = parse_args()
     records_path = args.out_dir / RECORDS
     recorded = load_records(records_path)
-    record_finished(probe_jobs(args) + training_jobs(args), recorded)
+    jobs = dict(probe=probe_jobs(args), train=training_jobs(args))
+    record_finished(jobs['probe'] + jobs['train'], recorded)
     save_records(records_path, recorded)
     failed = []
-    for phase, jobs in (('probe', probe_jobs), ('train', training_jobs)):
+    for phase in ('probe', 'train'):
         if phase in args.phases:
             ensure_data(args, probe=phase == 'probe')
-            failed += run_all(args, jobs(args), recorded, records_path)
+            failed += run_all(args, jobs[phase], recorded, records_path)
     if 'costs' in args.phases:
         measure_costs(args)
     if 'report' in args.phases:
@@ -374,8 +375,8 @@ def main():
                                    train=size_text(args.train_size),
                                    peak=size_text(args.peak_size)),
                         machine=machine())
-        paths = write_report(collect_runs(training_jobs(args), recorded),
-                             collect_runs(probe_jobs(args), recorded), costs,
+        paths = write_report(collect_runs(jobs['train'], recorded),
+                             collect_runs(jobs['probe'], recorded), costs,
                              args.detectors, args.segmentors, settings,
                              args.out_dir)
         print('written: ' + ', '.join(str(path) for path in paths))

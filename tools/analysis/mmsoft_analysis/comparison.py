@@ -29,7 +29,7 @@ class Entry:
         config (str): Config path relative to the repository root.
         source (str): Where the backbone's code comes from: ``'mmsoft'``,
             ``'mmdet'``, ``'mmseg'`` or ``'timm'``.
-        pair (str): The group of similar parameter count that the entry is
+        group (str): The group of similar parameter count that the entry is
             read within.
         recipe (str): The name of its training recipe in :data:`RECIPES`:
             ``'shared'`` (the demo's), or the winner of the probe for a
@@ -38,7 +38,7 @@ class Entry:
     name: str
     config: str
     source: str
-    pair: str
+    group: str
     recipe: str = 'shared'
 
     @property
@@ -78,12 +78,12 @@ RECIPES: Dict[str, Recipe] = {
 }
 
 
-# The pairs, by the backbone's parameter count: 3-7 M (the demo's half-width
+# The groups, by the backbone's parameter count: 3-7 M (the demo's half-width
 # SOFT++, UFO-ViT-tiny, PVTv2-b0, XCiT-T12), 11-14 M (SOFT++-tiny,
 # ResNet-18, Swin at 64 channels, PVTv2-b1) and the 22-24 M references
 # (ResNet-50, PVTv2-b2-li).
 SMALL, MEDIUM, LARGE = '3-7 M', '11-14 M', '22-24 M'
-PAIR_PARAMS = {SMALL: (3e6, 7e6), MEDIUM: (11e6, 14e6), LARGE: (22e6, 24e6)}
+GROUP_PARAMS = {SMALL: (3e6, 7e6), MEDIUM: (11e6, 14e6), LARGE: (22e6, 24e6)}
 DETECTORS: List[Entry] = [
     Entry('SOFT++ half-width (demo)', _demo('mask-rcnn_soft-tiny_fpn_demo'),
           'mmsoft', SMALL),

@@ -52,10 +52,11 @@ def cost_fields(entry: Entry, costs: Optional[Dict]) -> Dict:
     fields['gflops'] = inference.get('gflops')
     fields['gflops_small'] = small.get('gflops')
     fields['latency_s'] = inference.get('cpu_seconds')
+    trainings = _by_model(costs['train']['results'])
+    peaks = _by_model(costs['train']['peaks'])
     plain = entry.config + PLAIN if entry.ours else entry.config
     for suffix, spec in (('', entry.config), ('_plain', plain)):
-        training = _by_model(costs['train']['results']).get(spec, {})
-        peak = _by_model(costs['train']['peaks']).get(spec, {})
+        training, peak = trainings.get(spec, {}), peaks.get(spec, {})
         fields['train_iter_s' + suffix] = training.get('cpu_seconds')
         if 'peak_bytes' in peak:
             fields['train_peak_mib' + suffix] = peak['peak_bytes'] / MIB
@@ -85,13 +86,13 @@ def comparison_rows(runs: Sequence[Dict], costs: Optional[Dict],
                     segmentors: Sequence[Entry]) -> Dict[str, List[Dict]]:
     """One row per detector (costs and mAPs) and per segmentor (mIoU)."""
     detection = [dict(name=entry.name, config=entry.config, source=entry.source,
-                      pair=entry.pair, ours=entry.ours, recipe=entry.recipe,
+                      group=entry.group, ours=entry.ours, recipe=entry.recipe,
                       **cost_fields(entry, costs),
                       **metric_fields(entry, runs, 'detection',
                                       (BBOX_METRIC, SEGM_METRIC)))
                  for entry in detectors]
     segmentation = [dict(name=entry.name, config=entry.config, source=entry.source,
-                         pair=entry.pair, ours=entry.ours,
+                         group=entry.group, ours=entry.ours,
                          **metric_fields(entry, runs, 'segmentation',
                                          (MIOU_METRIC, )))
                     for entry in segmentors]
@@ -154,7 +155,7 @@ def markdown_tables(rows: Dict[str, List[Dict]], settings: Dict) -> str:
         '|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|']
     for row in rows['detection']:
         lines.append(
-            f"| {row['name']} | {row['source']} | {row['pair']} | "
+            f"| {row['name']} | {row['source']} | {row['group']} | "
             f"{_recipe(row['recipe'])} | "
             f"[{os.path.basename(row['config'])}](../../{row['config']}) | "
             f"{_number(row['params_m'], 1)} | {_number(row['gflops_small'], 2)} | "
