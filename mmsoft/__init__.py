@@ -1,22 +1,33 @@
-"""mmsoft: softmax-free linear-complexity vision transformers for OpenMMLab.
+"""mmsoft: softmax-free linear-complexity vision transformers.
 
-Importing the package registers the backbones in mmengine's root ``MODELS``
-registry, where both mmdet (``default_scope='mmdet'``) and mmseg
-(``default_scope='mmseg'``) configs find them. It also allow-lists the globals
-of mmengine training checkpoints for ``torch.load(weights_only=True)``, for
-the whole process, through :func:`~mmsoft.checkpoint.allow_mmengine_checkpoint_globals`
-(:mod:`mmsoft.checkpoint.safe_load`).
+The models (:mod:`mmsoft.models`) need only PyTorch. Importing the package
+also registers them with the frameworks that are installed: timm's model
+registry (:mod:`mmsoft.timm_models`) when timm is, mmengine's ``MODELS``
+registry (:mod:`mmsoft.openmmlab`) when mmengine is.
 """
-from .models import *  # noqa: F401,F403
-from .checkpoint.safe_load import allow_mmengine_checkpoint_globals
+import importlib
+import importlib.util
+
+from .models import SOFT, UFOViT
 from .utils.torch_compat import warn_if_untested_torch
 from .version import __version__
 
 # Once per process: Python shows a warning from this line once.
 warn_if_untested_torch()
 
-# mmengine checkpoints (message hub, numpy scalars) load with torch.load's
-# default weights_only=True once their few globals are allow-listed.
-allow_mmengine_checkpoint_globals()
 
-__all__ = ['__version__']
+def _register(adapter: str, framework: str) -> None:
+    """Imports ``mmsoft.<adapter>`` when ``framework`` can be found; a
+    framework that is found but fails to import raises."""
+    try:
+        found = importlib.util.find_spec(framework) is not None
+    except ImportError:  # a finder that refuses the name
+        found = False
+    if found:
+        importlib.import_module(f'{__name__}.{adapter}')
+
+
+_register('timm_models', 'timm')  # the models in timm's registry
+_register('openmmlab', 'mmengine')  # type='SOFT', 'UFOViT', ... in mmengine's MODELS
+
+__all__ = ['SOFT', 'UFOViT', '__version__']

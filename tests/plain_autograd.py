@@ -10,7 +10,7 @@ import copy
 
 import torch
 
-from mmsoft.models.memory_efficient import set_memory_efficient
+from mmsoft.models.layers import set_memory_efficient
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 

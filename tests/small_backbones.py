@@ -1,6 +1,6 @@
 """Small SOFT and UFO-ViT backbones the sync and compile tests share,
 with the batch of two valid regions the configs' data preprocessors give."""
-from mmsoft.models.backbones import SOFT, UFOViT
+from mmsoft.openmmlab import SOFT, UFOViT
 
 SMALL_SOFT = dict(embed_dims=[32, 64, 160, 256], num_heads=[1, 2, 5, 8],
                   depths=[1, 1, 1, 1])

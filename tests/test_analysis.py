@@ -10,11 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmsoft.models.flop_handles import (INVERSE_FUNCTIONS, count_flops,
-                                        kernel_inverse_handle)
-from mmsoft.models.layers import SoftAttention, gaussian_kernel, kernel_inverse
-from mmsoft.models.memory_efficient import set_memory_efficient
-from mmsoft.models.ops.newton import newton_iterations
+from mmsoft.openmmlab.flop_handles import INVERSE_FUNCTIONS, count_flops, kernel_inverse_handle
+from mmsoft.models.soft import SoftAttention
+from mmsoft.models.soft_kernels import gaussian_kernel, kernel_inverse
+from mmsoft.models.layers import set_memory_efficient
+from mmsoft.models.soft_kernels import newton_iterations
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def test_one_node_inverse_flops_by_hand(variant, solver, factor):
 
 
 def test_soft_tiny_flops_near_paper():
-    from mmsoft.models.backbones import SOFT
+    from mmsoft.openmmlab import SOFT
     model = SOFT(arch='tiny', solver='newton').eval()
     images = torch.randn(1, 3, 224, 224)
     plain, analyzer = count_flops(model, (images, ), with_extra_handles=False)
@@ -159,7 +159,7 @@ def test_get_flops_tool_backbone_only(tmp_path):
 
 
 def test_closed_form_solver_is_fully_counted():
-    from mmsoft.models.backbones import SOFT
+    from mmsoft.openmmlab import SOFT
     arch = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
                 depths=[1, 1, 1, 1])
     images = torch.randn(1, 3, 128, 128)
@@ -173,7 +173,7 @@ def test_closed_form_solver_is_fully_counted():
 
 
 def test_bottleneck_pooling_tool_reports_grids_and_differences(tmp_path):
-    from mmsoft.models.backbones import SOFT
+    from mmsoft.openmmlab import SOFT
     torch.manual_seed(0)
     weights = tmp_path / 'soft_tiny.pth'
     model = SOFT(arch='tiny')

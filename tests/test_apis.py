@@ -207,7 +207,7 @@ def test_build_in_scope_uses_the_scope_registry(det_cfg, detector):
     from mmdet.models.detectors import MaskRCNN
     from mmdet.models.backbones import ResNet as DetResNet
     from mmseg.models.backbones import ResNet as SegResNet
-    from mmsoft.models.backbones import SOFT
+    from mmsoft.openmmlab import SOFT
     assert type(detector) is MaskRCNN and type(detector.backbone) is SOFT
     resnet = dict(type='ResNet', depth=18)
     assert type(apis.build_in_scope('mmdet', resnet)) is DetResNet

@@ -168,6 +168,9 @@ PACKAGE_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 def package_modules(package):
     """(dotted module name, path) of every module of ``package``."""
     root = osp.join(PACKAGE_ROOT, *package.split('.'))
+    if osp.isfile(root + '.py'):  # a module
+        yield package, root + '.py'
+        return
     for folder, _, files in os.walk(root):
         for file in sorted(files):
             if file.endswith('.py'):
@@ -204,40 +207,36 @@ def in_package(name, package):
     return name == package or name.startswith(package + '.')
 
 
-def test_imports_between_checkpoint_and_models_are_one_way_and_module_level():
-    offences = []
-    for package, other in (('mmsoft.checkpoint', 'mmsoft.models'),
-                           ('mmsoft.models', 'mmsoft.checkpoint')):
-        for module, path in package_modules(package):
-            for name, line, nested in imports_of(module, path):
-                if not in_package(name, other):
-                    continue
-                if package == 'mmsoft.checkpoint':
-                    offences.append(f'{module}:{line} imports {name}')
-                elif nested:
-                    offences.append(f'{module}:{line} imports {name} in a function')
+def test_models_import_only_torch_and_utils_at_module_level():
+    offences = [f'{module}:{line} imports {name}'
+                for module, path in package_modules('mmsoft.models')
+                for name, line, nested in imports_of(module, path)
+                if name.startswith('mmsoft') and not nested
+                and not (in_package(name, 'mmsoft.models')
+                         or in_package(name, 'mmsoft.utils'))]
     assert not offences, offences
 
 
-#: Who may import whom inside ``mmsoft.models``: the math both the layers and
-#: the memory-saving functions use (``ops``) imports neither; the
-#: memory-saving functions import ``ops`` only; the layers import both.
+#: Who may import whom inside ``mmsoft.models``: what both models share
+#: (``layers``) imports no model; SOFT's kernel math imports no model file.
 FORBIDDEN_MODEL_IMPORTS = {
-    'mmsoft.models.ops': ('mmsoft.models.layers', 'mmsoft.models.memory_efficient'),
-    'mmsoft.models.memory_efficient': ('mmsoft.models.layers', ),
+    'mmsoft.models.layers': ('mmsoft.models.soft', 'mmsoft.models.soft_kernels',
+                             'mmsoft.models.ufo_vit'),
+    'mmsoft.models.soft_kernels': ('mmsoft.models.soft', 'mmsoft.models.ufo_vit'),
+    'mmsoft.models.ufo_vit': ('mmsoft.models.soft', 'mmsoft.models.soft_kernels'),
 }
 
 
-def test_models_layers_depend_one_way():
+def test_models_depend_one_way():
     offences = [f'{module}:{line} imports {name}'
                 for package, forbidden in FORBIDDEN_MODEL_IMPORTS.items()
                 for module, path in package_modules(package)
                 for name, line, _ in imports_of(module, path)
                 if any(in_package(name, other) for other in forbidden)]
     assert not offences, offences
-    # The scan sees the layers' imports of the memory-saving functions.
-    assert any(in_package(name, 'mmsoft.models.memory_efficient')
-               for module, path in package_modules('mmsoft.models.layers')
+    # The scan sees the models' imports of the shared layers.
+    assert any(in_package(name, 'mmsoft.models.layers')
+               for module, path in package_modules('mmsoft.models.soft')
                for name, _, _ in imports_of(module, path))
 
 
@@ -257,18 +256,23 @@ def test_import_scan_resolves_relative_and_function_level_imports(tmp_path):
         imports_of('mmsoft.checkpoint', str(init)))
 
 
-def test_checkpoint_package_does_not_import_the_models():
-    # Importing the package's modules with the models made unimportable.
-    code = ('import sys, importlib\n'
-            'import mmsoft\n'
-            'for name in [m for m in sys.modules if m.startswith("mmsoft.")]:\n'
-            '    del sys.modules[name]\n'
-            'sys.modules["mmsoft.models"] = None\n'
-            'for name in ("safe_load", "state_dict", "strict", "pos_embed",\n'
-            '             "soft_official", "backbone_loading", "model_fit"):\n'
-            '    importlib.import_module("mmsoft.checkpoint." + name)\n'
-            'print("ok")\n')
+def test_import_mmsoft_needs_only_torch():
+    # Every framework made unimportable: the package imports and trains SOFT++.
+    code = ('import sys\n'
+            'for name in ("mmengine", "mmcv", "mmdet", "mmseg", "mmpretrain",\n'
+            '             "timm", "transformers", "torchvision"):\n'
+            '    sys.modules[name] = None\n'
+            'import torch, mmsoft\n'
+            'model = mmsoft.SOFT(arch="tiny", variant="soft++", num_classes=10)\n'
+            'loss = model(torch.randn(2, 3, 64, 64)).sum()\n'
+            'loss.backward()\n'
+            'maps = model.forward_intermediates(torch.randn(1, 3, 64, 96),\n'
+            '                                   intermediates_only=True)\n'
+            'print([tuple(m.shape) for m in maps])\n'
+            'print(sorted(n for n in sys.modules if n.split(".")[0] in\n'
+            '             ("mmengine", "mmcv", "timm") and sys.modules[n]))\n')
     result = subprocess.run([sys.executable, '-c', code], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == 'ok'
+    assert result.stdout.split('\n')[:2] == [
+        '[(1, 64, 16, 24), (1, 128, 8, 12), (1, 320, 4, 6), (1, 512, 2, 3)]', '[]']

@@ -17,7 +17,10 @@ import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader, load_checkpoint
 
-import mmsoft  # noqa: F401  (registers the allow-list / the loader)
+from mmsoft.checkpoint import allow_mmengine_checkpoint_globals
+
+# What the tools' runners do before they load a checkpoint.
+allow_mmengine_checkpoint_globals()
 from mmsoft.checkpoint import load_checkpoint_file, load_checkpoint_safely
 from mmsoft.checkpoint.safe_load import load_from_local, weights_only_load
 from mmsoft.utils.torch_compat import has_native_weights_only_globals

@@ -4,11 +4,11 @@ import importlib
 import pytest
 import torch
 
-from mmsoft.models.layers import gaussian_kernel
-from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
+from mmsoft.models.soft_kernels import gaussian_kernel
+from mmsoft.models.soft_kernels import chunked_kernel_product
 
 kernel_attention_module = importlib.import_module(
-    'mmsoft.models.memory_efficient.kernel_attention')
+    'mmsoft.models.soft_kernels')
 
 
 def plain_product(queries, bottleneck, middle, values):

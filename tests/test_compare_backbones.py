@@ -163,7 +163,7 @@ def test_config_specs_take_backbone_options():
 
 @pytest.mark.mmcv_ops
 def test_config_backbone_applies_the_options():
-    from mmsoft.models.memory_efficient.switch import MemoryEfficient
+    from mmsoft.models.layers import MemoryEfficient
     from mmsoft_analysis.peers import build_backbone
     for spec, expected in ((DEMO_DETECTOR, True), (DEMO_DETECTOR + PLAIN, False)):
         backbone = build_backbone(str(REPO / spec))

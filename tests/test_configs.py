@@ -319,7 +319,7 @@ def bottleneck_grids(image_hw, sr_ratios=(8, 4, 2)):
 def is_pooled(image_hw, cap):
     """Whether the cap pools the bottleneck grid of every stage (True), of
     none (False); raises if it pools some stages but not others."""
-    from mmsoft.models.layers import capped_grid_size
+    from mmsoft.models.soft import capped_grid_size
     pooled = {capped_grid_size(*grid, cap) != grid for grid in bottleneck_grids(image_hw)}
     assert len(pooled) == 1, (image_hw, cap)
     return pooled.pop()

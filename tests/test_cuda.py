@@ -7,12 +7,11 @@ without a GPU (``make gpu-check`` runs them with a short benchmark).
 import pytest
 import torch
 
-from mmsoft.models.backbones import SOFT, UFOViT
-from mmsoft.models.layers import gaussian_kernel, kernel_inverse
-from mmsoft.models.ops.kernel_inverse import SOLVERS
-from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
-from mmsoft.models.memory_efficient.newton_backward import \
-    kernel_inverse as memory_efficient_kernel_inverse
+from mmsoft.openmmlab import SOFT, UFOViT
+from mmsoft.models.soft_kernels import gaussian_kernel, kernel_inverse
+from mmsoft.models.soft_kernels import SOLVERS
+from mmsoft.models.soft_kernels import chunked_kernel_product
+from mmsoft.models.soft_kernels import kernel_inverse as memory_efficient_kernel_inverse
 from mmsoft.testing.dense_models import (backbone_grad_norm, build_mask_rcnn,
                                          build_upernet, detector_train_step,
                                          segmentor_train_step)
@@ -152,7 +151,7 @@ def test_no_host_sync_under_sync_debug_mode(make_backbone, training):
 def test_tf32_kernel_and_inverse_stay_float32_accurate():
     """With TF32 matmuls on, the bottleneck kernel and its Newton inverse
     against float64."""
-    from mmsoft.models.ops.gaussian_kernel import bottleneck_kernel
+    from mmsoft.models.soft_kernels import bottleneck_kernel
     generator = torch.Generator(device=DEVICE).manual_seed(0)
     points = 0.3 * torch.randn(2, 10, 240, 32, device=DEVICE, generator=generator)
     previous = torch.backends.cuda.matmul.allow_tf32

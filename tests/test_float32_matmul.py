@@ -6,10 +6,10 @@ rounded to TF32's 10 mantissa bits, products accumulated in float64.
 import pytest
 import torch
 
-import mmsoft.models.ops.float32_matmul as float32_matmul_module
-from mmsoft.models.ops.float32_matmul import (float32_matmul, split_tf32,
+import mmsoft.models.soft_kernels as float32_matmul_module
+from mmsoft.models.soft_kernels import (float32_matmul, split_tf32,
                                                         three_pass_matmul)
-from mmsoft.models.ops.gaussian_kernel import bottleneck_kernel, gaussian_kernel
+from mmsoft.models.soft_kernels import bottleneck_kernel, gaussian_kernel
 
 
 def round_to_tf32(tensor: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers.shared.gelu import GELU, gelu
-from mmsoft.models.memory_efficient import set_memory_efficient
+from mmsoft.openmmlab import SOFT
+from mmsoft.models.layers import GELU, gelu
+from mmsoft.models.layers import set_memory_efficient
 from mmsoft.utils.torch_compat import GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT
 
 

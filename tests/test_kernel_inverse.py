@@ -5,22 +5,20 @@ import importlib
 import pytest
 import torch
 
-from mmsoft.models.layers import gaussian_kernel, kernel_inverse
-from mmsoft.models.memory_efficient import newton_backward
-from mmsoft.models.memory_efficient.newton_backward import \
-    recomputed_newton_iterations
-from mmsoft.models.ops.kernel_inverse import (SOLVERS, check_kernel_inverse_options,
-                                              cholesky_regularised_inverse,
-                                              newton_closed_form,
-                                              newton_divided_differences,
-                                              newton_on_eigenvalues, newton_operand,
-                                              newton_scale)
-from mmsoft.models.ops.newton import newton_iterations
+from functools import partial
+
+from mmsoft.models.soft_kernels import (SOLVERS, check_kernel_inverse_options,
+                                        cholesky_regularised_inverse, gaussian_kernel,
+                                        kernel_inverse, newton_closed_form,
+                                        newton_divided_differences, newton_iterations,
+                                        newton_on_eigenvalues, newton_operand,
+                                        newton_scale, recomputed_newton_iterations,
+                                        solver_that_runs)
 from mmsoft.utils.torch_compat import TORCH_VERSION
 
-# The package exports the function kernel_inverse under the module's name.
-kernel_inverse_module = importlib.import_module(
-    'mmsoft.models.ops.kernel_inverse')
+kernel_inverse_module = importlib.import_module('mmsoft.models.soft_kernels')
+#: The memory-efficient kernel inverse (the 'newton' solver keeps P alone).
+recomputed_kernel_inverse = partial(kernel_inverse, memory_efficient=True)
 
 
 def random_kernel_matrices(batch=3, tokens=24, dims=8, spread=0.6, seed=0):
@@ -109,7 +107,7 @@ def test_gradient_is_that_of_the_inverse(variant, solver):
 
 def test_memory_efficient_forward_builds_no_graph_of_iterations():
     mats = random_kernel_matrices().requires_grad_()
-    out = newton_backward.kernel_inverse(mats, 'soft++', 'newton')
+    out = recomputed_kernel_inverse(mats, 'soft++', 'newton')
     # One node for the whole inverse, not 20 iterations of matmuls.
     assert type(out.grad_fn).__name__ == '_NewtonIterationsBackward'
     assert out.grad_fn.next_functions[0][0].variable is mats
@@ -121,22 +119,23 @@ def test_memory_efficient_forward_builds_no_graph_of_iterations():
 def test_plain_kernel_inverse_equals_the_memory_efficient_one(variant, solver,
                                                               closed_form_devices,
                                                               monkeypatch):
-    # Off the closed form's devices 'newton_closed_form' runs the iteration too.
-    monkeypatch.setattr(kernel_inverse_module, 'CLOSED_FORM_DEVICES',
-                        closed_form_devices)
+    # Off the closed form's devices the layers run 'newton_closed_form' as
+    # the iteration (solver_that_runs).
+    device = 'cpu' if closed_form_devices else 'cuda'
+    solver = solver_that_runs(solver, device) if solver != 'newton_closed_form' \
+        or not closed_form_devices else solver
     mats = random_kernel_matrices(batch=2, tokens=12, spread=1.0)
     weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(4),
                           dtype=mats.dtype)
     results = []
-    for inverse in (newton_backward.kernel_inverse, kernel_inverse):
+    for inverse in (recomputed_kernel_inverse, kernel_inverse):
         leaf = mats.clone().requires_grad_()
         out = inverse(leaf, variant, solver, 6)
         (out * weights).sum().backward()
         results.append((out.detach(), leaf.grad, type(out.grad_fn).__name__))
     (efficient, efficient_grad, efficient_node), (plain, plain_grad,
                                                   plain_node) = results
-    iterates = solver == 'newton' or (solver == 'newton_closed_form'
-                                      and not closed_form_devices)
+    iterates = solver == 'newton'
     assert (efficient_node == '_NewtonIterationsBackward') == iterates
     assert plain_node != '_NewtonIterationsBackward'  # the steps, recorded
     assert (efficient_node == plain_node) == (not iterates)
@@ -217,18 +216,20 @@ def test_memory_efficient_newton_keeps_only_its_operand():
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        newton_backward.kernel_inverse(mats, 'soft++', 'newton')
+        recomputed_kernel_inverse(mats, 'soft++', 'newton')
     # P (2, 12, 12) and the per-image scale: no iterate is kept.
     assert sorted(shapes) == [(2, 1, 1), (2, 12, 12)]
 
 
-def test_closed_form_runs_the_iteration_off_the_closed_form_devices(monkeypatch):
+def test_closed_form_runs_the_iteration_off_the_closed_form_devices():
     mats = random_kernel_matrices().requires_grad_()
+    assert solver_that_runs('newton_closed_form', 'cpu') == 'newton_closed_form'
     on_cpu = kernel_inverse(mats, 'soft++', 'newton_closed_form')
     assert type(on_cpu.grad_fn).__name__ == '_NewtonClosedFormBackward'
     # As on a GPU, where the float64 eigendecomposition is not used.
-    monkeypatch.setattr(kernel_inverse_module, 'CLOSED_FORM_DEVICES', ())
-    iterated = newton_backward.kernel_inverse(mats, 'soft++', 'newton_closed_form')
+    solver = solver_that_runs('newton_closed_form', 'cuda')
+    assert solver == 'newton'
+    iterated = recomputed_kernel_inverse(mats, 'soft++', solver)
     assert type(iterated.grad_fn).__name__ == '_NewtonIterationsBackward'
     torch.testing.assert_close(iterated, on_cpu, rtol=1e-7, atol=1e-9)
 
@@ -385,7 +386,7 @@ def test_deprecated_solver_alias_warns_and_means_exact():
         solver = check_kernel_inverse_options('soft++', 'cholesky')
     assert solver == 'exact'
     # Attributed to the caller outside mmsoft, also through a layer.
-    from mmsoft.models.layers import SoftAttention
+    from mmsoft.models.soft import SoftAttention
     with pytest.warns(DeprecationWarning, match="solver='cholesky'") as layer_record:
         layer = SoftAttention(16, 2, 2, 3, solver='cholesky')
     assert layer.solver == 'exact'
@@ -439,7 +440,7 @@ def test_soft_plus_plus_takes_the_regularised_inverse_of_fewer_than_three_tokens
 def test_a_56_row_region_trains_under_float16_autocast():
     """Stage 1 of SOFT++-tiny (stride 4, bottleneck stride 8): a 56-row image
     region is 14 token rows, one bottleneck row, two bottleneck tokens."""
-    from mmsoft.models.layers import SoftAttention
+    from mmsoft.models.soft import SoftAttention
     torch.manual_seed(0)
     layer = SoftAttention(64, 2, sr_ratio=8, local_kernel_size=3, variant='soft++',
                           solver='newton').train()

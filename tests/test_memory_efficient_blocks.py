@@ -15,12 +15,13 @@ import torch
 import torch.nn as nn
 
 from mmsoft_analysis.saved_tensors import SavedTensorRecorder
-from mmsoft.models.backbones import SOFT, UFOViT
-from mmsoft.models.layers.shared import MLP, ConvPatchEmbed, FeaturePyramidAdapter
-from mmsoft.models.layers.ufo_vit.ufo_block import UFOBlock
-from mmsoft.models.memory_efficient import set_memory_efficient
-from mmsoft.models.memory_efficient.kernel_attention import symmetric_scale
-from mmsoft.models.memory_efficient.norm_act_conv import fusable
+from mmsoft.openmmlab import SOFT, UFOViT
+from mmsoft.models.layers import MLP, ConvPatchEmbed
+from mmsoft.models.ufo_vit import FeaturePyramidAdapter
+from mmsoft.models.ufo_vit import UFOBlock
+from mmsoft.models.layers import set_memory_efficient
+from mmsoft.models.soft_kernels import symmetric_scale
+from mmsoft.models.layers import fusable
 
 _PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
                                  'plain_autograd.py'))

@@ -13,23 +13,20 @@ from functools import partial
 import pytest
 import torch
 
-import mmsoft.models.layers.shared.mlp as mlp_module
+import mmsoft.models.layers as mlp_module
 from mmsoft_analysis.saved_tensors import SavedTensorRecorder
-from mmsoft.models.layers import SoftAttention
-from mmsoft.models.layers.shared import MLP, TanhGELU
-from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
-from mmsoft.models.memory_efficient import (set_memory_efficient,
-                                            takes_memory_efficient_path)
-from mmsoft.models.layers.soft.soft_attention import \
-    low_rank_kernel_attention as plain_attention
-from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
-from mmsoft.models.memory_efficient.kernel_attention import \
-    low_rank_kernel_attention as efficient_attention
-from mmsoft.models.memory_efficient.recomputed_mlp import recomputed_mlp
+from mmsoft.models.soft import SoftAttention
+from mmsoft.models.layers import MLP, TanhGELU
+from mmsoft.models.ufo_vit import LocalPatchInteraction, UFOAttention
+from mmsoft.models.layers import set_memory_efficient, takes_memory_efficient_path
+from mmsoft.models.soft import low_rank_kernel_attention as plain_attention
+from mmsoft.models.soft_kernels import chunked_kernel_product
+from mmsoft.models.soft_kernels import memory_efficient_kernel_attention as efficient_attention
+from mmsoft.models.layers import recomputed_mlp
 
 # Its BACKWARD_CHUNK is patched below.
 kernel_attention_module = importlib.import_module(
-    'mmsoft.models.memory_efficient.kernel_attention')
+    'mmsoft.models.soft_kernels')
 
 _PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
                                  'plain_autograd.py'))

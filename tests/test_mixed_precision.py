@@ -25,13 +25,14 @@ import warnings
 import pytest
 import torch
 
-from mmsoft.models.backbones import SOFT, UFOViT
-from mmsoft.models.layers import SoftAttention, kernel_inverse
-from mmsoft.models.layers.shared import MLP, ConvPatchEmbed
-from mmsoft.models.ops.kernel_inverse import SOLVERS
-from mmsoft.models.layers.ufo_vit import LocalPatchInteraction, UFOAttention
-from mmsoft.models.memory_efficient import set_memory_efficient
-from mmsoft.models.memory_efficient.kernel_attention import chunked_kernel_product
+from mmsoft.openmmlab import SOFT, UFOViT
+from mmsoft.models.soft import SoftAttention
+from mmsoft.models.soft_kernels import kernel_inverse
+from mmsoft.models.layers import MLP, ConvPatchEmbed
+from mmsoft.models.soft_kernels import SOLVERS
+from mmsoft.models.ufo_vit import LocalPatchInteraction, UFOAttention
+from mmsoft.models.layers import set_memory_efficient
+from mmsoft.models.soft_kernels import chunked_kernel_product
 from mmsoft.utils.torch_compat import autocast_dtype
 
 _PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),

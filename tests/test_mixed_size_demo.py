@@ -11,7 +11,7 @@ from mmengine.config import Config
 
 from mmsoft.demo_data import generate_coco_demo
 from mmsoft.demo_data.coco_generator import image_sizes
-from mmsoft.models.valid_region_record import registered_valid_shapes
+from mmsoft.openmmlab.backbones import registered_valid_shapes
 from mmsoft.testing.host_syncs import HostSyncCounter
 from mmsoft.testing.dataset_digest import dataset_digest
 

@@ -18,7 +18,7 @@ from mmengine.logging import MMLogger
 from mmengine.registry import MODELS
 
 from mmsoft.checkpoint import soft_official_to_mmsoft
-from mmsoft.models.backbones.soft import ARCH_SETTINGS
+from mmsoft.models.soft import ARCH_SETTINGS
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)

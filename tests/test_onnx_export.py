@@ -16,13 +16,11 @@ pytest.importorskip('onnxruntime')
 pytest.importorskip('onnx')
 
 from mmsoft.deployment import onnx_export  # noqa: E402
-from mmsoft.models.backbones import SOFT, UFOViT  # noqa: E402
-from mmsoft.models.layers import SoftAttention  # noqa: E402
-from mmsoft.models.layers.soft.bottleneck_pool import (  # noqa: E402
-    cap_bottleneck_grid, capped_grid_size)
-from mmsoft.models.layers.soft.traced_bottleneck_pool import (  # noqa: E402
-    traceable_cap_bottleneck_grid, traceable_capped_grid_size)
-from mmsoft.models.tracing import Exportable  # noqa: E402
+from mmsoft.openmmlab import SOFT, UFOViT
+from mmsoft.models.soft import SoftAttention
+from mmsoft.models.soft import cap_bottleneck_grid, capped_grid_size
+from mmsoft.models.soft import traceable_cap_bottleneck_grid, traceable_capped_grid_size
+from mmsoft.models.layers import Exportable
 from mmsoft.utils.torch_compat import TORCH_VERSION  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))

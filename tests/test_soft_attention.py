@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmsoft.models.layers import SoftAttention, capped_grid_size
+from mmsoft.models.soft import SoftAttention, capped_grid_size
 
 
 def dense_soft_attention(module, x, hw_shape):
@@ -120,7 +120,7 @@ def test_export_formulation_pools_with_tensor_sizes_and_iterates():
 def spy_on_implementations(module, monkeypatch):
     """Records which implementation of the kernel attention ``module`` runs,
     with the dtypes of its inputs and output."""
-    from mmsoft.models.layers.soft import soft_attention
+    from mmsoft.models import soft as soft_attention
     seen = []
 
     def spy(name, original):

@@ -6,9 +6,9 @@ import runpy
 import pytest
 import torch
 
-from mmsoft.models.backbones import SOFT
-from mmsoft.models.backbones.soft import ARCH_SETTINGS
-from mmsoft.models.layers import SoftAttention
+from mmsoft.openmmlab import SOFT
+from mmsoft.models.soft import ARCH_SETTINGS
+from mmsoft.models.soft import SoftAttention
 
 HERE = osp.dirname(osp.abspath(__file__))
 BACKBONES_DOC = osp.join(osp.dirname(HERE), 'docs', 'backbones.md')

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from mmsoft.checkpoint import load_soft_checkpoint, soft_official_to_mmsoft
 from mmsoft.checkpoint.soft_official import (OFFICIAL_VARIANTS, variant_hint,
                                              check_detected_arch, rename_official_key)
-from mmsoft.models.backbones import SOFT
-from mmsoft.models.backbones.soft import ARCH_DEFAULTS, ARCH_SETTINGS
-from mmsoft.models.ops.kernel_inverse import VARIANTS
+from mmsoft.openmmlab import SOFT
+from mmsoft.models.soft import ARCH_DEFAULTS, ARCH_SETTINGS
+from mmsoft.models.soft_kernels import VARIANTS
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)

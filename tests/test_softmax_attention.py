@@ -3,7 +3,7 @@ softmax blocks) against softmax attention written out with the layer's own
 projections."""
 import torch
 
-from mmsoft.models.layers import GlobalSoftmaxAttention
+from mmsoft.models.soft import GlobalSoftmaxAttention
 
 
 def test_global_attention_is_softmax_attention_of_every_token():

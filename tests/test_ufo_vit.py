@@ -9,9 +9,8 @@ from mmengine.registry import MODELS
 
 import mmsoft  # noqa: F401  (registers the backbones)
 from mmsoft.apis import build_in_scope
-from mmsoft.models.backbones import UFOViT
-from mmsoft.models.layers import (FeaturePyramidAdapter, LocalPatchInteraction,
-                                  UFOAttention, UFOBlock, ufo_attention, xnorm)
+from mmsoft.openmmlab import UFOViT
+from mmsoft.models.ufo_vit import FeaturePyramidAdapter, LocalPatchInteraction, UFOAttention, UFOBlock, ufo_attention, xnorm
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # A small custom architecture for the behavioural tests.
@@ -437,7 +436,7 @@ def test_sync_batch_norm_is_never_recomputed_as_a_plain_one():
     their norms, and with_cp's rerun runs each SyncBatchNorm module itself
     (without a process group it normalises as a BatchNorm, so the gradients
     equal the unconverted model's)."""
-    from mmsoft.models.memory_efficient.recompute import recomputes_locally
+    from mmsoft.models.layers import recomputes_locally
     torch.manual_seed(8)
     model = UFOViT(arch=MINI_ARCH, norm_eval=False, drop_path_rate=0.).train()
     converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))

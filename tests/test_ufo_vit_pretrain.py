@@ -37,8 +37,8 @@ from timm.models.xcit import \
     ClassAttentionBlock as TimmClassAttentionBlock  # noqa: E402
 
 import mmsoft  # noqa: E402,F401  (registers UFOViT)
-from mmsoft.models.backbones import SOFT, UFOViT  # noqa: E402
-from mmsoft.models.backbones.ufo_vit import ARCH_SETTINGS  # noqa: E402
+from mmsoft.openmmlab import SOFT, UFOViT
+from mmsoft.models.soft import ARCH_SETTINGS
 from mmsoft.pretrain import (ClassAttentionBlock,  # noqa: E402
                              UFOViTClassAttentionHead, UFOViTStride16,
                              generate_classification_demo, ufo_vit_cls_to_backbone)

@@ -37,8 +37,8 @@ import torch.nn as nn
 xcit = pytest.importorskip('timm.models.xcit')
 cait = pytest.importorskip('timm.models.cait')
 
-from mmsoft.models.layers import (ConvPatchEmbed, FourierPositionEncoding,  # noqa: E402
-                                  LocalPatchInteraction, UFOAttention, UFOBlock)
+from mmsoft.models.layers import ConvPatchEmbed
+from mmsoft.models.ufo_vit import FourierPositionEncoding, LocalPatchInteraction, UFOAttention, UFOBlock
 from mmsoft.pretrain import ClassAttentionBlock  # noqa: E402
 
 pytestmark = pytest.mark.torchvision
@@ -579,7 +579,7 @@ def test_backbone_is_xcit_with_ufo_attention(image_shape):
     read blocks 3, 5, 7, 11 of 12; mmsoft reads evenly spaced blocks
     (2, 5, 8, 11), not compared here.
     """
-    from mmsoft.models.backbones import UFOViT
+    from mmsoft.openmmlab import UFOViT
     depth, dims, heads = 4, 32, 2
     timm_net = xcit.Xcit(img_size=64, patch_size=16, embed_dim=dims, depth=depth,
                          num_heads=heads, num_classes=0, cls_attn_layers=0)

@@ -3,8 +3,8 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from mmsoft.models import SOFT, UFOViT
-from mmsoft.models.valid_region_record import register_valid_shapes
+from mmsoft.openmmlab import SOFT, UFOViT
+from mmsoft.openmmlab.backbones import register_valid_shapes
 
 # SOFT-tiny's layout at tiny widths; bottleneck strides 4, 2, 1 give 4x6
 # bottleneck grids for a 64x96 image, so a cap of 12 pools them.

@@ -79,7 +79,7 @@ def principal_components(feature: torch.Tensor) -> np.ndarray:
 def backbone_outputs(name: str, images: List[np.ndarray],
                      seed: int) -> List[List[torch.Tensor]]:
     """The four (C, h, w) maps of backbone ``name`` for each image."""
-    from mmsoft.models import backbones
+    from mmsoft.openmmlab import backbones
     class_name, kwargs = BACKBONES[name]
     torch.manual_seed(seed)
     model = getattr(backbones, class_name)(**kwargs)

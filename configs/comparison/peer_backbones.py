@@ -12,7 +12,7 @@ import torch.nn as nn
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
-from mmsoft.models.layers import FeaturePyramidAdapter
+from mmsoft.models.ufo_vit import FeaturePyramidAdapter
 
 
 @MODELS.register_module()

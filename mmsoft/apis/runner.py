@@ -14,6 +14,8 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import DefaultScope, Registry
 
+from ..checkpoint.safe_load import allow_mmengine_checkpoint_globals
+
 from .config import LIBRARIES, library_of
 
 IMPORT_HINT = ("add custom_imports = dict(imports=['mmsoft'], "
@@ -96,7 +98,7 @@ def mmsoft_model_types() -> Dict[str, str]:
     """The model types that mmsoft registers, with what each is
     (``'backbone'``, or ``'model'`` for the data preprocessors)."""
     from mmengine.registry import MODELS
-    return {name: 'backbone' if '.backbones.' in cls.__module__ else 'model'
+    return {name: 'backbone' if cls.__module__ == 'mmsoft.openmmlab.backbones' else 'model'
             for name, cls in MODELS.module_dict.items()
             if cls.__module__.split('.')[0] == 'mmsoft'}
 
@@ -159,6 +161,8 @@ def build_runner(cfg: Config, config_path: str):
     """
     library = library_of(cfg, config_path)
     check_imports_mmsoft(cfg, config_path)
+    # The runner's --resume and load_from read mmengine checkpoints.
+    allow_mmengine_checkpoint_globals()
     try:
         if 'runner_type' in cfg:
             return library_registry(library, 'RUNNERS').build(cfg)

@@ -12,8 +12,8 @@ import re
 from typing import Iterator, Mapping, Optional, Tuple
 
 import torch.nn as nn
-from mmengine.logging import print_log
 
+from ..models.layers import rename_deprecated_keys
 from .pos_embed import RESIZE_NOTE, PosEmbedGrids, grid_pos_embed_resizer
 from .safe_load import load_checkpoint_file
 from .soft_official import soft_official_to_mmsoft
@@ -21,6 +21,13 @@ from .state_dict import (StateDict, key_list, select_prefix, strip_prefixes,
                          unwrap_state_dict)
 from .strict import (BN_COUNTER_KEYS, OptionalKeys, ResizeHook,
                      StateDictComparison, fit_state_dict)
+
+
+def print_log(msg: str, logger='current', level=logging.INFO) -> None:
+    """mmengine's ``print_log`` (imported when first used)."""
+    from mmengine.logging import print_log as mmengine_print_log
+    mmengine_print_log(msg, logger=logger, level=level)
+
 
 #: UFO-ViT keys a backbone checkpoint may lack: the resampling branches of
 #: outputs 0 and 1, absent from an image classifier's backbone.
@@ -94,6 +101,7 @@ def load_strictly(model: nn.Module, state_dict: Mapping, source: str,
             backbone: missing keys: ...; unexpected keys: ...; shape
             mismatches: ...'``.
     """
+    state_dict = rename_deprecated_keys(dict(state_dict))
     result = fit_state_dict(
         state_dict, model.state_dict(), optional=optional, resize=resize, note=note,
         context=f'checkpoint {source} does not fit the {type(model).__name__} '

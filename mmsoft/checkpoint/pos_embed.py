@@ -8,7 +8,7 @@ from typing import Mapping, Optional, Tuple
 
 import torch
 
-from ..utils.pos_embed import resize_pos_embed
+from ..models.layers import resize_pos_embed
 from .strict import ResizeHook
 
 #: Position-embedding key -> (the model's grid (H, W), leading extra entries).

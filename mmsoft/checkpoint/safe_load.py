@@ -1,6 +1,6 @@
 """``weights_only`` loading of mmengine training checkpoints.
 
-:func:`allow_mmengine_checkpoint_globals` (called by ``import mmsoft``) adds to
+:func:`allow_mmengine_checkpoint_globals` (called before a runner is built) adds to
 torch's allow-list the globals mmengine checkpoints hold: ``HistoryBuffer``,
 numpy arrays, dtypes and scalars (under the numpy 1.x and 2.x module names),
 and a ``getattr`` restricted to ``HistoryBuffer``'s statistics methods. On
@@ -196,7 +196,7 @@ def allow_mmengine_checkpoint_globals() -> None:
     process-wide ``weights_only`` allow-list
     (``torch.serialization.add_safe_globals``). On older torch, registers
     :func:`load_from_local` as mmengine's loader of local files. See
-    the module docstring. ``import mmsoft`` calls this; idempotent.
+    the module docstring. :func:`mmsoft.apis.build_runner` calls this; idempotent.
     """
     global _REGISTERED
     if _REGISTERED:

@@ -31,9 +31,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ..models.layers import SoftAttention
-from ..models.ops.kernel_inverse import EXPORT_SOLVERS
-from ..models.tracing import Exportable, set_exportable
+from ..models.layers import Exportable, set_exportable
+from ..models.soft import SoftAttention
+from ..models.soft_kernels import EXPORT_SOLVERS
 from ..utils.torch_compat import TORCH_VERSION, onnx_export_takes_dynamo
 
 DEFAULT_OPSET = 17

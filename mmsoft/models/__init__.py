@@ -1,4 +1,8 @@
-"""Models: the backbones and their layers, and the data preprocessors that
-tell the backbones each image's valid region."""
-from .backbones import *  # noqa: F401,F403
-from .data_preprocessors import *  # noqa: F401,F403
+"""The models in plain PyTorch: one file per family (:mod:`.soft`,
+:mod:`.ufo_vit`), the kernel math of SOFT (:mod:`.soft_kernels`) and what
+both share (:mod:`.layers`)."""
+from .layers import set_exportable, set_memory_efficient
+from .soft import SOFT
+from .ufo_vit import UFOViT
+
+__all__ = ['SOFT', 'UFOViT', 'set_exportable', 'set_memory_efficient']

@@ -33,7 +33,8 @@ import torch
 from ..checkpoint import fit_state_dict, key_list, split_prefix, unwrap_state_dict
 from ..checkpoint.backbone_loading import UFO_VIT_OPTIONAL_KEY
 from ..checkpoint.state_dict import StateDict
-from ..models.backbones.ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES, UFOViT
+from ..models.ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES
+from ..openmmlab import UFOViT
 
 #: Prefix of the backbone's tensors in a classifier (or detector) checkpoint.
 BACKBONE_PREFIX = 'backbone.'

@@ -1,13 +1,12 @@
 """UFO-ViT read out at its own stride (16), for classification heads."""
 from mmpretrain.registry import MODELS
 
-from ..models.backbones import UFOViT
-from ..models.layers import FeaturePyramidAdapter
+from ..openmmlab import UFOViT
 
 
 @MODELS.register_module()
 class UFOViTStride16(UFOViT):
-    """:class:`~mmsoft.models.backbones.UFOViT` whose only output is the last
+    """:class:`~mmsoft.openmmlab.UFOViT` whose only output is the last
     block's token map at stride 16.
 
     ``UFOViT(out_indices=(3, ))`` reads the tokens after the last block and
@@ -35,6 +34,4 @@ class UFOViTStride16(UFOViT):
                              f'argument of UFOViTStride16: its only output is the '
                              f'last block at stride 16; use UFOViT for other '
                              f'outputs.')
-        super().__init__(out_indices=(3, ), **kwargs)
-        # The last block's map through the identity (stride-16) resampling.
-        self.pyramid = FeaturePyramidAdapter(self.embed_dims, out_indices=(2, ))
+        super().__init__(out_indices=(3, ), multi_scale=False, **kwargs)

@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from mmsoft.models.layers import gaussian_kernel
-from mmsoft.models.memory_efficient.newton_backward import kernel_inverse
-from mmsoft.models.ops.kernel_inverse import SOLVERS
+from mmsoft.models.soft_kernels import gaussian_kernel
+from mmsoft.models.soft_kernels import kernel_inverse
+from mmsoft.models.soft_kernels import SOLVERS
 
 
 def parse_args():

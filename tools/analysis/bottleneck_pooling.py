@@ -18,8 +18,8 @@ import time
 import torch
 
 from mmsoft.apis import parse_size
-from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers import capped_grid_size
+from mmsoft.openmmlab import SOFT
+from mmsoft.models.soft import capped_grid_size
 
 
 def parse_args():

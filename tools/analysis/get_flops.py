@@ -27,7 +27,7 @@ import torch
 from mmengine.config import Config
 
 from mmsoft.apis import add_cfg_options, build_model_from_config
-from mmsoft.models.flop_handles import count_flops
+from mmsoft.openmmlab.flop_handles import count_flops
 from mmsoft_analysis.config_models import DEFAULT_SHAPES, TensorModeModel, config_scope
 
 SEED = 0

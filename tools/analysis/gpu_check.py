@@ -25,7 +25,7 @@ import argparse
 import sys
 
 from mmsoft.apis import parse_size
-from mmsoft.models.ops.kernel_inverse import SOLVERS
+from mmsoft.models.soft_kernels import SOLVERS
 from mmsoft_analysis.gpu_check import (AUTOCAST_DTYPES, BACKBONES, DEFAULT_BUDGET_S,
                                        DEFAULT_CASE_TIMEOUT_S, DEFAULT_OUT,
                                        DEFAULT_SOLVERS,

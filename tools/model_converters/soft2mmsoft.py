@@ -27,7 +27,8 @@ import torch
 
 from mmsoft.checkpoint import load_checkpoint_file, soft_official_to_mmsoft
 from mmsoft.checkpoint.soft_official import NUM_STAGES, check_detected_arch
-from mmsoft.models.backbones.soft import ARCH_DEFAULTS, ARCH_SETTINGS, SOFT
+from mmsoft.models.soft import ARCH_DEFAULTS, ARCH_SETTINGS
+from mmsoft.openmmlab import SOFT
 from mmsoft.version import __version__
 
 

@@ -11,10 +11,12 @@ soft_backbone = dict(
     variant='soft++',
     # The function every published SOFT++ checkpoint was trained with: 20
     # Newton-Raphson steps towards the pseudo-inverse of the bottleneck
-    # kernel, computed in closed form from one eigendecomposition (at about
-    # the exact solver's cost). The exact pseudo-inverse (solver='exact') is
-    # a different function wherever the kernel is ill-conditioned, as it is
-    # at detection resolution.
+    # kernel. The layer decides per device at run time how to compute it: on
+    # the CPU in closed form from one eigendecomposition (at about the exact
+    # solver's cost), on other devices (GPUs) by the iteration itself, the
+    # same function. The exact pseudo-inverse (solver='exact') is a different
+    # function wherever the kernel is ill-conditioned, as it is at detection
+    # resolution.
     solver='newton_closed_form',
     newton_iters=20,
     # Bottleneck tokens per attention. Every COCO image, in training (shorter

@@ -51,8 +51,8 @@ import torch
 import torch.nn as nn
 
 from mmsoft.apis.runner import build_in_scope
-from mmsoft.models.ops.kernel_inverse import SOLVERS, solver_that_runs
-from mmsoft.models.valid_region_record import register_valid_shapes
+from mmsoft.models.soft_kernels import SOLVERS, solver_that_runs
+from mmsoft.openmmlab.backbones import register_valid_shapes
 from mmsoft.utils import check_choice, check_positive_int
 
 from . import REPO, worker_command, worker_env

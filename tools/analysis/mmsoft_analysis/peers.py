@@ -35,7 +35,7 @@ UFO_ARCHS = ('tiny', 'small', 'medium', 'base')
 
 def _soft(arch: str) -> Callable[..., nn.Module]:
     def build(**kwargs):
-        from mmsoft.models.backbones import SOFT
+        from mmsoft.openmmlab import SOFT
         settings = dict(arch=arch, variant='soft++', solver='newton_closed_form')
         settings.update(kwargs)
         return SOFT(**settings)

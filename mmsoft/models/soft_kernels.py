@@ -1,0 +1,660 @@
+"""SOFT attention's kernel math.
+
+Variants of the kernel inverse: ``'soft'``: ``(A + 0.01 I)^-1``; ``'soft++'``:
+``pinv(A)``, with ``A = k(L, L)`` the Gaussian kernel of the bottleneck tokens L.
+Solvers: ``'newton'`` (iteration ``V <- 2V - V P V``), ``'newton_closed_form'``
+(the same iterate from one ``eigh``) and ``'exact'``; ``'cholesky'`` is a deprecated
+alias of ``'exact'``. Also float32-accurate matmuls under TF32 and memory-efficient
+autograd functions for ``k(Q, L) . middle . k(Q, L)^T V``.
+"""
+import warnings
+import torch
+from itertools import islice
+from torch.utils.checkpoint import checkpoint
+from typing import Callable, Iterator, List, Optional, Tuple
+
+from .layers import (apply_without_autocast, backward_without_autocast, full_precision,
+                     stacklevel_outside_package)
+from ..utils.torch_compat import is_compiling
+from ..utils.validation import check_choice
+
+
+# --- Float32 products under TF32
+
+# Clears the 13 low mantissa bits of a float32: what TF32 keeps exactly.
+_TF32_MASK = -(1 << 13)
+
+
+def reduced_precision_matmuls(device: torch.device) -> bool:
+    """Whether float32 matmuls on ``device`` may run in reduced precision (TF32)."""
+    if is_compiling():
+        return device.type == 'cuda'
+    return torch.get_float32_matmul_precision() != 'highest'
+
+
+def split_tf32(tensor: torch.Tensor):
+    """``(high, low)``, ``high + low == tensor``, ``high`` TF32-exact; detached."""
+    tensor = tensor.detach()
+    high = (tensor.view(torch.int32) & _TF32_MASK).view(torch.float32)
+    return high, tensor - high
+
+
+def three_pass_matmul(a: torch.Tensor, b: torch.Tensor, matmul=None) -> torch.Tensor:
+    """``a @ b`` as ``a_hi b_hi + a_hi b_lo + a_lo b_hi``, parts TF32-exact."""
+    matmul = matmul or torch.matmul
+    a_high, a_low = split_tf32(a)
+    b_high, b_low = split_tf32(b)
+    return matmul(a_high, b_high) + (matmul(a_high, b_low) + matmul(a_low, b_high))
+
+
+class _Float32Matmul(torch.autograd.Function):
+    """``a @ b`` and its gradients, each by :func:`three_pass_matmul`."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return three_pass_matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:  # (..., N, K), summed over broadcast dims
+            grad_a = three_pass_matmul(grad, b.transpose(-1, -2)).sum_to_size(a.shape)
+        if ctx.needs_input_grad[1]:  # (..., K, M)
+            grad_b = three_pass_matmul(a.transpose(-1, -2), grad).sum_to_size(b.shape)
+        return grad_a, grad_b
+
+
+def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (..., N, K) x (..., K, M) accurate to float32 even under TF32."""
+    if a.dtype == torch.float32 and b.dtype == torch.float32 \
+            and reduced_precision_matmuls(a.device):
+        return _Float32Matmul.apply(a, b)
+    return torch.matmul(a, b)
+
+
+# --- Gaussian kernel
+
+def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
+                    float32_products: bool = False) -> torch.Tensor:
+    """Pairwise Gaussian kernel ``exp(x.y - ||x||^2 / 2 - ||y||^2 / 2)``.
+
+    Args:
+        x (Tensor): Shape (..., N, d).
+        y (Tensor): Shape (..., M, d).
+        float32_products (bool): ``x.y`` by :func:`float32_matmul`. Default: False.
+
+    Returns:
+        Tensor: Shape (..., N, M).
+    """
+    y_t = y.transpose(-1, -2)  # (..., d, M)
+    exponent = (float32_matmul(x, y_t) if float32_products
+                else torch.matmul(x, y_t))  # (..., N, M)
+    half_sq_x = 0.5 * x.pow(2).sum(-1, keepdim=True)  # (..., N, 1)
+    half_sq_y = 0.5 * y.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
+    exponent = exponent.sub_(half_sq_x).sub_(half_sq_y)
+    return exponent.exp() if exponent.requires_grad else exponent.exp_()
+
+
+def bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
+    """``A = k(L, L)``: L (..., m, d) -> (..., m, m), float32-accurate."""
+    return gaussian_kernel(bottleneck, bottleneck, float32_products=True)
+
+
+# --- Newton iteration
+
+def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor, num_iters: int
+                    ) -> Iterator[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """Lazily yields ``(V_j, V_j P)`` for ``j < k``, then ``(V_k, None)``."""
+    inverse = alpha * operand  # V_0
+    for _ in range(num_iters):
+        product = float32_matmul(inverse, operand)  # V_j P
+        yield inverse, product
+        inverse = 2 * inverse - float32_matmul(product, inverse)  # V_{j+1}
+    yield inverse, None
+
+
+def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
+                      num_iters: int) -> torch.Tensor:
+    """``V_k`` (..., m, m): k steps of ``V <- 2V - (V P) V`` from ``V_0 = alpha P``."""
+    for inverse, _ in newton_iterates(operand, alpha, num_iters):
+        pass
+    return inverse
+
+
+# --- Kernel inverse: options
+
+REGULARISER = 0.01
+VARIANTS = ('soft', 'soft++')
+SOLVERS = ('newton', 'newton_closed_form', 'exact')
+RENAMED_SOLVERS = {'cholesky': 'exact'}
+#: The solver an ONNX graph computes for each solver that ONNX can express.
+EXPORT_SOLVERS = {'newton': 'newton', 'newton_closed_form': 'newton'}
+#: The dtype of the closed form's eigendecomposition.
+EIGH_DTYPE = torch.float64
+#: Device types where ``'newton_closed_form'`` uses ``eigh``; elsewhere it iterates.
+CLOSED_FORM_DEVICES = ('cpu', )
+
+
+def solver_that_runs(solver: str, device_type: str) -> str:
+    """The solver run for ``solver`` on ``device_type``."""
+    if solver == 'newton_closed_form' and device_type not in CLOSED_FORM_DEVICES:
+        return 'newton'
+    return solver
+
+
+def canonical_solver(solver: str) -> str:
+    """Name in :data:`SOLVERS` of ``solver``; warns on a deprecated alias."""
+    if solver in RENAMED_SOLVERS:
+        new_name = RENAMED_SOLVERS[solver]
+        warnings.warn(
+            f'solver={solver!r} is deprecated: it is the exact inverse, now '
+            f'spelled solver={new_name!r}.', DeprecationWarning,
+            stacklevel=stacklevel_outside_package())
+        return new_name
+    return solver
+
+
+def _eye_like(mat: torch.Tensor) -> torch.Tensor:
+    return torch.eye(mat.shape[-1], dtype=mat.dtype, device=mat.device)
+
+
+def _per_image_max(values: torch.Tensor) -> torch.Tensor:
+    """Max over all but the first dim: (B, ...) -> (B, 1, ..., 1)."""
+    if values.dim() <= 1:
+        return values.amax().reshape(*([1] * (values.dim() + 1)))
+    peak = values.flatten(1).amax(1)  # (B, )
+    return peak.reshape(-1, *([1] * values.dim()))
+
+
+# --- Kernel inverse: Newton operand and starting scale
+
+def newton_operand(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """P: ``A + 0.01 I`` for ``'soft'``, ``A`` for ``'soft++'``; (..., m, m)."""
+    if variant == 'soft':
+        return mat + REGULARISER * _eye_like(mat)
+    return mat
+
+
+def regularised_newton_scale(mat: torch.Tensor) -> torch.Tensor:
+    """SOFT's ``alpha = 0.9 * 2 / (max row sum of A)^2``: (..., 1, 1)."""
+    max_row_sum = mat.sum(-1).amax(-1)  # (...)
+    return (0.9 * 2 / max_row_sum.pow(2))[..., None, None]
+
+
+def pseudo_inverse_newton_scale(mat: torch.Tensor,
+                                max_halvings: int = 10) -> torch.Tensor:
+    """SOFT++'s ``alpha = 2 / (max row sum)^2``, per image (B, 1, ..., 1, 1).
+
+    Halved while ``max colsum |I - alpha A^2| > 1.01``, at most ``max_halvings`` times.
+    """
+    eye = _eye_like(mat)
+    square = mat @ mat  # (B, ..., m, m)
+    alpha = 2 / _per_image_max(mat.sum(-1)).pow(2)  # (B, 1, ..., 1)
+    # All rounds run; an image whose residual is small keeps its alpha.
+    for _ in range(max_halvings):
+        residual = (eye - alpha * square).abs().sum(-2)  # (B, ..., m)
+        too_large = _per_image_max(residual) > 1.01  # (B, 1, ..., 1)
+        alpha = torch.where(too_large, alpha * 0.5, alpha)
+    return alpha
+
+
+def newton_scale(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """The starting scale ``alpha`` (``V_0 = alpha P``) of ``variant``."""
+    if variant == 'soft':
+        return regularised_newton_scale(mat)
+    return pseudo_inverse_newton_scale(mat)
+
+
+# --- Kernel inverse: Newton closed form on eigenvalues
+
+def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
+                          num_iters: int) -> torch.Tensor:
+    """``g_k(l) = (1 - (1 - alpha l^2)^(2^k)) / l``, as ``v <- v (2 - l v)``."""
+    value = alpha * eigvals
+    for _ in range(num_iters):
+        value = value * (2 - eigvals * value)
+    return value
+
+
+def newton_divided_difference_pairs(larger: torch.Tensor, smaller: torch.Tensor,
+                                    alpha: torch.Tensor,
+                                    num_iters: int) -> torch.Tensor:
+    """``(g_k(a) - g_k(b)) / (a - b)`` for ``a >= b`` (``g_k'(a)`` at ``a = b``).
+
+    By ``D <- D (2 - b (v_a + v_b)) - v_a^2`` from ``D_0 = alpha``.
+    """
+    value_a, value_b = alpha * larger, alpha * smaller
+    diff = alpha
+    for _ in range(num_iters):
+        diff = diff * (2 - smaller * (value_a + value_b)) - value_a.pow(2)
+        value_a = value_a * (2 - larger * value_a)
+        value_b = value_b * (2 - smaller * value_b)
+    return diff
+
+
+def newton_divided_differences(eigvals: torch.Tensor, alpha: torch.Tensor,
+                               num_iters: int, close: float = 1e-3) -> torch.Tensor:
+    """``D[i, j] = (g_k(l_i) - g_k(l_j)) / (l_i - l_j)``, ``D[i, i] = g_k'(l_i)``."""
+    values = newton_on_eigenvalues(eigvals, alpha, num_iters)  # (..., m)
+    slopes = newton_divided_difference_pairs(  # g_k'(lambda): (..., m)
+        eigvals, eigvals, alpha.expand_as(eigvals), num_iters)
+    row, col = eigvals.unsqueeze(-1), eigvals.unsqueeze(-2)  # (..., m, 1), (..., 1, m)
+    gap = row - col  # (..., m, m)
+    relative_gap = gap.abs() / torch.maximum(row.abs(), col.abs())  # NaN at 0 - 0
+    is_equal = ~(relative_gap > 1e-5 / 2**(num_iters + 1))  # diagonal included
+    is_close = ~(relative_gap > close)
+    diff = torch.where(
+        is_equal, 0.5 * (slopes.unsqueeze(-1) + slopes.unsqueeze(-2)),
+        (values.unsqueeze(-1) - values.unsqueeze(-2))
+        / torch.where(is_close, torch.ones_like(gap), gap))
+    # The recursion on one triangle's pairs, mirrored to the other.
+    upper = torch.ones_like(is_close).triu_(1)
+    index = (is_close & ~is_equal & upper).nonzero(as_tuple=True)
+    if index[0].numel():
+        first, second = row.expand_as(gap)[index], col.expand_as(gap)[index]
+        pairs = newton_divided_difference_pairs(
+            torch.maximum(first, second), torch.minimum(first, second),
+            alpha.unsqueeze(-1).expand_as(gap)[index], num_iters)
+        diff[index] = pairs
+        diff[index[:-2] + (index[-1], index[-2])] = pairs
+    return diff
+
+
+def spectral_apply(eigvecs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``Q diag(w) Q^T``: Q (..., m, m), w (..., m)."""
+    return (eigvecs * weights.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)
+
+
+class _NewtonClosedForm(torch.autograd.Function):
+    """``V_k = Q diag(g_k(lambda)) Q^T`` from one ``eigh`` of P.
+
+    Backward: ``dL/dP = Q (D o (Q^T G Q)) Q^T``, D the divided differences of g_k.
+    """
+
+    @staticmethod
+    def forward(ctx, operand, alpha, num_iters):
+        dtype = operand.dtype
+        eigvals, eigvecs = torch.linalg.eigh(
+            operand.to(EIGH_DTYPE))  # (..., m), (..., m, m)
+        alpha = alpha.squeeze(-1).to(EIGH_DTYPE)  # (..., 1)
+        weights = newton_on_eigenvalues(eigvals, alpha, num_iters)  # (..., m)
+        eigvecs = eigvecs.to(dtype)
+        ctx.save_for_backward(eigvals, eigvecs, alpha)
+        ctx.num_iters = num_iters
+        return spectral_apply(eigvecs, weights.to(dtype))
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_output):
+        eigvals, eigvecs, alpha = ctx.saved_tensors
+        diff = newton_divided_differences(eigvals, alpha, ctx.num_iters)
+        inner = eigvecs.transpose(-1, -2) @ grad_output @ eigvecs  # (..., m, m)
+        grad = eigvecs @ (diff.to(inner.dtype) * inner) @ eigvecs.transpose(-1, -2)
+        return grad, None, None
+
+
+def newton_closed_form(operand: torch.Tensor, alpha: torch.Tensor,
+                       num_iters: int) -> torch.Tensor:
+    """``V_k`` of :func:`newton_iterations` for symmetric P, from one ``eigh``.
+
+    ``V_k = Q diag((1 - (1 - alpha lambda^2)^(2^k)) / lambda) Q^T``.
+
+    Args:
+        operand (Tensor): P, (..., m, m).
+        alpha (Tensor): Scales, (..., 1, 1); a constant.
+        num_iters (int): Steps k.
+
+    Returns:
+        Tensor: (..., m, m).
+    """
+    alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
+    return apply_without_autocast(_NewtonClosedForm, operand, alpha, num_iters)
+
+
+# --- Kernel inverse: exact solvers
+
+def cholesky_regularised_inverse(mat: torch.Tensor) -> torch.Tensor:
+    """Exact ``(A + 0.01 I)^-1`` by Cholesky: (..., m, m) -> (..., m, m)."""
+    factor = torch.linalg.cholesky(newton_operand(mat, 'soft'))
+    return torch.cholesky_inverse(factor)
+
+
+def eigh_pseudo_inverse(mat: torch.Tensor, rtol: float = None) -> torch.Tensor:
+    """Exact ``pinv(A)`` of symmetric A (..., m, m); ``rtol`` as ``linalg.pinv``."""
+    return torch.linalg.pinv(mat, rtol=rtol, hermitian=True)
+
+
+def exact_inverse(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """``(A + 0.01 I)^-1`` (``'soft'``) or ``pinv(A)`` (``'soft++'``)."""
+    if variant == 'soft':
+        return cholesky_regularised_inverse(mat)
+    return eigh_pseudo_inverse(mat)
+
+
+class _ExactInverse(torch.autograd.Function):
+    """:func:`exact_inverse` without a graph; backward ``-V^T G V^T``."""
+
+    @staticmethod
+    def forward(ctx, mat, variant):
+        with torch.no_grad():
+            inverse = exact_inverse(mat, variant)
+        ctx.save_for_backward(inverse)
+        return inverse
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_output):
+        inverse, = ctx.saved_tensors
+        inverse_t = inverse.transpose(-1, -2)
+        grad_mat = -(inverse_t @ grad_output @ inverse_t)
+        return grad_mat, None
+
+
+# --- Kernel inverse: entry points
+
+#: SOFT++ takes the pseudo-inverse of at least this many bottleneck tokens.
+MIN_PSEUDO_INVERSE_TOKENS = 3
+
+
+def inverse_formula(variant: str, tokens: int) -> str:
+    """``variant``'s inverse of m tokens: ``'soft'`` also for ``'soft++'``, m < 3."""
+    if variant == 'soft++' and tokens < MIN_PSEUDO_INVERSE_TOKENS:
+        return 'soft'
+    return variant
+
+
+def check_kernel_inverse_options(variant: str, solver: str) -> str:
+    """Validates ``variant`` and ``solver``.
+
+    Returns:
+        str: The solver's name in :data:`SOLVERS`.
+
+    Raises:
+        ValueError: If either is not accepted.
+    """
+    check_choice('variant', variant, VARIANTS)
+    solver = canonical_solver(solver)
+    check_choice('solver', solver, SOLVERS)
+    return solver
+
+
+NewtonIterations = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def scaled_both_sides(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``diag(scale) . mat . diag(scale)``: (..., m, m)."""
+    return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
+
+
+def solve_kernel_inverse(mat: torch.Tensor, variant: str, solver: str,
+                         num_iters: int, iterate: NewtonIterations) -> torch.Tensor:
+    """:func:`kernel_inverse` with ``iterate(P, alpha, k)`` as the iteration."""
+    variant = inverse_formula(variant, mat.shape[-1])
+    with torch.autocast(device_type=mat.device.type, enabled=False):
+        mat = full_precision(mat)
+        if solver == 'exact':
+            return _ExactInverse.apply(mat, variant)
+        with torch.no_grad():
+            alpha = newton_scale(mat, variant)  # a step size: (B, ..., 1, 1)
+        operand = newton_operand(mat, variant)  # P: (B, ..., m, m)
+        if solver == 'newton_closed_form':
+            return newton_closed_form(operand, alpha, num_iters)
+        return iterate(operand, alpha, num_iters)
+
+
+# --- Memory-efficient Newton iteration
+
+def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
+                               num_iters: int,
+                               grad_output: torch.Tensor) -> torch.Tensor:
+    """``dL/dP`` of ``V_k = newton_iterations(P, alpha, k)``; ``G = dL/dV_k``.
+
+    With ``W = G_{j+1} V_j^T``: ``G_j = 2 G_{j+1} - W P^T - (V_j P)^T G_{j+1}``,
+    ``dL/dP = alpha G_0 - sum_j V_j^T W``.
+    """
+    # (V_j, V_j P) for j < k; V_k itself is not computed.
+    steps = list(islice(newton_iterates(operand, alpha, num_iters), num_iters))
+    grad = grad_output  # G_k
+    grad_operand = torch.zeros_like(operand)
+    operand_t = operand.transpose(-1, -2)
+    for inverse, product in reversed(steps):
+        weighted = float32_matmul(grad, inverse.transpose(-1, -2))  # W: (..., m, m)
+        grad_operand -= float32_matmul(inverse.transpose(-1, -2), weighted)
+        grad = (2 * grad - float32_matmul(weighted, operand_t)
+                - float32_matmul(product.transpose(-1, -2), grad))  # G_j
+    return grad_operand + alpha * grad
+
+
+class _NewtonIterations(torch.autograd.Function):
+    """``V_k(P)`` keeping only P and alpha; backward recomputes the iterates."""
+
+    @staticmethod
+    def forward(ctx, operand, alpha, num_iters):
+        ctx.save_for_backward(operand, alpha)
+        ctx.num_iters = num_iters
+        return newton_iterations(operand, alpha, num_iters)
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_output):
+        operand, alpha = ctx.saved_tensors
+        return (newton_iterations_backward(operand, alpha, ctx.num_iters,
+                                           grad_output), None, None)
+
+
+def recomputed_newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
+                                 num_iters: int) -> torch.Tensor:
+    """:func:`newton_iterations` keeping only P for backward: (..., m, m)."""
+    alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
+    return apply_without_autocast(_NewtonIterations, operand, alpha, num_iters)
+
+
+# --- Memory-efficient kernel attention
+
+BACKWARD_CHUNK = 1024  # tokens per slice of backward's N x m temporaries
+
+
+def recomputed_bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
+    """``A = k(L, L)`` recomputed in backward: (B, h, m, d) -> (B, h, m, m)."""
+    if not torch.is_grad_enabled():
+        return bottleneck_kernel(bottleneck)  # nothing to keep
+    return checkpoint(bottleneck_kernel, bottleneck, use_reentrant=False)
+
+
+# --- Memory-efficient kernel attention: SOFT++'s symmetric scaling
+
+class SymmetricScale(torch.autograd.Function):
+    """Autograd function of :func:`symmetric_scale`; keeps ``mat`` and ``scale``.
+
+    ``d mat = G o (s s^T)``, ``d s = (G o mat) s + (G o mat)^T s``.
+    """
+
+    @staticmethod
+    def forward(ctx, mat, scale):
+        ctx.save_for_backward(mat, scale)
+        return scaled_both_sides(mat, scale)
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_out):
+        mat, scale = ctx.saved_tensors
+        weighted = grad_out * mat  # (..., m, m)
+        column = scale.unsqueeze(-1)  # (..., m, 1)
+        grad_mat = scaled_both_sides(grad_out, scale)
+        grad_scale = weighted @ column + weighted.transpose(-1, -2) @ column
+        return grad_mat, grad_scale.squeeze(-1)
+
+
+def symmetric_scale(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``diag(s) . mat . diag(s)``, (..., m, m), keeping no m x m intermediate."""
+    return apply_without_autocast(SymmetricScale, mat, scale)
+
+
+# --- Memory-efficient kernel attention: chunked K1 . (middle . (K1^T V))
+
+def _chunks(tokens: int, chunk: int) -> List[Tuple[int, int]]:
+    return [(start, min(start + chunk, tokens)) for start in range(0, tokens, chunk)]
+
+
+def kernel_summary(queries: torch.Tensor, bottleneck: torch.Tensor,
+                   values: torch.Tensor, chunk: int,
+                   query_scale: float = 1.) -> torch.Tensor:
+    """``K1^T V`` chunk by chunk: (B, h, m, d)."""
+    summary = None
+    for start, end in _chunks(queries.shape[-2], chunk):
+        kernel = gaussian_kernel(queries[..., start:end, :] * query_scale,
+                                 bottleneck)  # (B, h, c, m)
+        part = kernel.transpose(-1, -2) @ values[..., start:end, :]
+        summary = part if summary is None else summary.add_(part)
+    return summary
+
+
+def kernel_apply(queries: torch.Tensor, bottleneck: torch.Tensor,
+                 right: torch.Tensor, chunk: int,
+                 query_scale: float = 1.) -> torch.Tensor:
+    """``K1 . right`` chunk by chunk: (B, h, N, d)."""
+    out = queries.new_empty(*queries.shape[:-1], right.shape[-1])
+    for start, end in _chunks(queries.shape[-2], chunk):
+        kernel = gaussian_kernel(queries[..., start:end, :] * query_scale,
+                                 bottleneck)
+        torch.matmul(kernel, right, out=out[..., start:end, :])
+    return out
+
+
+def _with_ones(points: torch.Tensor) -> torch.Tensor:
+    """(..., n, d) -> (..., n, d + 1) with a last column of ones."""
+    return torch.cat((points, torch.ones_like(points[..., :1])), -1)
+
+
+class ChunkedKernelProduct(torch.autograd.Function):
+    """Autograd function of :func:`chunked_kernel_product`; keeps no N x m tensor."""
+
+    @staticmethod
+    def forward(ctx, queries, bottleneck, middle, values, chunk, query_scale):
+        if queries.shape[-2] <= chunk:
+            # One chunk: one kernel evaluation serves both products.
+            kernel = gaussian_kernel(queries * query_scale, bottleneck)  # (B,h,N,m)
+            summary = kernel.transpose(-1, -2) @ values  # (B, h, m, d)
+            right = middle @ summary  # (B, h, m, d)
+            out = kernel @ right  # (B, h, N, d)
+        else:
+            summary = kernel_summary(queries, bottleneck, values, chunk, query_scale)
+            right = middle @ summary
+            out = kernel_apply(queries, bottleneck, right, chunk, query_scale)
+        ctx.save_for_backward(queries, bottleneck, middle, values, summary, right)
+        ctx.chunk = chunk
+        ctx.query_scale = query_scale
+        return out
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_out):
+        queries, bottleneck, middle, values, summary, right = ctx.saved_tensors
+        scale = ctx.query_scale
+        tokens = queries.shape[-2]
+        # N x m temporaries in slices of at most BACKWARD_CHUNK tokens.
+        step = min(ctx.chunk, BACKWARD_CHUNK)
+        # One chunk: its kernel serves both passes, evaluated once.
+        whole_kernel = (gaussian_kernel(queries * scale, bottleneck)
+                        if tokens <= ctx.chunk else None)  # (B, h, N, m)
+        if whole_kernel is None:
+            grad_right = kernel_summary(queries, bottleneck, grad_out, step, scale)
+        else:
+            grad_right = whole_kernel.transpose(-1, -2) @ grad_out  # d right
+        grad_middle = grad_right @ summary.transpose(-1, -2)  # (B, h, m, m)
+        grad_summary = middle.transpose(-1, -2) @ grad_right  # (B, h, m, d)
+        grad_queries = torch.empty_like(queries)
+        grad_values = torch.empty_like(values)
+        dims = queries.shape[-1]
+        # One product gives both dK1 terms: [G, V] [right, d summary]^T.
+        right_and_grad = torch.cat((right, grad_summary), -1)  # (B, h, m, 2d)
+        # [L, 1] and [Q, 1]: the products also give dE's row / column sums.
+        bottleneck_ones = _with_ones(bottleneck)  # (B, h, m, d + 1)
+        bottleneck_grad = torch.zeros_like(bottleneck_ones)  # [dE^T Q, colsum dE]
+        for start, end in _chunks(tokens, step):
+            q = queries[..., start:end, :] * scale  # (B, h, c, d)
+            kernel = (gaussian_kernel(q, bottleneck) if whole_kernel is None
+                      else whole_kernel[..., start:end, :])  # (B, h, c, m)
+            grad_values[..., start:end, :] = kernel @ grad_summary
+            grad_and_values = torch.cat((grad_out[..., start:end, :],
+                                         values[..., start:end, :]), -1)  # (B,h,c,2d)
+            grad_kernel = grad_and_values @ right_and_grad.transpose(-1, -2)
+            grad_exponent = grad_kernel.mul_(kernel)  # dE, (B, h, c, m)
+            query_grad = grad_exponent @ bottleneck_ones  # [dE L, rowsum dE]
+            grad_queries[..., start:end, :] = scale * (
+                query_grad[..., :dims] - query_grad[..., dims:] * q)
+            bottleneck_grad += grad_exponent.transpose(-1, -2) @ _with_ones(q)
+        grad_bottleneck = (bottleneck_grad[..., :dims]
+                           - bottleneck_grad[..., dims:] * bottleneck)
+        return grad_queries, grad_bottleneck, grad_middle, grad_values, None, None
+
+
+def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
+                           middle: torch.Tensor, values: torch.Tensor,
+                           chunk: int, query_scale: float = 1.) -> torch.Tensor:
+    """``K1 . (middle . (K1^T V))``, ``K1 = k(Q, L)`` recomputed in backward.
+
+    Args:
+        queries (Tensor): Q0, (B, h, N, d); ``Q = query_scale * Q0``.
+        bottleneck (Tensor): L, (B, h, m, d).
+        middle (Tensor): (B, h, m, m).
+        values (Tensor): V, (B, h, N, d).
+        chunk (int): Tokens per chunk.
+
+    Returns:
+        Tensor: (B, h, N, d).
+    """
+    return apply_without_autocast(ChunkedKernelProduct, queries, bottleneck, middle,
+                                  values, chunk, query_scale)
+
+
+def memory_efficient_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
+                                      values: torch.Tensor, variant: str, solver: str,
+                                      newton_iters: int, query_scale: float = 1.,
+                                      chunk_tokens: Optional[int] = None) -> torch.Tensor:
+    """``K1 . middle . K1^T V``, keeping neither kernel nor Newton iterates.
+
+    ``middle`` inverts ``A = k(L, L)``; ``'soft++'``: ``D^-1/2 pinv(A) D^-1/2``.
+
+    Args:
+        queries (Tensor): Q0, (B, h, N, d); ``Q = query_scale * Q0``.
+        bottleneck (Tensor): L, (B, h, m, d).
+        values (Tensor): V, (B, h, N, d).
+        chunk_tokens (int, optional): Most rows of K1 at a time. Default: all.
+
+    Returns:
+        Tensor: (B, h, N, d).
+    """
+    kernel_a = recomputed_bottleneck_kernel(bottleneck)  # A: (B, h, m, m)
+    middle = kernel_inverse(kernel_a, variant, solver, newton_iters,
+                            memory_efficient=True)  # (B, h, m, m)
+    if variant == 'soft++':
+        # D^-1/2 . middle . D^-1/2, D = diag(A 1): (B, h, m, m)
+        middle = symmetric_scale(middle, kernel_a.sum(-1).rsqrt())
+    tokens = queries.shape[-2]
+    chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
+    return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
+                                  query_scale)
+
+
+# --- Kernel inverse: public entry point
+
+
+def kernel_inverse(mat: torch.Tensor, variant: str = 'soft', solver: str = 'newton',
+                   num_iters: int = 20, memory_efficient: bool = False) -> torch.Tensor:
+    """Differentiable ``(A + 0.01 I)^-1`` (``'soft'``) or ``pinv(A)`` (``'soft++'``).
+
+    Args:
+        mat (Tensor): Symmetric A, (B, ..., m, m); B indexes images.
+        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
+        solver (str): One of :data:`SOLVERS`. Default: ``'newton'``.
+        num_iters (int): Newton steps. Default: 20.
+        memory_efficient (bool): Recompute the iterates in backward. Default: False.
+
+    Returns:
+        Tensor: (B, ..., m, m); float32 for half or bfloat16 ``mat``, else its dtype.
+    """
+    iterate = recomputed_newton_iterations if memory_efficient else newton_iterations
+    return solve_kernel_inverse(mat, variant, solver, num_iters, iterate)

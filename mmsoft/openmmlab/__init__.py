@@ -1,0 +1,27 @@
+"""OpenMMLab adapter: the backbones (``type='SOFT'``, ``type='UFOViT'``) and the
+valid-region data preprocessors, registered in mmengine's root ``MODELS``
+registry, where mmdet and mmseg configs find them."""
+from mmengine.registry import MODELS
+
+from .backbones import SOFT, UFOViT, register_valid_shapes, registered_valid_shapes
+
+MODELS.register_module(name='SOFT', module=SOFT)
+MODELS.register_module(name='UFOViT', module=UFOViT)
+
+
+@MODELS.register_module(name='ValidRegionDetDataPreprocessor')
+def build_valid_region_det_preprocessor(**kwargs):
+    """mmdet's ``DetDataPreprocessor`` that records each image's valid region."""
+    from .det_preprocessor import ValidRegionDetDataPreprocessor
+    return ValidRegionDetDataPreprocessor(**kwargs)
+
+
+@MODELS.register_module(name='ValidRegionSegDataPreprocessor')
+def build_valid_region_seg_preprocessor(**kwargs):
+    """mmseg's ``SegDataPreProcessor`` that records each image's valid region."""
+    from .seg_preprocessor import ValidRegionSegDataPreprocessor
+    return ValidRegionSegDataPreprocessor(**kwargs)
+
+
+__all__ = ['SOFT', 'UFOViT', 'register_valid_shapes', 'registered_valid_shapes',
+           'build_valid_region_det_preprocessor', 'build_valid_region_seg_preprocessor']

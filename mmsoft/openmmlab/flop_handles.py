@@ -1,0 +1,140 @@
+"""FLOP counting handles for what mmengine's counter does not see.
+
+mmengine's :class:`~mmengine.analysis.FlopAnalyzer` counts one multiply-add
+as one FLOP and only knows matmul/linear/conv/norm/pool-like operators. The
+handles below count, with the same convention, the rest of what mmsoft's
+models compute: the Gaussian kernel's exponentials and distance terms, the
+norms of XNorm, the softmax attention of SOFT's last stage
+(``scaled_dot_product_attention``) and SOFT's kernel inverses that run as
+one autograd function (the closed form and the exact solvers; the Newton
+iteration is traced step by step). A matrix product of (a x b) by (b x c) is
+``a*b*c``, an element-wise operation one FLOP per output element, a
+reduction one per input element.
+"""
+from math import prod
+from typing import Any, Callable, Dict, List
+
+from mmengine.analysis.jit_handles import get_shape
+
+Handle = Callable[[List[Any], List[Any]], int]
+
+ELEMENTWISE_OPS = (
+    'aten::exp', 'aten::exp_', 'aten::rsqrt', 'aten::sqrt', 'aten::mul',
+    'aten::mul_', 'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_',
+    'aten::div', 'aten::div_', 'aten::pow', 'aten::neg', 'aten::clamp_min',
+    'aten::reciprocal', 'aten::abs')
+# No arithmetic (allocation), or activations, which mmengine and fvcore leave
+# out for every model alike.
+NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
+                   'aten::eye', 'aten::where', 'aten::repeat',
+                   'aten::repeat_interleave', 'aten::gelu', 'aten::silu',
+                   'aten::relu', 'aten::relu_')
+REDUCTION_OPS = ('aten::sum', 'aten::amax', 'aten::linalg_vector_norm', 'aten::norm',
+                 'aten::frobenius_norm', 'aten::mean')
+
+
+def elementwise_flops(inputs: List[Any], outputs: List[Any]) -> int:
+    """One FLOP per output element."""
+    shape = get_shape(outputs[0])
+    return prod(shape) if shape is not None else 0
+
+
+def reduction_flops(inputs: List[Any], outputs: List[Any]) -> int:
+    """One FLOP per input element."""
+    shape = get_shape(inputs[0])
+    return prod(shape) if shape is not None else 0
+
+
+def sdpa_flops(inputs: List[Any], outputs: List[Any]) -> int:
+    """``Q K^T`` and ``attn V``: 2 * B * h * Nq * Nk * d."""
+    query, key = get_shape(inputs[0]), get_shape(inputs[1])
+    *batch, queries, dims = query
+    return 2 * prod(batch) * queries * key[-2] * dims
+
+
+#: The autograd functions that compute a kernel inverse in one traced node.
+INVERSE_FUNCTIONS = ('_ExactInverse', '_NewtonClosedForm')
+
+
+def inverse_flops(variant: str, solver: str) -> float:
+    """FLOPs of one m x m bottleneck inverse computed in one node, as a
+    multiple of m^3.
+
+    Cholesky (SOFT's ``'exact'``): m^3/3 for the factor and 2m^3/3 to
+    invert it. An eigendecomposition (SOFT++'s ``'exact'``, and
+    ``'newton_closed_form'``): about 4m^3/3 to reduce to tridiagonal form,
+    m^3 to accumulate the eigenvectors and m^3 to multiply them back.
+
+    Args:
+        variant (str): ``'soft'`` or ``'soft++'``.
+        solver (str): ``'newton_closed_form'`` or ``'exact'``.
+
+    Returns:
+        float: The factor of m^3.
+    """
+    if solver == 'exact' and variant == 'soft':
+        return 1
+    return 10 / 3
+
+
+def kernel_inverse_handle(variant: str, solver: str) -> Handle:
+    """Handle of SOFT's one-node inverse for one (variant, solver) setting."""
+    factor = inverse_flops(variant, solver)
+
+    def handle(inputs: List[Any], outputs: List[Any]) -> int:
+        *batch, size, _ = get_shape(inputs[0])
+        return int(factor * prod(batch) * size**3)
+
+    return handle
+
+
+def extra_flop_handles(model) -> Dict[str, Handle]:
+    """Handles to add to a FlopAnalyzer for ``model``.
+
+    Args:
+        model (nn.Module): Any model; the SOFT inverse handle is configured
+            from its :class:`~mmsoft.models.layers.SoftAttention` modules,
+            whose solvers other than ``'newton'`` must then all share one
+            variant and solver.
+
+    Returns:
+        dict[str, Handle | None]: Operator name to handle (None: known, not
+        counted).
+    """
+    from ..models.soft import SoftAttention
+    handles = {op: elementwise_flops for op in ELEMENTWISE_OPS}
+    handles.update({op: reduction_flops for op in REDUCTION_OPS})
+    handles.update({op: None for op in NOT_COUNTED_OPS})
+    handles['aten::scaled_dot_product_attention'] = sdpa_flops
+    settings = {(m.variant, m.solver) for m in model.modules()
+                if isinstance(m, SoftAttention) and m.solver != 'newton'}
+    if len(settings) > 1:
+        raise ValueError(f'SOFT attentions of one model use several inverse '
+                         f'settings {sorted(settings)}; the FLOP handle needs one.')
+    if settings:
+        handle = kernel_inverse_handle(*settings.pop())
+        for function in INVERSE_FUNCTIONS:
+            handles[f'prim::PythonOp.{function}'] = handle
+    return handles
+
+
+def count_flops(model, inputs, with_extra_handles: bool = True):
+    """Total FLOPs (multiply-adds) of ``model(*inputs)`` and the analyzer.
+
+    Args:
+        model (nn.Module): Model in eval mode.
+        inputs (tuple): Positional inputs of its forward.
+        with_extra_handles (bool): Add :func:`extra_flop_handles`; False gives
+            mmengine's plain count. Default: True.
+
+    Returns:
+        tuple[int, FlopAnalyzer]: The total and the analyzer (per-module and
+        per-operator breakdowns, unsupported operators).
+    """
+    from mmengine.analysis import FlopAnalyzer
+    analyzer = FlopAnalyzer(model, inputs)
+    if with_extra_handles:
+        analyzer.set_op_handle(**extra_flop_handles(model))
+    analyzer.unsupported_ops_warnings(False)
+    analyzer.uncalled_modules_warnings(False)
+    return analyzer.total(), analyzer

@@ -1,0 +1,171 @@
+"""The offline GPU bundle (tools/gpu_bundle.sh) and its runner on the node
+(tools/gpu_check_offline.sh), without a GPU and without downloading wheels.
+
+- requirements/gpu-bundle.txt resolves to wheels for CPython 3.12 on
+  manylinux_2_28 x86-64 (pip's dry run: metadata only), each pinned in
+  requirements/locks/gpu-bundle.txt; skipped when no package index answers.
+- The runner stops at once, exit status 3, naming the reason, when the
+  python has no torch, a torch without CUDA, or no GPU visible; it refuses
+  a bundle that holds a torch wheel.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.tags import compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIREMENTS = REPO / 'requirements' / 'gpu-bundle.txt'
+LOCK = REPO / 'requirements' / 'locks' / 'gpu-bundle.txt'
+OFFLINE = REPO / 'tools' / 'gpu_check_offline.sh'
+PYTHON_VERSION = (3, 12)
+PLATFORM = 'manylinux_2_28_x86_64'
+#: Every platform tag pip accepts for --platform manylinux_2_28_x86_64.
+PLATFORMS = [f'manylinux_2_{minor}_x86_64' for minor in range(28, 4, -1)] + [
+    'manylinux2014_x86_64', 'manylinux2010_x86_64', 'manylinux1_x86_64']
+SUPPORTED_TAGS = set(cpython_tags(PYTHON_VERSION, abis=['cp312'], platforms=PLATFORMS)) \
+    | set(compatible_tags(PYTHON_VERSION, 'cp312', PLATFORMS))
+#: Signs in pip's output that the package index could not be reached.
+UNREACHABLE = re.compile(
+    r'NewConnectionError|Name or service not known|Temporary failure in name '
+    r'resolution|Network is unreachable|Max retries exceeded|Connection refused|'
+    r'ConnectTimeout|Read timed out|ProxyError|SSLError|Could not fetch URL')
+SECONDS = 30
+
+
+def requirement_names(path: Path) -> set:
+    names = set()
+    for line in path.read_text().splitlines():
+        line = line.split('#', 1)[0].strip()
+        if line and not line.startswith('-'):
+            names.add(canonicalize_name(Requirement(line).name))
+    return names
+
+
+def locked_pins(path: Path) -> dict:
+    """``name: (version, hashes)`` of a lock written by uv with hashes."""
+    text = re.sub(r'\\\n\s*', ' ', path.read_text())
+    pins = {}
+    for line in text.splitlines():
+        line = line.split('#', 1)[0].strip()
+        if line:
+            name, version = line.split()[0].split('==')
+            pins[canonicalize_name(name)] = (version, re.findall(r'--hash=sha256:\w+', line))
+    return pins
+
+
+def test_lock_pins_every_requirement_with_hashes():
+    assert 'target: CPython 3.12, manylinux_2_28_x86_64' in LOCK.read_text()
+    pins = locked_pins(LOCK)
+    assert requirement_names(REQUIREMENTS) <= set(pins)
+    for name, (version, hashes) in pins.items():
+        assert version and hashes, f'{name} is not pinned with hashes in {LOCK}'
+
+
+def test_bundle_resolves_for_cpython_312(tmp_path):
+    """pip's dry run for the node's target: a wheel for each package, no
+    download of the wheels themselves (their metadata only)."""
+    command = [sys.executable, '-m', 'pip', 'install', '--dry-run',
+               '--ignore-installed', '--disable-pip-version-check', '--quiet',
+               '--timeout', '10', '--retries', '1',
+               '--report', str(tmp_path / 'report.json'),
+               '--python-version', '.'.join(map(str, PYTHON_VERSION)),
+               '--implementation', 'cp', '--only-binary=:all:',
+               '--platform', PLATFORM, '--target', str(tmp_path / 'site'),
+               '-r', str(REQUIREMENTS)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.skip('the package index did not answer within 120 s')
+    output = done.stdout + done.stderr
+    if done.returncode != 0 and UNREACHABLE.search(output):
+        pytest.skip('the package index cannot be reached: '
+                    + UNREACHABLE.search(output).group(0))
+    if done.returncode != 0 and 'no such option' in output:
+        pytest.skip(f'this pip has no --dry-run/--report: {output.strip()}')
+    assert done.returncode == 0, output
+    report = json.loads((tmp_path / 'report.json').read_text())
+    resolved = {}
+    for item in report['install']:
+        name = canonicalize_name(item['metadata']['name'])
+        filename = item['download_info']['url'].rsplit('/', 1)[-1].split('#')[0]
+        assert filename.endswith('.whl'), f'{name} resolved to {filename}, not a wheel'
+        tags = parse_wheel_filename(filename)[3]
+        assert tags & SUPPORTED_TAGS, f'{filename} does not run on CPython 3.12, {PLATFORM}'
+        resolved[name] = item['metadata']['version']
+    assert requirement_names(REQUIREMENTS) <= set(resolved)
+    # The lock holds the same packages (their versions may have moved on).
+    assert set(resolved) == set(locked_pins(LOCK)), \
+        f'{LOCK} is out of date: run make gpu-bundle-lock'
+
+
+def run_offline(tmp_path, python, *args, extra_env=None):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('MMSOFT_GPU_CHECK_DEVICE', 'PYTHONPATH')}
+    env.update(PYTHON=str(python), **(extra_env or {}))
+    start = time.monotonic()
+    done = subprocess.run(
+        ['bash', str(OFFLINE), str(tmp_path / 'bundle'), str(tmp_path / 'out'), *args],
+        capture_output=True, text=True, env=env, timeout=SECONDS)
+    return done, time.monotonic() - start
+
+
+def fake_torch(tmp_path, cuda):
+    """A folder with a stand-in ``torch`` package: a build for ``cuda``
+    (None: CPU-only) that sees no device."""
+    package = tmp_path / 'fake' / 'torch'
+    package.mkdir(parents=True)
+    (package / '__init__.py').write_text(
+        "__version__ = '0.0+fake'\n"
+        f'class version:\n    cuda = {cuda!r}\n    hip = None\n'
+        'class cuda:\n    is_available = staticmethod(lambda: False)\n')
+    return str(package.parent)
+
+
+def test_refuses_this_python_without_a_gpu(tmp_path):
+    torch = pytest.importorskip('torch')
+    if torch.cuda.is_available():
+        pytest.skip('a CUDA device is visible here')
+    cpu_only = torch.version.cuda is None and getattr(torch.version, 'hip', None) is None
+    done, seconds = run_offline(tmp_path, sys.executable)
+    assert done.returncode == 3, done.stdout + done.stderr
+    reason = 'torch without CUDA' if cpu_only else 'no GPU visible'
+    assert reason in done.stderr and '--allow-cpu' in done.stderr
+    assert seconds < SECONDS and not (tmp_path / 'out').exists()
+
+
+@pytest.mark.parametrize('cuda, reason', [(None, 'torch without CUDA'),
+                                          ('13.0', 'no GPU visible')])
+def test_names_the_reason(tmp_path, cuda, reason):
+    done, _ = run_offline(tmp_path, sys.executable,
+                          extra_env=dict(PYTHONPATH=fake_torch(tmp_path, cuda)))
+    assert done.returncode == 3 and reason in done.stderr, done.stdout + done.stderr
+
+
+def test_refuses_a_python_without_torch(tmp_path):
+    for python in ('/nonexistent/python3', tmp_path / 'venv' / 'bin' / 'python'):
+        if 'venv' in str(python):
+            subprocess.run([sys.executable, '-m', 'venv', '--without-pip',
+                            str(tmp_path / 'venv')], check=True, timeout=SECONDS)
+        done, seconds = run_offline(tmp_path, python)
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert 'no torch' in done.stderr and seconds < SECONDS
+
+
+@pytest.mark.parametrize('wheel, message', [(None, 'holds no wheels'),
+                                            ('torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl',
+                                             "the node's own is used")])
+def test_refuses_a_bad_bundle(tmp_path, wheel, message):
+    (tmp_path / 'bundle').mkdir()
+    if wheel:
+        (tmp_path / 'bundle' / wheel).write_bytes(b'')
+    done, _ = run_offline(tmp_path, sys.executable, '--allow-cpu',
+                          extra_env=dict(PYTHONPATH=fake_torch(tmp_path, None)))
+    assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr

@@ -1,0 +1,165 @@
+"""mmsoft's models through timm: the registry, the classifier and feature API
+that timm's own model tests check, and official SOFT files loaded as
+``pretrained_cfg_overlay=dict(file=...)``."""
+import importlib.util
+import os.path as osp
+
+import pytest
+import torch
+
+timm = pytest.importorskip('timm')
+import mmsoft  # noqa: E402,F401  (registers the models with timm)
+from mmsoft import timm_models  # noqa: E402
+
+pytestmark = pytest.mark.torchvision
+
+NAMES = sorted(timm_models.default_cfgs)
+#: One model of each family and variant, small enough to run on the CPU.
+TINY = ['soft_tiny', 'soft_plus_plus_tiny', 'ufo_vit_tiny']
+SIZE = 64
+
+_SPEC = importlib.util.spec_from_file_location(
+    'official_soft_reference',
+    osp.join(osp.dirname(osp.abspath(__file__)), 'official_soft_reference.py'))
+ref = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(ref)
+
+
+def images(batch=1, size=SIZE, seed=0):
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def test_every_size_is_registered():
+    assert set(timm.list_models('soft_*')) == {
+        f'{prefix}_{size}' for prefix in ('soft', 'soft_plus_plus')
+        for size in ('tiny', 'small', 'medium', 'large', 'huge')}
+    assert set(timm.list_models('ufo_vit_*')) == {
+        f'ufo_vit_{size}' for size in ('tiny', 'small', 'medium', 'base')}
+    assert set(timm.list_models(module='timm_models')) == set(NAMES)
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_every_model_builds_as_classifier_and_feature_extractor(name):
+    classifier = timm.create_model(name)
+    assert classifier.num_classes == 1000
+    assert classifier.head.weight.shape == (1000, classifier.num_features)
+    cfg = classifier.pretrained_cfg
+    assert cfg['classifier'] == 'head' and cfg['num_classes'] == 1000
+    assert f'{cfg["first_conv"]}.weight' in classifier.state_dict()
+    features = timm.create_model(name, features_only=True)
+    assert features.feature_info.reduction() == [4, 8, 16, 32]
+    assert len(features.feature_info.channels()) == 4
+    assert not any('head' in key for key in features.state_dict())
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_forward_and_grad_checkpointing(name):
+    model = timm.create_model(name).eval()
+    x = images(size=96)
+    with torch.no_grad():
+        out = model(x)
+        model.set_grad_checkpointing()
+        again = model(x)
+    assert out.shape == (1, 1000) and not out.isnan().any()
+    torch.testing.assert_close(again, out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_backward_reaches_every_parameter(name):
+    model = timm.create_model(name, num_classes=42).train()
+    out = model(images(batch=2))
+    out.mean().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing
+    assert out.shape == (2, 42)
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_default_cfg_features_head_and_reset(name):
+    model = timm.create_model(name).eval()
+    x = images()
+    assert model.num_features == model.head_hidden_size > 0
+    with torch.no_grad():
+        feats = model.forward_features(x)  # (B, tokens, C): a class token first
+        pre = model.forward_head(feats, pre_logits=True)
+        assert feats.dim() == 3 and feats.shape[-1] == model.num_features
+        assert pre.shape == (1, model.head_hidden_size)
+        model.reset_classifier(0)
+        assert model.num_classes == 0
+        pooled = model(x)
+    torch.testing.assert_close(pooled, pre)
+    headless = timm.create_model(name, num_classes=0).eval()
+    with torch.no_grad():
+        assert headless(x).shape == (1, headless.num_features)
+
+
+@pytest.mark.parametrize('name', TINY)
+@pytest.mark.parametrize('out_indices', [(0, 1, 2, 3), (1, 3)])
+def test_features_only_maps_match_feature_info(name, out_indices):
+    model = timm.create_model(name, features_only=True, out_indices=out_indices)
+    x = images(batch=2, size=96)
+    outs = model(x)
+    info = model.feature_info
+    assert len(outs) == len(out_indices) == len(info.channels())
+    for channels, reduction, out in zip(info.channels(), info.reduction(), outs):
+        assert out.shape == (2, channels, 96 // reduction, 96 // reduction)
+        assert not out.isnan().any()
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_forward_intermediates(name):
+    model = timm.create_model(name).eval()
+    x = images(size=96)
+    info = timm.models.FeatureInfo(model.feature_info, len(model.feature_info))
+    with torch.no_grad():
+        final, maps = model.forward_intermediates(x)
+        assert len(maps) == len(info.channels()) == 4
+        for channels, reduction, out in zip(info.channels(), info.reduction(), maps):
+            assert out.shape == (1, channels, 96 // reduction, 96 // reduction)
+        torch.testing.assert_close(final, model.forward_features(x))
+        model.set_grad_checkpointing()
+        again, _ = model.forward_intermediates(x)
+    torch.testing.assert_close(again, final, rtol=1e-4, atol=1e-5)
+    last_two = model.forward_intermediates(x, indices=2, intermediates_only=True)
+    assert [m.shape[1] for m in last_two] == info.channels()[2:]
+
+
+def test_unknown_intermediate_index_is_refused():
+    model = timm.create_model('soft_tiny')
+    with pytest.raises(ValueError, match=r'indices=\[0, 4\] is invalid'):
+        model.forward_intermediates(images(), indices=[0, 4])
+
+
+@pytest.mark.parametrize('variant,name', [('soft', 'soft_tiny'),
+                                          ('soft++', 'soft_plus_plus_tiny')])
+def test_official_checkpoint_file_loads_as_pretrained(variant, name, tmp_path):
+    official = ref.random_official_state_dict(seed=0, num_classes=1000)
+    path = str(tmp_path / 'soft_tiny_official.pth')
+    torch.save(official, path)
+    model = timm.create_model(name, pretrained=True,
+                              pretrained_cfg_overlay=dict(file=path)).eval()
+    torch.testing.assert_close(model.head.weight, official['head.weight'])
+    x = images(size=224)
+    with torch.no_grad():
+        maps = model.forward_intermediates(x, intermediates_only=True)
+        expected = ref.official_soft_forward(
+            {k: v.double() for k, v in official.items()}, x.double(), (2, 4, 10, 16),
+            variant)  # batch 1: the reference's batch-wide Newton scale is per image
+    for out, exp in zip(maps, expected):
+        assert (out.double() - exp).abs().max().item() < 2e-3
+    features = timm.create_model(name, pretrained=True, features_only=True,
+                                 pretrained_cfg_overlay=dict(file=path)).eval()
+    with torch.no_grad():
+        for out, exp in zip(features(x), maps):
+            torch.testing.assert_close(out, exp)
+
+
+@pytest.mark.parametrize('name', ['soft_plus_plus_tiny', 'ufo_vit_tiny'])
+def test_mmpretrain_timm_backbone_builds_them(name):
+    from mmpretrain.registry import MODELS
+    backbone = MODELS.build(dict(type='TIMMBackbone', model_name=name,
+                                 features_only=True, pretrained=False,
+                                 out_indices=(0, 1, 2, 3))).eval()
+    with torch.no_grad():
+        maps = backbone(images(batch=2, size=96))
+    assert [m.shape[-1] for m in maps] == [24, 12, 6, 3]
