@@ -20,12 +20,19 @@ FLOOR_STAMP := $(FLOOR_VENV)/.mmsoft-installed
 FLOOR_MARKERS ?= not mmcv_ops and not torchvision
 PYTEST_ARGS ?= --durations=15
 # `make gpu-check` installs nothing: it runs in the active environment's
-# python (a CUDA stack, see the README's GPU recipe; .venv holds a CPU build
-# of mmcv). GPU_CHECK_PYTHON=... picks another.
+# python, which needs torch (a CUDA build), timm for the peers and pytest;
+# no OpenMMLab package. GPU_CHECK_PYTHON=... picks another.
 GPU_CHECK_PYTHON ?= python
 GPU_CHECK_ARGS ?=
+# `make gpu-bundle` writes the offline bundle for a GPU node without
+# internet (tools/gpu_bundle.sh; docs/gpu.md): pytest's wheels, mmsoft's
+# wheel, their lock and SHA256SUMS. `make gpu-bundle-lock` rewrites the lock
+# (requirements/locks/gpu-bundle.txt, CPython 3.12, manylinux x86-64).
+GPU_BUNDLE ?= work_dirs/gpu_bundle
+GPU_BUNDLE_ARGS ?=
 
-.PHONY: install install-floor lock demo test test-stack test-floor gpu-check clean-venv
+.PHONY: install install-floor lock demo test test-stack test-floor gpu-check gpu-bundle \
+	gpu-bundle-lock clean-venv
 
 $(STAMP): requirements/locks/stack.txt requirements/locks/mmcv.txt setup.cfg \
 		tools/install_env.sh tools/build_mmcv_wheel.sh tools/install_common.sh
@@ -66,6 +73,12 @@ test-floor: $(FLOOR_STAMP)
 
 gpu-check:
 	$(GPU_CHECK_PYTHON) tools/analysis/gpu_check.py --out work_dirs/gpu_check/gpu_check.json $(GPU_CHECK_ARGS)
+
+gpu-bundle:
+	bash tools/gpu_bundle.sh $(GPU_BUNDLE) $(GPU_BUNDLE_ARGS)
+
+gpu-bundle-lock:
+	bash tools/gpu_bundle.sh lock
 
 clean-venv:
 	rm -rf $(VENV) $(FLOOR_VENV) .venv-lock

@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmsoft.openmmlab.flop_handles import INVERSE_FUNCTIONS, count_flops, kernel_inverse_handle
+from mmsoft.openmmlab.flop_handles import (INVERSE_FUNCTIONS, count_flops,
+                                           kernel_inverse_handle)
 from mmsoft.models.soft import SoftAttention
 from mmsoft.models.soft_kernels import gaussian_kernel, kernel_inverse
 from mmsoft.models.layers import set_memory_efficient

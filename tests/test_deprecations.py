@@ -38,7 +38,8 @@ def test_recompute_ffn_is_recompute_mlp(cls, arch):
 
 
 def test_lpi_kernel_size_is_local_kernel_size():
-    with pytest.warns(DeprecationWarning, match="'lpi_kernel_size'.*'local_kernel_size'"):
+    renamed = "'lpi_kernel_size'.*'local_kernel_size'"
+    with pytest.warns(DeprecationWarning, match=renamed):
         model = UFOViT(dict(TINY_UFO, lpi_kernel_size=5))
     assert model.blocks[0].lpi.conv1.kernel_size == (5, 5)
     with pytest.raises(ValueError, match="'lpi_kernel_size' and 'local_kernel_size'"):

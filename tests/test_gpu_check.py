@@ -1,7 +1,9 @@
-"""The GPU check (tools/analysis/gpu_check.py): its case list, time budget,
-failure handling, test-report parsing, CUDA refusal and, on CPU at a tiny
-size, the results file of its benchmark part."""
+"""The GPU check (tools/analysis/gpu_check.py): its phases and case order,
+time budget, failure handling, the capacity search, test-report parsing,
+CUDA refusal, the Markdown table and, on CPU at a tiny size with OpenMMLab
+hidden, the results files of its smoke mode."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,53 +13,106 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmsoft_analysis import gpu_check
-from mmsoft_analysis.gpu_check import (CPU_SMOKE_COMMAND, Case, make_cases,
+from mmsoft_analysis import gpu_backbones, gpu_check
+from mmsoft_analysis.gpu_check import (CPU_SMOKE_COMMAND, Case, CheckSettings,
+                                       largest_fitting_batch, make_cases,
                                        require_device, run_benchmark, run_tests)
 from mmsoft_analysis.measure import run_once
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = str(REPO / 'tools/analysis/gpu_check.py')
-RECORD_KEYS = {'backbone', 'solver', 'dtype', 'height', 'width', 'mode', 'status',
-               'host_sync',
-               'time_ms', 'all_time_ms', 'max_memory_mib', 'memory_above_start_mib',
-               'params_m', 'error'}
+OPENMMLAB = ('mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain')
+#: Makes every OpenMMLab package unimportable in a Python that imports it
+#: first (as ``sitecustomize``), and in the processes that Python starts.
+HIDE_OPENMMLAB = ('import sys\n'
+                  f'for name in {OPENMMLAB!r}:\n'
+                  '    sys.modules[name] = None\n')
 
 
-def run_tool(*args, timeout=300):
+def run_tool(*args, timeout=300, env=None):
     return subprocess.run([sys.executable, TOOL, *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO)
+                          text=True, timeout=timeout, cwd=REPO, env=env)
 
 
-def test_cases_come_size_by_size_with_one_model_per_solver():
-    cases = make_cases(['soft++-tiny', 'swin-t'], ['newton', 'exact'],
-                       ['float32', 'float16'], [(64, 64), (32, 48)],
-                       ['train', 'inference'])
-    # 2 sizes x (2 SOFT++ solvers + Swin-T) x 2 dtypes x 2 modes.
-    assert len(cases) == 24 and len(set(cases)) == 24
-    assert [c.size for c in cases] == [(64, 64)] * 12 + [(32, 48)] * 12
-    models = [c.model_key for c in cases[:12]]
-    assert models == ([('soft++-tiny', 'newton')] * 4 +
-                      [('soft++-tiny', 'exact')] * 4 + [('swin-t', None)] * 4)
-    assert cases[0].label() == 'soft++-tiny/newton float32 64x64 train'
-    assert cases[11].label() == 'swin-t float16 64x64 inference'
+def settings(**changes):
+    values = dict(out='unused.json', device='cpu', backbones=['soft++-tiny', 'swin-t'],
+                  solvers=['newton_closed_form', 'newton', 'exact'],
+                  dtypes=['float32', 'bfloat16', 'float16'],
+                  sizes=[(64, 64), (32, 48)], run_tests=False)
+    values.update(changes)
+    return CheckSettings(**values)
+
+
+def test_cases_come_in_phases_most_important_first():
+    cases = make_cases(settings(), device_type='cuda')
+    assert [c.phase for c in cases] == (
+        ['core'] * 4 + ['large'] * 4 + ['solvers'] + ['compiled'] + ['float16'] * 4 +
+        ['capacity'])
+    # core and large: float32 then bfloat16, every backbone; the configs'
+    # solver, which on a GPU runs as 'newton' (measured once).
+    assert [(c.backbone, c.solver, c.dtype, c.size) for c in cases[:4]] == [
+        ('soft++-tiny', 'newton_closed_form', 'float32', (64, 64)),
+        ('swin-t', None, 'float32', (64, 64)),
+        ('soft++-tiny', 'newton_closed_form', 'bfloat16', (64, 64)),
+        ('swin-t', None, 'bfloat16', (64, 64))]
+    assert {c.size for c in cases[4:8]} == {(32, 48)}
+    assert cases[8].solver == 'exact' and cases[8].dtype == 'float32'
+    assert (cases[9].backbone, cases[9].solver, cases[9].compiled) == (
+        'soft++-tiny', 'newton', True)
+    assert {c.dtype for c in cases[10:14]} == {'float16'}
+    assert [(c.backbone, c.modes, c.dtype) for c in cases[14:]] == [
+        ('swin-t', ('train', ), 'float32')]
+    # The sync debug mode once per model: its first case.
+    assert [c.label() for c in cases if c.sync_debug] == [
+        'soft++-tiny/newton_closed_form float32 64x64 train inference',
+        'swin-t float32 64x64 train inference',
+        'soft++-tiny/exact float32 64x64 train inference']
+    assert all(c.modes == ('train', 'inference') for c in cases[:14])
+
+
+def test_capacity_and_compiled_phases_take_their_backbones():
+    cases = make_cases(settings(backbones=['ufo-vit-small', 'soft++-small', 'swin-t',
+                                           'xcit-s12'], dtypes=['float32'],
+                                phases=['compiled', 'capacity'], device='cuda'),
+                       device_type='cuda')
+    assert [(c.phase, c.backbone) for c in cases] == [
+        ('compiled', 'ufo-vit-small'), ('capacity', 'ufo-vit-small'),
+        ('capacity', 'soft++-small'), ('capacity', 'swin-t')]
+    assert all(c.size == (1024, 1024) for c in cases if c.phase == 'capacity')
+    on_cpu = CheckSettings(device='cpu', sizes=[(64, 64)])
+    assert (on_cpu.capacity_size, on_cpu.capacity_max_batch,
+            on_cpu.compile_backend) == ((64, 64), 2, 'eager')
+    on_gpu = CheckSettings(device='cuda')
+    assert (on_gpu.capacity_size, on_gpu.capacity_max_batch,
+            on_gpu.compile_backend) == ((1024, 1024), 512, 'inductor')
+    assert on_gpu.markdown == 'work_dirs/gpu_check/gpu_check.md'
+
+
+def test_the_cpu_keeps_the_closed_form_apart_from_the_iteration():
+    cases = make_cases(settings(backbones=['soft++-tiny'], dtypes=['float32'],
+                                sizes=[(64, 64)], phases=['core', 'solvers']),
+                       device_type='cpu')
+    assert [c.solver for c in cases] == ['newton_closed_form', 'newton', 'exact']
+    assert 'runs the Newton iteration itself' in gpu_check.solver_note(
+        ['newton_closed_form'], 'cuda')
+    assert 'closed form' in gpu_check.solver_note(['newton_closed_form'], 'cpu')
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match='repeats=0 is invalid'):
+        CheckSettings(repeats=0)
+    with pytest.raises(ValueError, match='budget_s=-1 is invalid'):
+        CheckSettings(budget_s=-1)
     with pytest.raises(ValueError, match="backbone='resnet-50' is not supported"):
-        make_cases(['resnet-50'], ['newton'], ['float32'], [(64, 64)], ['train'])
+        CheckSettings(backbones=['resnet-50'])
     with pytest.raises(ValueError, match="solver='lu' is not supported"):
-        make_cases(['soft++-tiny'], ['lu'], ['float32'], [(64, 64)], ['train'])
-
-
-def test_backbones_are_the_shipped_configs_without_checkpoints():
-    soft = gpu_check.backbone_config('soft++-small', 'exact')
-    assert (soft['type'], soft['arch'], soft['variant']) == ('SOFT', 'small',
-                                                               'soft++')
-    assert soft['solver'] == 'exact' and soft['max_bottleneck_tokens'] == 256
-    assert soft['init_cfg'] is None
-    # The cached config is not changed by the solver or init_cfg override.
-    assert gpu_check.backbone_config('soft++-small')['solver'] == 'newton_closed_form'
-    swin = gpu_check.backbone_config('swin-t')
-    assert swin['type'] == 'SwinTransformer' and swin['init_cfg'] is None
-    assert gpu_check.backbone_config('pvtv2-b2')['type'] == 'PyramidVisionTransformerV2'
+        CheckSettings(solvers=['lu'])
+    with pytest.raises(ValueError, match="device type='mps' is not supported"):
+        require_device('mps')
+    assert gpu_check.parse_size('800x1333') == (800, 1333)
+    assert gpu_check.parse_size('64') == (64, 64)
+    with pytest.raises(ValueError, match='expected HxW'):
+        gpu_check.parse_size('800x')
 
 
 class FakeClock:
@@ -73,58 +128,127 @@ class FakeClock:
 def test_budget_skips_the_rest_and_failures_do_not_stop_it(monkeypatch):
     clock, builds = FakeClock(), []
 
-    def build(name, solver, device):
+    def build(name, solver=None):
         builds.append((name, solver))
         if name == 'pvtv2-b2':
-            raise KeyError('PyramidVisionTransformerV2 is not in the registry')
-        return nn.Identity()
+            raise KeyError('no PVTv2 here')
+        return gpu_backbones.BackboneMaps(nn.Identity(), takes_valid_shapes=False)
 
-    def measure(model, case, device, warmup, repeats):
+    def measure(model, case, mode, device, warmup, repeats):
         clock.now += 10.  # each measurement takes 10 s
-        if case.mode == 'inference' and case.dtype == 'float16':
+        if mode == 'inference' and case.backbone == 'soft++-tiny':
             raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried 2 GiB')
-        return dict(time_ms=5.)
+        return dict(time_ms=5., images_per_s=400.)
 
-    monkeypatch.setattr(gpu_check, 'build_check_backbone', build)
-    monkeypatch.setattr(gpu_check, 'measure_case', measure)
-    cases = make_cases(['pvtv2-b2', 'soft++-tiny'], ['newton', 'exact'],
-                       ['float32', 'float16'], [(64, 64)], ['train', 'inference'])
+    monkeypatch.setattr(gpu_check, 'build_maps', build)
+    monkeypatch.setattr(gpu_check, 'measure_mode', measure)
+    monkeypatch.setattr(gpu_check, 'unavailable_reason',
+                        lambda name: 'xcit is missing' if name == 'xcit-s12' else None)
+    cases = make_cases(settings(backbones=['pvtv2-b2', 'xcit-s12', 'soft++-tiny',
+                                           'ufo-vit-small'],
+                                solvers=['newton'], dtypes=['float32'],
+                                sizes=[(64, 64)], phases=['core']), 'cpu')
     seen = []
-    records = run_benchmark(cases, torch.device('cpu'), budget_s=55.,
+    records = run_benchmark(cases, torch.device('cpu'), budget_s=25.,
                             on_record=seen.append, clock=clock,
                             case_timeout_s=None)  # in this process
-    assert seen == records and len(records) == len(cases) == 12
-    # PVTv2 fails to build: its 4 cases are errors and take no time.
-    assert [r['status'] for r in records[:4]] == ['error'] * 4
-    assert all(r['error'] == "build failed: KeyError: 'PyramidVisionTransformerV2 "
-               "is not in the registry'" for r in records[:4])
-    # SOFT++ newton: measured at t = 0, 10, 20, 30; its fp16 inference OOMs.
-    assert [r['status'] for r in records[4:8]] == ['ok', 'ok', 'ok', 'error']
-    assert records[7]['error'] == ('OutOfMemoryError: CUDA out of memory. '
-                                   'Tried 2 GiB')
-    assert records[4]['time_ms'] == 5.
-    # SOFT++ exact: t = 40, 50 measured; at t = 60 the 55 s budget is spent.
-    assert [r['status'] for r in records[8:]] == ['ok', 'ok', 'skipped', 'skipped']
+    assert seen == records and len(records) == 8
+    assert [(r['backbone'], r['mode'], r['status']) for r in records] == [
+        ('pvtv2-b2', 'train', 'error'), ('pvtv2-b2', 'inference', 'error'),
+        ('xcit-s12', 'train', 'skipped'), ('xcit-s12', 'inference', 'skipped'),
+        ('soft++-tiny', 'train', 'ok'), ('soft++-tiny', 'inference', 'error'),
+        ('ufo-vit-small', 'train', 'ok'), ('ufo-vit-small', 'inference', 'ok')]
+    assert records[0]['error'] == "build failed: KeyError: 'no PVTv2 here'"
+    assert records[2]['note'] == 'xcit is missing'
+    assert records[5]['error'] == 'OutOfMemoryError: CUDA out of memory. Tried 2 GiB'
+    assert records[4]['solver'] == 'newton' and records[4]['valid_regions']
+    assert not records[0]['valid_regions'] and records[0]['source'] == 'timm'
     assert builds == [('pvtv2-b2', None), ('soft++-tiny', 'newton'),
-                      ('soft++-tiny', 'exact')]
+                      ('ufo-vit-small', None)]
+    # Spent after 30 s: the rest is skipped.
+    clock.now = 0.
+    records = run_benchmark(cases, torch.device('cpu'), budget_s=15., clock=clock,
+                            case_timeout_s=None)
+    assert [r['status'] for r in records[4:]] == ['ok', 'error', 'skipped', 'skipped']
+    assert records[-1]['note'] == 'the budget was spent'
     summary = gpu_check.summarise(records)
-    assert (summary['ok'], summary['error'], summary['skipped']) == (5, 5, 2)
-    assert summary['skipped_cases'] == ['soft++-tiny/exact float16 64x64 train',
-                                        'soft++-tiny/exact float16 64x64 inference']
-    table = gpu_check.format_table(records).splitlines()
-    assert len(table) == 1 + 12
-    assert table[8].split()[:8] == ['soft++-tiny', 'newton', 'float16', '64x64',
-                                    'inference', '-', '-', 'error:']
-    assert table[5].split()[5:] == ['5.0', '-', 'ok']
+    assert (summary['ok'], summary['error'], summary['skipped']) == (1, 3, 4)
+    assert summary['failed_cases'][-1] == 'soft++-tiny/newton float32 64x64 inference'
 
 
-def test_settings_are_checked():
-    with pytest.raises(ValueError, match='repeats=0 is invalid'):
-        gpu_check.CheckSettings(repeats=0)
-    with pytest.raises(ValueError, match='budget_s=-1 is invalid'):
-        gpu_check.CheckSettings(budget_s=-1)
-    with pytest.raises(ValueError, match="device type='mps' is not supported"):
-        require_device('mps')
+def test_largest_fitting_batch_doubles_then_bisects():
+    tried = []
+
+    def fits_up_to(limit):
+        def fits(batch):
+            tried.append(batch)
+            return batch <= limit
+        return fits
+
+    assert largest_fitting_batch(fits_up_to(13), 512) == (13, False)
+    assert tried == [1, 2, 4, 8, 16, 12, 14, 13]
+    tried.clear()
+    assert largest_fitting_batch(fits_up_to(100), 6) == (6, True)
+    assert tried == [1, 2, 4, 6]
+    assert largest_fitting_batch(fits_up_to(0), 8) == (0, False)
+    assert largest_fitting_batch(fits_up_to(1), 8) == (1, False)
+
+
+def test_capacity_search_on_the_cpu_runs_training_steps():
+    case = Case('capacity', 'soft++-tiny', 'newton', 'float32', (64, 64), ('train', ))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        record = gpu_check.run_capacity(case, torch.device('cpu'), cap_gib=16.,
+                                        max_batch=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert record['status'] == 'ok', record
+    assert (record['largest_batch'], record['limit_reached'], record['cap_enforced']) \
+        == (2, True, False)
+    assert [(p['batch'], p['fits']) for p in record['probes']] == [(1, True), (2, True)]
+    assert all(p['time_ms'] > 0 for p in record['probes'])
+
+
+def test_host_syncs_fail_the_check_for_mmsoft_backbones_only():
+    def record(backbone, solver, sync):
+        return Case('core', backbone, solver, 'float32', (64, 64),
+                    ('train', )).record('train', 'ok', host_sync=sync)
+
+    sync = 'RuntimeError: called a synchronizing CUDA operation'
+    records = [record('soft++-tiny', 'newton', 'none'),
+               record('soft++-tiny', 'exact', sync), record('swin-t', None, sync)]
+    data = dict(tests=dict(ran=False), summary=gpu_check.summarise(records))
+    assert data['summary']['host_sync_cases'] == [] and gpu_check.check_passed(data)
+    records.append(record('ufo-vit-small', None, sync))
+    data['summary'] = gpu_check.summarise(records)
+    assert data['summary']['host_sync_cases'] == ['ufo-vit-small float32 64x64 train']
+    assert not gpu_check.check_passed(data)
+
+
+def test_markdown_lists_every_record_and_the_capacity():
+    core = Case('core', 'soft++-tiny', 'newton_closed_form', 'bfloat16', (800, 1333),
+                ('train', ))
+    records = [core.record('train', 'ok', solver_runs='newton', time_ms=120.,
+                           images_per_s=16.7, max_memory_mib=2048., host_sync='none'),
+               core.record('inference', 'skipped', note='the budget was spent')]
+    for name, batch in (('ufo-vit-small', 24), ('swin-t', 6)):
+        capacity = Case('capacity', name, None, 'float32', (1024, 1024), ('train', ))
+        records.append(capacity.capacity_record(
+            'ok', largest_batch=batch, limit_reached=False, cap_mib=16384.,
+            cap_enforced=True, probes=[dict(batch=batch, fits=True),
+                                       dict(batch=batch + 1, fits=False)]))
+    data = dict(meta=dict(device='cuda', device_name='H200', torch='2.11', batch=2,
+                          repeats=3, warmup=1, budget_s=300),
+                tests=dict(ran=False), records=records,
+                summary=gpu_check.summarise(records))
+    text = gpu_check.format_markdown(data)
+    assert ('| core | soft++-tiny | newton_closed_form (runs newton) | bfloat16 | '
+            '800x1333 | train | 120.0 | 16.7 | 2048 | none | ok |') in text
+    assert '| inference | - | - | - | - | skipped: the budget was spent |' in text
+    assert ('| ufo-vit-small | float32 | 1024x1024 | 16384 | 24 | 4.00 | 24, 25 (no) '
+            '| ok |') in text
+    assert data['summary']['capacity_vs_swin-t'] == {'ufo-vit-small': 4.}
 
 
 class OneMap(nn.Module):
@@ -166,13 +290,23 @@ def test_run_tests_counts_outcomes(tmp_path):
                                     'skipped')} == dict(total=3, passed=1,
                                                         failed=1, errors=0,
                                                         skipped=1)
-    # JUnit names the module relative to pytest's rootdir (the checkout's
-    # location decides how much of tmp_path's path that keeps).
     assert len(outcome['failed_tests']) == 1
     assert outcome['failed_tests'][0].endswith('test_outcomes::test_fails')
     assert '1 failed, 1 passed, 1 skipped' in outcome['output_tail']
     assert gpu_check.describe_tests(outcome).startswith(
         'tests: 1 passed, 1 failed, 0 errors, 1 skipped in ')
+
+
+def test_a_case_past_its_hard_limit_is_killed():
+    case = Case('core', 'soft++-tiny', 'newton', 'float32', (64, 64),
+                ('train', 'inference'))
+    start = time.monotonic()
+    records = gpu_check.measure_in_subprocess(case, torch.device('cpu'), 0, 1,
+                                              timeout_s=0.5, compile_backend='eager')
+    assert time.monotonic() - start < 10
+    assert [(r['mode'], r['status']) for r in records] == [('train', 'error'),
+                                                          ('inference', 'error')]
+    assert records[0]['error'].startswith('timed out after 0 s (the hard limit')
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='a CUDA device is present')
@@ -188,131 +322,100 @@ def test_refuses_cuda_without_a_gpu(tmp_path):
     assert not (tmp_path / 'never.json').exists()
 
 
-def smoke_settings(out, **changes):
-    """A CPU run of the benchmark part at 64x64 (float16 training on CPU
-    is slow, so float32 unless told)."""
-    settings = dict(out=str(out), device='cpu', backbones=['soft++-tiny', 'pvtv2-b2'],
-                    solvers=['newton', 'exact'], dtypes=['float32'],
-                    sizes=[(64, 64)], repeats=1, run_tests=False)
-    settings.update(changes)
-    return gpu_check.CheckSettings(**settings)
+def test_peers_without_timm_are_skipped_saying_why(monkeypatch):
+    monkeypatch.setattr(gpu_backbones, '_import_problem',
+                        lambda module: 'ModuleNotFoundError: No module named '
+                        f"'{module}'")
+    reason = gpu_backbones.unavailable_reason('swin-t')
+    assert reason.startswith('timm is not usable here (ModuleNotFoundError')
+    assert 'mmdet-swin-t' in reason
+    assert gpu_backbones.unavailable_reason('ufo-vit-small') is None
+    with pytest.raises(RuntimeError, match='timm is not usable here'):
+        gpu_backbones.build_maps('xcit-s12')
 
 
-@pytest.mark.mmcv_ops  # builds through mmdet's registry (mmdet.models)
-def test_cpu_smoke_run_writes_one_record_per_case(tmp_path):
+@pytest.mark.torchvision  # timm
+def test_timm_peers_give_four_maps_at_any_size():
+    pytest.importorskip('timm')
+    images = torch.randn(1, 3, 72, 100)  # sides not multiples of 32
+    for name in ('swin-t', 'xcit-s12'):
+        maps = gpu_backbones.build_maps(name).eval()
+        assert not maps.takes_valid_shapes
+        with torch.no_grad():
+            outs = maps(images)
+        shapes = [tuple(o.shape[1:3]) if name == 'swin-t' else tuple(o.shape[2:])
+                  for o in outs]  # timm's Swin gives NHWC maps
+        assert shapes == ([(18, 25), (9, 13), (5, 7), (3, 4)] if name == 'swin-t'
+                          else [(20, 28), (10, 14), (5, 7), (3, 4)]), name
+
+
+def hidden_openmmlab_env(tmp_path):
+    """The environment of a Python that cannot import OpenMMLab."""
+    folder = tmp_path / 'hide_openmmlab'
+    folder.mkdir()
+    (folder / 'sitecustomize.py').write_text(HIDE_OPENMMLAB)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    env['PYTHONPATH'] = str(folder)
+    return env
+
+
+def test_cpu_smoke_run_without_openmmlab_writes_json_and_markdown(tmp_path):
+    """The smoke mode end to end in this Python, OpenMMLab hidden: one
+    backbone of each family (SOFT++, UFO-ViT, a timm peer, skipped where
+    timm is missing), each case in its own process, then the capacity
+    search."""
     out = tmp_path / 'check' / 'gpu_check.json'
-    lines = []
-    returned = gpu_check.run_check(smoke_settings(out), log=lines.append)
+    table = tmp_path / 'check' / 'table.md'
+    done = run_tool('--device', 'cpu', '--sizes', '64x64', '--repeats', '1',
+                    '--warmup', '0', '--skip-tests', '--backbones', 'soft++-tiny',
+                    'ufo-vit-small', 'pvtv2-b2', '--dtypes', 'float32',
+                    '--phases', 'core', 'capacity', '--out', str(out),
+                    '--markdown', str(table), timeout=240,
+                    env=hidden_openmmlab_env(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(out.read_text())
-    assert data == returned
     meta = data['meta']
     assert meta['device'] == 'cpu' and meta['torch'] == torch.__version__
-    assert {'device_name', 'cuda', 'cudnn', 'packages',
-            'benchmark_seconds'} <= set(meta)
-    assert (meta['budget_s'], meta['repeats'], meta['cases'], meta['batch']) == (
-        360, 1, 6, 2)
+    assert meta['cases'] == 4 and meta['cpu_threads'] == 1
     assert data['tests'] == {'ran': False}
     records = data['records']
-    assert all(set(r) == RECORD_KEYS for r in records)
-    # (SOFT++-tiny x 2 solvers + PVTv2-b2) x 2 modes at 64x64, in order.
-    assert [(r['backbone'], r['solver'], r['mode']) for r in records] == [
-        (b, s, m) for b, s in (('soft++-tiny', 'newton'), ('soft++-tiny', 'exact'),
-                               ('pvtv2-b2', None))
-        for m in ('train', 'inference')]
+    timm_missing = gpu_backbones.unavailable_reason('pvtv2-b2')
+    expected = [(b, m) for b in ('soft++-tiny', 'ufo-vit-small', 'pvtv2-b2')
+                for m in ('train', 'inference')] + [('ufo-vit-small', 'capacity')]
+    assert [(r['backbone'], r['mode']) for r in records] == expected
     for record in records:
+        if record['backbone'] == 'pvtv2-b2' and timm_missing:
+            assert record['status'] == 'skipped', record
+            assert record['note'].startswith('timm is not usable here')
+            continue
         assert record['status'] == 'ok' and record['error'] is None, record
-        assert (record['height'], record['width'], record['dtype']) == (64, 64,
-                                                                        'float32')
-        assert record['time_ms'] > 0 and len(record['all_time_ms']) == 1
-        assert record['max_memory_mib'] is None  # CUDA's allocator only
-        assert record['host_sync'] is None  # CUDA's sync debug mode only
-        assert record['memory_above_start_mib'] is None
-    params = {r['backbone']: r['params_m'] for r in records}
-    assert 10 < params['soft++-tiny'] < 15 and 20 < params['pvtv2-b2'] < 30
-    summary = data['summary']
-    assert (summary['ok'], summary['error'], summary['skipped']) == (6, 0, 0)
-    assert lines[0].startswith('[1/6] soft++-tiny/newton float32 64x64 train: ')
-    assert lines[-1].startswith('[6/6] pvtv2-b2 float32 64x64 inference: ')
-    assert gpu_check.check_passed(data)
-
-
-@pytest.mark.mmcv_ops
-def test_cpu_smoke_run_under_float16_autocast(tmp_path):
-    out = tmp_path / 'gpu_check.json'
-    data = gpu_check.run_check(
-        smoke_settings(out, backbones=['soft++-tiny'], solvers=['newton_closed_form'],
-                       dtypes=['float16'], modes=['inference']), log=lambda line: None)
-    record, = data['records']
-    assert (record['solver'], record['dtype'], record['status']) == (
-        'newton_closed_form', 'float16', 'ok')
-    assert record['time_ms'] > 0
+        assert record['max_memory_mib'] is None and record['host_sync'] is None
+        if record['mode'] != 'capacity':
+            assert record['time_ms'] > 0 and record['images_per_s'] > 0
+    params = {r['backbone']: r['params_m'] for r in records if r['params_m']}
+    assert 10 < params['soft++-tiny'] < 15
+    if not timm_missing:
+        assert 20 < params['pvtv2-b2'] < 30
+    markdown = table.read_text()
+    assert markdown.startswith('# GPU check')
+    assert '| core | soft++-tiny | newton_closed_form | float32 | 64x64 | train |' \
+        in markdown
+    assert 'Largest training batch within the memory cap' in markdown
+    assert 'newton_closed_form' in data['meta']['solvers_on_device']
 
 
 def test_spent_budget_lists_every_case_as_skipped(tmp_path):
     out = tmp_path / 'gpu_check.json'
     done = run_tool('--device', 'cpu', '--sizes', '64x64', '32x32', '--budget-s',
-                    '0', '--backbones', 'soft++-tiny', 'swin-t', '--solvers',
-                    'newton', '--dtypes', 'float32', '--skip-tests', '--out',
-                    str(out), timeout=120)
+                    '0', '--backbones', 'soft++-tiny', 'ufo-vit-small', '--solvers',
+                    'newton', '--dtypes', 'float32', '--phases', 'core', 'large',
+                    '--skip-tests', '--out', str(out), timeout=120)
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
-    cases = make_cases(['soft++-tiny', 'swin-t'], ['newton'], ['float32'],
-                       [(64, 64), (32, 32)], ['train', 'inference'])
     assert [(r['status'], r['time_ms']) for r in data['records']] == [
         ('skipped', None)] * 8
-    assert data['summary']['skipped_cases'] == [c.label() for c in cases]
-    assert Case('swin-t', None, 'float32', (32, 32), 'train').label() in done.stdout
+    assert data['summary']['skipped_cases'][-1] == \
+        'ufo-vit-small float32 32x32 inference'
     assert '0 measured, 0 failed, 8 skipped (budget 0 s)' in done.stdout
-
-
-def test_closed_form_is_measured_once_on_a_gpu_where_it_is_the_iteration():
-    solvers = ['newton_closed_form', 'newton', 'exact']
-    on_gpu = make_cases(['soft++-tiny'], solvers, ['float32'], [(64, 64)], ['train'])
-    on_cpu = make_cases(['soft++-tiny'], solvers, ['float32'], [(64, 64)], ['train'],
-                        device_type='cpu')
-    assert [case.solver for case in on_gpu] == ['newton', 'exact']
-    assert [case.solver for case in on_cpu] == solvers
-
-
-def test_host_syncs_fail_the_check_except_the_exact_solvers():
-    records = [Case('soft++-tiny', solver, 'float32', (64, 64), 'train').record(
-        'ok', host_sync=sync) for solver, sync in
-        [('newton', 'none'), ('exact', 'RuntimeError: called a synchronizing op')]]
-    data = dict(tests=dict(ran=False), summary=gpu_check.summarise(records))
-    assert data['summary']['host_sync_cases'] == [] and gpu_check.check_passed(data)
-    records.append(Case('ufo-vit-small', None, 'float32', (64, 64), 'train').record(
-        'ok', host_sync='RuntimeError: called a synchronizing op'))
-    data['summary'] = gpu_check.summarise(records)
-    assert data['summary']['host_sync_cases'] == ['ufo-vit-small float32 64x64 train']
-    assert not gpu_check.check_passed(data)
-
-
-def test_a_case_past_its_hard_limit_is_killed():
-    case = Case('soft++-tiny', 'newton', 'float32', (64, 64), 'train')
-    start = time.monotonic()
-    record = gpu_check.measure_in_subprocess(case, torch.device('cpu'), 0, 1,
-                                             timeout_s=0.5)
-    assert time.monotonic() - start < 10
-    assert record['status'] == 'error'
-    assert record['error'].startswith('timed out after 0 s (the hard limit')
-
-
-def test_sync_batch_norm_variant_runs_on_gpus_only():
-    on_gpu = make_cases(['ufo-vit-small', 'ufo-vit-small+syncbn'], [], ['float32'],
-                        [(64, 64)], ['train'])
-    on_cpu = make_cases(['ufo-vit-small', 'ufo-vit-small+syncbn'], [], ['float32'],
-                        [(64, 64)], ['train'], device_type='cpu')
-    assert [c.backbone for c in on_gpu] == ['ufo-vit-small', 'ufo-vit-small+syncbn']
-    assert [c.backbone for c in on_cpu] == ['ufo-vit-small']
-    assert gpu_check.backbone_config('ufo-vit-small+syncbn') == \
-        gpu_check.backbone_config('ufo-vit-small')
-
-
-def test_compiled_variants_run_in_float32_at_the_first_size():
-    cases = make_cases(['soft++-tiny+compiled'], ['newton'], ['float32', 'float16'],
-                       [(64, 64), (32, 32)], ['train', 'inference'])
-    assert [(c.solver, c.dtype, c.size, c.mode) for c in cases] == [
-        ('newton', 'float32', (64, 64), 'train'),
-        ('newton', 'float32', (64, 64), 'inference')]
-    assert gpu_check.backbone_config('soft++-tiny+compiled', 'newton') == \
-        gpu_check.backbone_config('soft++-tiny', 'newton')
+    markdown = (tmp_path / 'gpu_check.md').read_text()
+    assert markdown.count('skipped: the budget was spent') == 8

@@ -26,7 +26,8 @@ _SPEC.loader.exec_module(ref)
 
 
 def images(batch=1, size=SIZE, seed=0):
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 3, size, size, generator=generator)
 
 
 def test_every_size_is_registered():

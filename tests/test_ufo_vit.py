@@ -10,7 +10,8 @@ from mmengine.registry import MODELS
 import mmsoft  # noqa: F401  (registers the backbones)
 from mmsoft.apis import build_in_scope
 from mmsoft.openmmlab import UFOViT
-from mmsoft.models.ufo_vit import FeaturePyramidAdapter, LocalPatchInteraction, UFOAttention, UFOBlock, ufo_attention, xnorm
+from mmsoft.models.ufo_vit import (FeaturePyramidAdapter, LocalPatchInteraction,
+                                   UFOAttention, UFOBlock, ufo_attention, xnorm)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # A small custom architecture for the behavioural tests.

@@ -38,7 +38,8 @@ xcit = pytest.importorskip('timm.models.xcit')
 cait = pytest.importorskip('timm.models.cait')
 
 from mmsoft.models.layers import ConvPatchEmbed
-from mmsoft.models.ufo_vit import FourierPositionEncoding, LocalPatchInteraction, UFOAttention, UFOBlock
+from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction,
+                                   UFOAttention, UFOBlock)
 from mmsoft.pretrain import ClassAttentionBlock  # noqa: E402
 
 pytestmark = pytest.mark.torchvision

@@ -13,17 +13,19 @@
 #    --no-index --no-deps; the node's packages are left as they are) and
 #    puts the checkout, then that folder, first on PYTHONPATH: the check runs
 #    the checkout's mmsoft, the revision of the tests it runs.
-# 3. Runs tools/analysis/gpu_check.py --out OUT_DIR/gpu_check.json under a
-#    hard total budget (--budget-s, default 420 s, install included; the
-#    check's own --budget-s is derived from what is left), its output also
-#    in OUT_DIR/gpu_check.log.
-# 4. Writes OUT_DIR/gpu_check.md: a Markdown table of the results file (or
-#    the end of the log when there is none) and the time of each phase.
+# 3. Runs tools/analysis/gpu_check.py (the CUDA tests, then the benchmark)
+#    under a hard total budget (--budget-s, default 420 s, install
+#    included): the check gets what is left as its --total-budget-s and is
+#    killed 10 s after. It writes OUT_DIR/gpu_check.json and
+#    OUT_DIR/gpu_check.md (the table) after every measurement; its output
+#    also goes to OUT_DIR/gpu_check.log.
+# 4. Adds the time of each phase to OUT_DIR/gpu_check.md (or, when the
+#    check wrote no table, writes one with the end of its log).
 #
 # --allow-cpu (or MMSOFT_GPU_CHECK_DEVICE=cpu) runs the CPU smoke mode
-# instead: --device cpu --sizes 64x64 --repeats 1 (tests/test_cuda.py is
-# collected and skipped). PYTHON=... picks the interpreter (default
-# python3).
+# instead: --device cpu --sizes 64x64 --repeats 1 --warmup 0, every phase
+# (tests/test_cuda.py is collected and skipped). PYTHON=... picks the
+# interpreter (default python3).
 #
 # Exit status: the check's (0 passed, 1 a test or measurement failed), 2 on
 # invalid arguments or an unusable bundle, 3 when torch or the GPU is
@@ -159,26 +161,13 @@ phase install "$since"
 
 # 3. The check, under what is left of the budget.
 since=$SECONDS
-args=(--out "$OUT/gpu_check.json")
-[ "$DEVICE" = cpu ] && args+=(--device cpu --sizes 64x64 --repeats 1)
-tests_s=120
-for ((i = 0; i < ${#EXTRA[@]}; i++)); do
-    case "${EXTRA[i]}" in
-        --skip-tests) tests_s=0 ;;
-        --tests-timeout-s) tests_s="${EXTRA[i + 1]:-120}"; tests_s="${tests_s%%.*}" ;;
-        --tests-timeout-s=*) tests_s="${EXTRA[i]#*=}"; tests_s="${tests_s%%.*}" ;;
-    esac
-done
-# The benchmark's own budget: what is left after the tests, less a margin
-# for the last case and the report. `timeout` is the hard limit.
-left=$(($(remaining) - 5))
-[ "$left" -ge 10 ] || fail 124 "the total budget of $BUDGET_S s is spent before the check"
-soft=$((left - tests_s - 30))
-[ "$soft" -ge 10 ] || soft=10
-args+=(--budget-s "$soft")
-if grep -q -- "'--markdown'" "$ROOT/tools/analysis/gpu_check.py"; then
-    args+=(--markdown "$OUT/gpu_check.md")
-fi
+args=(--out "$OUT/gpu_check.json" --markdown "$OUT/gpu_check.md")
+[ "$DEVICE" = cpu ] && args+=(--device cpu --sizes 64x64 --repeats 1 --warmup 0)
+# The check's own budget ends 10 s before the hard limit (`timeout`), so that
+# it writes its results before it could be killed.
+left=$(($(remaining) - 2))
+[ "$left" -ge 20 ] || fail 124 "the total budget of $BUDGET_S s is spent before the check"
+args+=(--total-budget-s "$((left - 10))")
 rm -f "$OUT/gpu_check.json" "$OUT/gpu_check.md"
 say "running tools/analysis/gpu_check.py ${args[*]}${EXTRA[*]:+ ${EXTRA[*]}} (hard limit ${left} s)"
 (cd "$ROOT" && timeout --kill-after=5 "$left" "$PYTHON" tools/analysis/gpu_check.py \
@@ -188,76 +177,27 @@ status=${PIPESTATUS[0]}
 [ "$status" = 124 ] && say "stopped by the total budget of $BUDGET_S s: what was measured is kept"
 phase check "$since"
 
-# 4. The Markdown table.
-if [ ! -s "$OUT/gpu_check.md" ]; then
-    "$PYTHON" - "$OUT" "$status" "$BUDGET_S" "${PHASES[@]}" <<'PY' || say "writing gpu_check.md failed"
-import json
-import os
-import sys
-
-out, status, budget, *phases = sys.argv[1:]
-lines = ['# GPU check', '']
-
-
-def cell(value):
-    if value is None:
-        return '-'
-    if isinstance(value, float):
-        return f'{value:.1f}'
-    return str(value).replace('|', '\\|').replace('\n', ' ')
-
-
-path = os.path.join(out, 'gpu_check.json')
-if os.path.exists(path):
-    with open(path) as file:
-        data = json.load(file)
-    meta, tests = data.get('meta', {}), data.get('tests', {})
-    lines += [f"{meta.get('device_name')} ({meta.get('device')}), torch "
-              f"{meta.get('torch')}, CUDA {meta.get('cuda')}, Python "
-              f"{meta.get('python')}, {meta.get('date')}", '']
-    if not tests.get('ran'):
-        lines += ['Tests: not run.', '']
-    elif 'total' in tests:
-        lines += ['Tests: {passed} passed, {failed} failed, {errors} errors, '
-                  '{skipped} skipped in {seconds:.0f} s.'.format(**tests), '']
-    else:
-        lines += [f"Tests: {tests.get('error')}.", '']
-    columns = [('backbone', 'backbone'), ('solver', 'solver'), ('dtype', 'dtype'),
-               ('size', None), ('mode', 'mode'), ('time ms', 'time_ms'),
-               ('images/s', 'images_per_s'), ('max MiB', 'max_memory_mib'),
-               ('host sync', 'host_sync'), ('status', 'status')]
-    records = data.get('records', [])
-    columns = [(name, key) for name, key in columns
-               if key is None or any(key in r for r in records)]
-    lines += ['| ' + ' | '.join(name for name, _ in columns) + ' |',
-              '|' + '|'.join('---' for _ in columns) + '|']
-    for r in records:
-        cells = []
-        for name, key in columns:
-            if key is None:
-                cells.append(f"{r.get('height')}x{r.get('width')}")
-            elif key == 'status' and r.get('error'):
-                cells.append(cell(f"{r['status']}: {r['error']}"))
-            else:
-                cells.append(cell(r.get(key)))
-        lines.append('| ' + ' | '.join(cells) + ' |')
-    summary = data.get('summary', {})
-    lines += ['', f"{summary.get('ok', 0)} measured, {summary.get('error', 0)} failed, "
-              f"{summary.get('skipped', 0)} skipped, of {meta.get('cases')} cases."]
-else:
-    lines += ['The check wrote no results file. The end of its output:', '', '```']
-    log = os.path.join(out, 'gpu_check.log')
-    if os.path.exists(log):
-        with open(log) as file:
-            lines += [line.rstrip('\n') for line in file.readlines()[-40:]]
-    lines += ['```']
-note = ' (stopped by the total budget)' if status == '124' else ''
-lines += ['', f'Exit status {status}{note}; total budget {budget} s. Phases: '
-          + ', '.join(p.replace('=', ' ') + ' s' for p in phases) + '.']
-with open(os.path.join(out, 'gpu_check.md'), 'w') as file:
-    file.write('\n'.join(lines) + '\n')
-PY
-fi
+# 4. The phases' times in the table (a table of the log's end when the check
+#    wrote none).
+note=""
+[ "$status" = 124 ] && note=" (stopped by the total budget)"
+{
+    if [ ! -s "$OUT/gpu_check.md" ]; then
+        echo "# GPU check"
+        echo
+        echo "The check wrote no table. The end of its output:"
+        echo
+        echo '```'
+        tail -n 40 "$OUT/gpu_check.log" 2>/dev/null
+        echo '```'
+    fi
+    echo
+    phases=""
+    for item in "${PHASES[@]}"; do
+        phases+="${phases:+, }${item%%=*} ${item#*=} s"
+    done
+    echo "Offline run: exit status $status$note; total $(elapsed) s of a $BUDGET_S s budget. Phases: $phases."
+} >> "$OUT/gpu_check.md"
 written=()
 for name in gpu_check.json gpu_check.md gpu_check.log; do
     [ -f "$OUT/$name" ] && written+=("$OUT/$name")

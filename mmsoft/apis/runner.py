@@ -98,7 +98,8 @@ def mmsoft_model_types() -> Dict[str, str]:
     """The model types that mmsoft registers, with what each is
     (``'backbone'``, or ``'model'`` for the data preprocessors)."""
     from mmengine.registry import MODELS
-    return {name: 'backbone' if cls.__module__ == 'mmsoft.openmmlab.backbones' else 'model'
+    backbones = 'mmsoft.openmmlab.backbones'
+    return {name: 'backbone' if cls.__module__ == backbones else 'model'
             for name, cls in MODELS.module_dict.items()
             if cls.__module__.split('.')[0] == 'mmsoft'}
 

@@ -21,7 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..utils.torch_compat import (GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT,
                                   autocast_dtype, is_compiling)
-from ..utils.validation import check_image_batch
+from ..utils.validation import (check_choice, check_image_batch, check_out_indices,
+                                check_positive_int, check_rate)
 
 
 # --- Deprecated names
@@ -78,7 +79,8 @@ def accept_renamed_key(settings: dict, old: str, new: str) -> dict:
     return settings
 
 
-def rename_deprecated_keys(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def rename_deprecated_keys(state_dict: Dict[str, torch.Tensor]
+                           ) -> Dict[str, torch.Tensor]:
     """Renames old state-dict key parts (``RENAMED_KEY_PARTS``), warning."""
     renamed = {}
     for key, value in state_dict.items():
@@ -91,7 +93,8 @@ def rename_deprecated_keys(state_dict: Dict[str, torch.Tensor]) -> Dict[str, tor
         warnings.warn(f'checkpoint keys {old[:3]}{"..." if len(old) > 3 else ""} use '
                       f'deprecated names ({", ".join(RENAMED_KEY_PARTS)} are now '
                       f'{", ".join(RENAMED_KEY_PARTS.values())}); loaded under the new '
-                      f'names.', DeprecationWarning, stacklevel=stacklevel_outside_package())
+                      f'names.', DeprecationWarning,
+                      stacklevel=stacklevel_outside_package())
     return renamed
 
 
@@ -229,7 +232,8 @@ def contiguous_gradient(tensor: torch.Tensor) -> torch.Tensor:
 ValidShapes = List[Tuple[int, int]]
 
 
-def check_valid_shapes(valid_shapes: Sequence, batch_shape: Sequence[int]) -> ValidShapes:
+def check_valid_shapes(valid_shapes: Sequence,
+                       batch_shape: Sequence[int]) -> ValidShapes:
     """Checks one ``(h, w)`` per image against a padded batch (B, C, H, W).
 
     Raises:
@@ -413,6 +417,16 @@ def scaled_weight_and_bias(layer: nn.Module, scale: Optional[torch.Tensor]
     return weight, None if bias is None else bias * scale
 
 
+def normalized_input_weight_and_bias(layer: nn.Module, norm: Optional[nn.LayerNorm]
+                                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Weight and bias computing ``layer(norm(x))`` from ``x`` normalised
+    without affine: ``W' = W diag(gamma)``, ``b' = b + W beta``; the layer's
+    own if ``norm`` is None."""
+    if norm is None:
+        return layer.weight, layer.bias
+    return fold_input_affine(layer.weight, layer.bias, norm.weight, norm.bias)
+
+
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     """(..., C) -> (N, C)."""
     return tensor.reshape(-1, tensor.shape[-1])
@@ -422,51 +436,79 @@ def _bias_grad(grad: torch.Tensor, bias: Optional[torch.Tensor]):
     return None if bias is None else _flat(grad).sum(0)
 
 
+def fold_input_affine(weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      scale: torch.Tensor, shift: torch.Tensor
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``W diag(scale)`` and ``b + W shift``: the Linear of ``scale x + shift``."""
+    shift = weight @ shift  # (C_out,)
+    return weight * scale, shift if bias is None else bias + shift
+
+
 class RecomputedMLP(torch.autograd.Function):
     """Autograd function of ``recomputed_mlp``."""
 
     @staticmethod
-    def forward(ctx, x, weight1, bias1, weight2, bias2, act, keep_hidden):
-        pre = F.linear(x, weight1, bias1)  # h, (..., 4C)
+    def forward(ctx, x, weight1, bias1, weight2, bias2, act, keep_hidden,
+                norm_weight=None, norm_bias=None):
+        folded = norm_weight is not None
+        fc1 = fold_input_affine(weight1, bias1, norm_weight, norm_bias) if folded \
+            else (weight1, bias1)
+        pre = F.linear(x, *fc1)  # h, (..., 4C)
         ctx.save_for_backward(x, pre if keep_hidden else None, weight1, bias1,
-                              weight2)
+                              weight2, norm_weight, norm_bias)
         ctx.act = act
         return F.linear(act(pre), weight2, bias2)  # (..., C)
 
     @staticmethod
     @backward_without_autocast
     def backward(ctx, grad_out):
-        x, pre, weight1, bias1, weight2 = ctx.saved_tensors
+        x, pre, weight1, bias1, weight2, norm_weight, norm_bias = ctx.saved_tensors
+        folded = norm_weight is not None
+        fc1 = fold_input_affine(weight1, bias1, norm_weight, norm_bias) if folded \
+            else (weight1, bias1)
         if pre is None:
-            pre = F.linear(x, weight1, bias1)
+            pre = F.linear(x, *fc1)
         with torch.enable_grad():
             pre = pre.detach().requires_grad_()
             hidden = ctx.act(pre)  # g, (..., 4C)
         grad_hidden = grad_out @ weight2  # (..., 4C)
         grad_weight2 = _flat(grad_out).transpose(0, 1) @ _flat(hidden.detach())
         grad_pre, = torch.autograd.grad(hidden, pre, grad_hidden)
-        grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(x)
-        grad_x = grad_pre @ weight1
+        grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(x)  # of fc1 as run
+        grad_bias1 = _flat(grad_pre).sum(0)  # (4C,)
+        grad_x = grad_pre @ fc1[0]
         bias2_grad = _flat(grad_out).sum(0) if ctx.needs_input_grad[4] else None
-        return (grad_x, grad_weight1, _bias_grad(grad_pre, bias1), grad_weight2,
-                bias2_grad, None, None)
+        grad_norm_weight = grad_norm_bias = None
+        if folded:  # through W' = W diag(gamma), b' = b + W beta
+            grad_norm_weight = (grad_weight1 * weight1).sum(0)  # (C,)
+            grad_norm_bias = weight1.transpose(0, 1) @ grad_bias1  # (C,)
+            grad_weight1 = (grad_weight1 * norm_weight
+                            + torch.outer(grad_bias1, norm_bias))
+        return (grad_x, grad_weight1, None if bias1 is None else grad_bias1,
+                grad_weight2, bias2_grad, None, None, grad_norm_weight, grad_norm_bias)
 
 
-def recomputed_mlp(x: torch.Tensor, fc1: nn.Linear, act: nn.Module,
+def recomputed_mlp(x: torch.Tensor, weight1: torch.Tensor,
+                   bias1: Optional[torch.Tensor], act: nn.Module,
                    weight2: torch.Tensor, bias2: Optional[torch.Tensor],
-                   keep_hidden: bool = True) -> torch.Tensor:
+                   keep_hidden: bool = True,
+                   input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
     """``fc2(act(fc1(x)))`` without keeping ``act``'s output for backward.
 
     Args:
         x: Tokens (..., C).
-        weight2: fc2 weight (C, hidden); ``bias2``: fc2 bias (C,) or None.
+        weight1, bias1: fc1's weight (hidden, C) and bias (hidden,) or None.
+        weight2, bias2: fc2's weight (C, hidden) and bias (C,) or None.
         keep_hidden: Keep ``fc1(x)`` for backward; False recomputes it.
+        input_norm: A LayerNorm whose affine is folded into fc1 (``x`` its
+            input normalised without affine); the folded weight is not kept.
 
     Returns:
         Tensor (..., C), in autocast's dtype under autocast.
     """
-    return apply_without_autocast(RecomputedMLP, x, fc1.weight, fc1.bias, weight2,
-                                  bias2, act, keep_hidden, cast_to='autocast')
+    norm = () if input_norm is None else (input_norm.weight, input_norm.bias)
+    return apply_without_autocast(RecomputedMLP, x, weight1, bias1, weight2,
+                                  bias2, act, keep_hidden, *norm, cast_to='autocast')
 
 
 class TanhGELU(nn.GELU):
@@ -497,19 +539,23 @@ class MLP(MemoryEfficient, nn.Module):
         self.fc2 = nn.Linear(hidden_dims, in_dims)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor,
-                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer_scale: Optional[torch.Tensor] = None,
+                input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
         """(..., C) -> (..., C).
 
         Args:
             layer_scale: Per-channel output scale (C,), folded into fc2. Default: None.
+            input_norm: A LayerNorm whose affine is folded into fc1; ``x`` is
+                then its input normalised without affine.
+                Default: None.
         """
         weight2, bias2 = scaled_weight_and_bias(self.fc2, layer_scale)
         dropout_active = self.training and self.drop.p > 0
         if takes_memory_efficient_path(self) and not dropout_active:
-            return recomputed_mlp(x, self.fc1, self.act, weight2, bias2,
-                                  self.keep_hidden)
-        hidden = self.drop(self.act(self.fc1(x)))  # (..., hidden)
+            return recomputed_mlp(x, self.fc1.weight, self.fc1.bias, self.act, weight2,
+                                  bias2, self.keep_hidden, input_norm)
+        weight1, bias1 = normalized_input_weight_and_bias(self.fc1, input_norm)
+        hidden = self.drop(self.act(F.linear(x, weight1, bias1)))  # (..., hidden)
         return self.drop(F.linear(hidden, weight2, bias2))  # (..., C)
 
 
@@ -819,19 +865,42 @@ def take_indices(indices: Optional[Union[int, Sequence[int]]],
 class DenseBackbone(nn.Module):
     """Base of SOFT and UFO-ViT: input checks, memory path, timm's feature API.
 
-    Subclasses set ``feature_info`` and implement ``forward_maps``,
-    ``forward_features`` and ``forward_head``.
+    Subclasses set ``feature_info`` and ``num_features`` and implement
+    ``forward_maps``, ``forward_features`` and ``forward_head``.
 
     Args:
         in_channels: Image channels.
+        out_indices: Outputs (0-3) the model is built for.
+        num_classes: Classifier outputs (0: none).
+        global_pool: ``'token'`` (the class token) or ``''``.
+        drop_rate, drop_path_rate: Dropout and stochastic depth rates.
         min_input_size: Smallest accepted image side. Default: 32.
     """
 
-    def __init__(self, in_channels: int, min_input_size: int = 32):
+    def __init__(self, in_channels: int, out_indices: Sequence[int], num_classes: int,
+                 global_pool: str, drop_rate: float, drop_path_rate: float,
+                 min_input_size: int = 32):
         super().__init__()
+        check_positive_int('in_channels', in_channels)
+        check_rate('drop_rate', drop_rate)
+        check_rate('drop_path_rate', drop_path_rate)
+        check_choice('global_pool', global_pool, ('token', ''))
+        self.out_indices = check_out_indices(out_indices, 4)
         self.in_channels = in_channels
+        self.num_classes = num_classes
+        self.global_pool = global_pool
         self.min_input_size = min_input_size
         self.grad_checkpointing = False
+
+    def _classifier(self, num_classes: int) -> nn.Module:
+        """Linear head of ``num_classes`` outputs; the identity for 0."""
+        if num_classes == 0:
+            return nn.Identity()
+        return nn.Linear(self.num_features, num_classes)
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         ours = [key for key in state_dict if key.startswith(prefix)]
@@ -909,7 +978,8 @@ class DenseBackbone(nn.Module):
         if output_fmt != 'NCHW':
             raise ValueError(f"output_fmt={output_fmt!r} is invalid; expected 'NCHW'.")
         shapes = self.check_input(x, valid_shapes)
-        maps = self.forward_maps(x, shapes, take_indices(indices, len(self.feature_info)))
+        indices = take_indices(indices, len(self.feature_info))
+        maps = self.forward_maps(x, shapes, indices)
         if intermediates_only:
             return maps
         return self.forward_features(x), maps

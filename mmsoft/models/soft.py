@@ -15,13 +15,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..utils.validation import (check_choice, check_divisible, check_lengths,
-                                check_out_indices, check_positive_int, check_rate,
-                                resolve_arch)
+                                check_positive_int, resolve_arch)
 from .layers import (MLP, ConvPatchEmbed, DenseBackbone, Exportable, MemoryEfficient,
                      TanhGELU, ValidShapes, accept_renamed, contiguous_gradient,
                      drop_path_or_identity, full_precision, gelu,
                      init_transformer_weights, interpolate_pos_embed, mask_map,
-                     merge_heads, region_tokens_to_grid, resize_pos_embed,
+                     merge_heads,
+                     normalized_input_weight_and_bias, region_tokens_to_grid,
+                     resize_pos_embed,
                      resize_pos_embed_to_regions, split_heads, take_indices,
                      takes_memory_efficient_path, tokens_of_region, tokens_to_map,
                      valid_mask)
@@ -317,11 +318,15 @@ class GlobalSoftmaxAttention(nn.Module):
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
 
-    def forward(self, x: torch.Tensor,
-                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C); ``key_mask`` (B, N) bool is False for padding."""
-        queries = split_heads(self.q(x), self.num_heads)  # (B, h, N, d)
-        keys, values = self.kv(x).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
+                input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C); ``key_mask`` (B, N) bool is False for padding;
+        ``input_norm``: a LayerNorm folded into q and kv (``x`` normalised
+        without affine)."""
+        queries = F.linear(x, *normalized_input_weight_and_bias(self.q, input_norm))
+        queries = split_heads(queries, self.num_heads)  # (B, h, N, d)
+        keys, values = F.linear(
+            x, *normalized_input_weight_and_bias(self.kv, input_norm)).chunk(2, dim=-1)
         keys = split_heads(keys, self.num_heads)
         values = split_heads(values, self.num_heads)
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]
@@ -442,7 +447,8 @@ class SOFT(DenseBackbone, Exportable):
                  recompute_mlp: bool = False,
                  num_classes: int = 0,
                  global_pool: str = 'token'):
-        super().__init__(in_channels, min_input_size=32)
+        super().__init__(in_channels, out_indices, num_classes, global_pool, drop_rate,
+                         drop_path_rate)
         settings = resolve_arch(arch, ARCH_SETTINGS,
                                 ('embed_dims', 'num_heads', 'depths'), ARCH_DEFAULTS)
         check_lengths(settings, ('embed_dims', 'num_heads', 'depths', 'sr_ratios',
@@ -456,18 +462,11 @@ class SOFT(DenseBackbone, Exportable):
                            allow_none=True)
         check_positive_int('kernel_chunk_tokens', kernel_chunk_tokens,
                            allow_none=True)
-        check_positive_int('in_channels', in_channels)
         check_positive_int('pretrain_img_size', pretrain_img_size)
-        check_rate('drop_rate', drop_rate)
-        check_rate('drop_path_rate', drop_path_rate)
-        check_choice('global_pool', global_pool, ('token', ''))
-        self.out_indices = check_out_indices(out_indices, NUM_STAGES)
         self.arch_settings = settings
         self.variant = variant
         self.solver = solver
         self.embed_dims = list(settings['embed_dims'])
-        self.num_classes = num_classes
-        self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dims[-1]
         self.feature_info = [
             dict(num_chs=dims, reduction=2**(i + 2), module=f'stages.{i}')
@@ -514,9 +513,6 @@ class SOFT(DenseBackbone, Exportable):
         return SoftBlock(dims, heads, settings['sr_ratios'][stage],
                          settings['local_kernel_sizes'][stage], mlp_ratio,
                          drop_path, **attn_kwargs)
-
-    def _classifier(self, num_classes: int) -> nn.Module:
-        return nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def init_weights(self) -> None:
         """Initialises every parameter from scratch."""
@@ -599,8 +595,8 @@ class SOFT(DenseBackbone, Exportable):
                               stop_early: bool = False, output_fmt: str = 'NCHW',
                               intermediates_only: bool = False, valid_shapes=None):
         if intermediates_only:
-            return super().forward_intermediates(x, indices, norm, stop_early, output_fmt,
-                                                 True, valid_shapes)
+            return super().forward_intermediates(
+                x, indices, norm, stop_early, output_fmt, True, valid_shapes)
         shapes = self.check_input(x, valid_shapes)
         maps, tokens = self.run_stages(x, shapes, take_indices(indices, NUM_STAGES))
         return tokens, maps
@@ -610,10 +606,6 @@ class SOFT(DenseBackbone, Exportable):
         if self.global_pool == 'token':
             x = x[:, 0]
         return x if pre_logits else self.head(x)
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
         """A new classifier of ``num_classes`` outputs (0: none)."""

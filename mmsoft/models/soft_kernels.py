@@ -613,7 +613,8 @@ def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
 def memory_efficient_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
                                       values: torch.Tensor, variant: str, solver: str,
                                       newton_iters: int, query_scale: float = 1.,
-                                      chunk_tokens: Optional[int] = None) -> torch.Tensor:
+                                      chunk_tokens: Optional[int] = None
+                                      ) -> torch.Tensor:
     """``K1 . middle . K1^T V``, keeping neither kernel nor Newton iterates.
 
     ``middle`` inverts ``A = k(L, L)``; ``'soft++'``: ``D^-1/2 pinv(A) D^-1/2``.

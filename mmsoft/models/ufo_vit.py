@@ -11,13 +11,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..utils.validation import (check_choice, check_divisible, check_mlp_ratio,
-                                check_out_indices, check_positive_float,
-                                check_positive_int, check_rate, resolve_arch)
+from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indices,
+                                check_positive_float, check_positive_int, resolve_arch)
 from .layers import (GELU, MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
                      ValidShapes, accept_renamed, accept_renamed_key, batch_norm_once,
                      drop_path_or_identity, full_precision, fused_conv_stack,
-                     init_transformer_weights, mask_map, merge_heads, pad_to_grid,
+                     init_transformer_weights, mask_map, merge_heads,
+                     normalized_input_weight_and_bias, pad_to_grid,
                      per_distinct_shape, recomputed, recomputes_locally,
                      scaled_shapes, scaled_weight_and_bias, split_heads,
                      strided_shapes, take_indices, takes_memory_efficient_path,
@@ -197,11 +197,13 @@ class UFOAttention(MemoryEfficient, nn.Module):
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def attend(self, x: torch.Tensor,
-               key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
+               input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
         """Attention before ``proj``: (B, N, C) -> (B, h, N, C / h); ``key_mask``
-        (B, N) is False for tokens left out of ``K^T V``."""
-        queries, keys, values = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, N, C)
+        (B, N) is False for tokens left out of ``K^T V``; ``input_norm``: a
+        LayerNorm folded into qkv (``x`` normalised without affine)."""
+        qkv = F.linear(x, *normalized_input_weight_and_bias(self.qkv, input_norm))
+        queries, keys, values = qkv.chunk(3, dim=-1)  # 3 x (B, N, C)
         queries = split_heads(queries, self.num_heads)  # (B, h, N, d)
         keys = split_heads(keys, self.num_heads)  # (B, h, N, d)
         if key_mask is not None:
@@ -215,9 +217,10 @@ class UFOAttention(MemoryEfficient, nn.Module):
         return out.to(values.dtype)
 
     def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
-                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                layer_scale: Optional[torch.Tensor] = None,
+                input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
         """``layer_scale * proj(attend(x))``, then dropout: (B, N, C) -> (B, N, C)."""
-        out = merge_heads(self.attend(x, key_mask))  # (B, N, C)
+        out = merge_heads(self.attend(x, key_mask, input_norm))  # (B, N, C)
         weight, bias = scaled_weight_and_bias(self.proj, layer_scale)
         return self.proj_drop(F.linear(out, weight, bias))  # (B, N, C)
 
@@ -407,7 +410,8 @@ class ClassAttentionBlock(nn.Module):
         x = x + self.drop_path(self.gamma1 * update)
         cls_token = self.norm2(x[:, :1])  # (B, 1, C)
         residual = torch.cat((cls_token, x[:, 1:]), dim=1)
-        update = torch.cat((self.mlp(cls_token, layer_scale=self.gamma2), x[:, 1:]), dim=1)
+        mlp_out = self.mlp(cls_token, layer_scale=self.gamma2)  # (B, 1, C)
+        update = torch.cat((mlp_out, x[:, 1:]), dim=1)
         return residual + self.drop_path(update)
 
 
@@ -420,7 +424,8 @@ class UFOViT(DenseBackbone):
 
     Args:
         arch (str | dict): A key of ``ARCH_SETTINGS`` or a dict with ``embed_dims``,
-            ``depth``, ``num_heads`` and keys of ``ARCH_DEFAULTS``. Default: ``'small'``.
+            ``depth``, ``num_heads`` and keys of ``ARCH_DEFAULTS``.
+            Default: ``'small'``.
         in_channels (int): Image channels. Default: 3.
         out_indices (Sequence[int]): Outputs (0-3) built. Default: (0, 1, 2, 3).
         qkv_bias (bool): Bias of the QKV projections. Default: True.
@@ -451,24 +456,18 @@ class UFOViT(DenseBackbone):
                  multi_scale: bool = True,
                  num_classes: int = 0,
                  global_pool: str = ''):
-        super().__init__(in_channels, min_input_size=32)
+        super().__init__(in_channels, out_indices, num_classes, global_pool, drop_rate,
+                         drop_path_rate)
         if isinstance(arch, dict) and 'lpi_kernel_size' in arch:
             arch = accept_renamed_key(arch, 'lpi_kernel_size', 'local_kernel_size')
         settings = resolve_arch(arch, ARCH_SETTINGS,
                                 ('embed_dims', 'depth', 'num_heads'), ARCH_DEFAULTS)
         self._check_arch(settings)
-        check_positive_int('in_channels', in_channels)
-        check_rate('drop_rate', drop_rate)
-        check_rate('drop_path_rate', drop_path_rate)
         check_positive_float('layer_scale_init_value', layer_scale_init_value)
-        check_choice('global_pool', global_pool, ('token', ''))
-        self.out_indices = check_out_indices(out_indices, NUM_STAGES)
         self.arch_settings = settings
         self.embed_dims = dims = settings['embed_dims']
         self.depth = depth = settings['depth']
         self.stage_ends = [(k + 1) * depth // NUM_STAGES for k in range(NUM_STAGES)]
-        self.num_classes = num_classes
-        self.global_pool = global_pool
         self.num_features = self.head_hidden_size = dims
         self.feature_info = [
             dict(num_chs=dims, reduction=2**(k + 2) if multi_scale else PATCH_SIZE,
@@ -484,12 +483,14 @@ class UFOViT(DenseBackbone):
             UFOBlock(dims, settings['num_heads'], settings['mlp_ratio'], qkv_bias,
                      drop_rate, rate, layer_scale_init_value,
                      settings['local_kernel_size']) for rate in drop_path_rates)
-        self.pyramid = FeaturePyramidAdapter(dims, self.out_indices) if multi_scale else None
+        self.pyramid = (FeaturePyramidAdapter(dims, self.out_indices) if multi_scale
+                        else None)
         if global_pool == 'token':
             self.cls_token = nn.Parameter(torch.zeros(1, 1, dims))
             self.cls_attn_blocks = nn.ModuleList(
                 ClassAttentionBlock(dims, settings['num_heads'], settings['mlp_ratio'],
-                                    qkv_bias, layer_scale_init_value=layer_scale_init_value)
+                                    qkv_bias,
+                                    layer_scale_init_value=layer_scale_init_value)
                 for _ in range(CLASS_ATTENTION_LAYERS))
             self.norm = nn.LayerNorm(dims, eps=1e-6)
         self.head = self._classifier(num_classes)
@@ -514,9 +515,6 @@ class UFOViT(DenseBackbone):
         check_divisible("arch['embed_dims']", [dims], "arch['num_heads']",
                         [settings['num_heads']])
         check_mlp_ratio("arch['mlp_ratio']", settings['mlp_ratio'], dims)
-
-    def _classifier(self, num_classes: int) -> nn.Module:
-        return nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def init_weights(self) -> None:
         """Initialises every parameter from scratch."""
@@ -563,7 +561,8 @@ class UFOViT(DenseBackbone):
             x, valid_shapes, indices, self.stage_ends[max(indices)] - 1)
         if self.pyramid is None:
             return [mask_map(feat, shapes) for feat in maps]
-        return [self.pyramid.resample(i, feat, shapes) for i, feat in zip(indices, maps)]
+        return [self.pyramid.resample(i, feat, shapes)
+                for i, feat in zip(indices, maps)]
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised ``[cls; patches]`` (B, 1 + N, C), or tokens (B, N, C)."""
@@ -581,15 +580,11 @@ class UFOViT(DenseBackbone):
         x = x[:, 0] if self.global_pool == 'token' else x.mean(1)
         return x if pre_logits else self.head(x)
 
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
         """A new classifier of ``num_classes`` outputs (0: none)."""
         if global_pool not in (None, self.global_pool):
-            raise ValueError(f'global_pool={global_pool!r} cannot be changed on a built '
-                             f'model (it is {self.global_pool!r}).')
+            raise ValueError(f'global_pool={global_pool!r} cannot be changed on a '
+                             f'built model (it is {self.global_pool!r}).')
         self.num_classes = num_classes
         self.head = self._classifier(num_classes)
 

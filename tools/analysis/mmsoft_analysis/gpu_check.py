@@ -1,45 +1,51 @@
 """A GPU check in one run: the CUDA tests, then a short timed benchmark.
 
-:func:`run_check` runs ``pytest tests/test_cuda.py`` in a child process,
-then measures, in this process, one training step (forward + backward of
-the sum of the four maps' means, no GradScaler) and one inference forward
-(no gradients) of each backbone at batch 2 with valid regions, as the
-configs' data preprocessors give them (the second image three quarters of
-the canvas on each side), once under CUDA's sync debug mode (``host_sync``):
+Needs torch, and timm for the peers (pytest for the tests); no OpenMMLab
+package. :func:`run_check` runs ``pytest tests/test_cuda.py`` in a child
+process, then measures the backbones of :mod:`mmsoft_analysis.gpu_backbones`
+case by case, each case (one model at one size and dtype, its training step
+and its inference forward) in its own child process, killed at its hard
+limit or when the budget runs out. The cases come in phases, the figures
+users ask for first, so that a spent budget cuts the least important ones:
 
-- mmdet's Swin-T and PVTv2-b2, UFO-ViT-small (on CUDA also with its
-  BatchNorms converted to SyncBatchNorm, as mmengine's ``sync_bn`` does;
-  UFO-ViT-small and SOFT++-tiny through ``torch.compile`` too, in float32
-  at the first size), and SOFT++-tiny and
-  SOFT++-small once per solver (``'newton_closed_form'``, the configs'
-  solver, then ``'newton'`` and ``'exact'``): each the backbone of its 1x
-  COCO Mask R-CNN config
-  (:data:`~mmsoft_analysis.detector_step.DETECTOR_CONFIGS`: the shipped
-  configs' settings such as ``max_bottleneck_tokens``, mmdet's own for
-  Swin-T and PVTv2-b2), built from the registry without its checkpoint and
-  initialised from scratch;
-- in float32 and under ``torch.autocast`` to float16;
-- at 800x1333, then at 1536x1536 (all of one size before the next, so a
-  spent budget cuts the larger size, not the last backbones).
+1. ``core``: every backbone at the first size (800x1333) in float32 and
+   under bfloat16 autocast;
+2. ``large``: the same at the other sizes (1536x1536);
+3. ``solvers``: SOFT++'s other solvers, as they run on the device
+   (:func:`~mmsoft.models.soft_kernels.solver_that_runs`: on a GPU
+   ``'newton_closed_form'``, the configs' solver, runs the Newton iteration,
+   so there it is measured once, with ``'exact'`` beside it);
+4. ``compiled``: ``torch.compile`` (inductor on CUDA) of SOFT++-tiny (the
+   Newton iteration, :data:`COMPILED_SOLVER`) and UFO-ViT-small beside
+   eager, float32 at the first size;
+5. ``float16``: every backbone at every size under float16 autocast;
+6. ``capacity``: the largest training batch at 1024x1024 within a memory
+   cap (``torch.cuda.set_per_process_memory_fraction``) of UFO-ViT-small,
+   SOFT++-small and Swin-T.
 
-Each measurement reports the median CUDA-synchronised wall time of a few
-calls after warm-up (``time_ms``) and ``torch.cuda.max_memory_allocated``
-of one more call after resetting the peak (``max_memory_mib``, weights and
-input included; ``memory_above_start_mib`` is the part above what was held
-before the call). On CPU (a smoke run) the memory fields are None. A failed
-or out-of-memory measurement records its error and the run goes on. Once
-the time budget is spent, the remaining measurements are recorded as
-skipped. The results file is rewritten after every measurement, so a run
-cut short still leaves what it measured.
+A training step is the forward of batch 2 (under autocast for the reduced
+dtypes) and the backward of the sum of its maps' means, the gradients
+dropped; inference is the forward without gradients. mmsoft's backbones get
+valid regions (the second image three quarters of the canvas on each side,
+as a padded batch); the peers see the whole canvas. Each measurement reports
+the median time of a few calls after warm-up (``time_ms``, CUDA
+synchronised), ``images_per_s``, and on CUDA ``torch.cuda.max_memory_allocated``
+of one more call (``max_memory_mib``, weights and input included). The first
+case of each model also runs one training step and one inference under
+``torch.cuda.set_sync_debug_mode('error')`` (``host_sync``). On the CPU (the
+smoke mode) the memory and sync fields are None and the capacity search runs
+up to its batch limit without a cap.
+
+The results file (JSON) and its Markdown table are rewritten after every
+record: a run cut short keeps what it measured.
 """
-import copy
 import dataclasses
-import functools
 import gc
 import importlib.metadata
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,89 +56,147 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from mmsoft.apis.runner import build_in_scope
 from mmsoft.models.soft_kernels import SOLVERS, solver_that_runs
-from mmsoft.openmmlab.backbones import register_valid_shapes
 from mmsoft.utils import check_choice, check_positive_int
 
 from . import REPO, worker_command, worker_env
-from .detector_step import detector_config
+from .gpu_backbones import (BACKBONES, DEFAULT_BACKBONES, build_maps, is_mmsoft,
+                            is_soft, source_of, unavailable_reason)
 from .measure import peak_memory_of, run_once, timing_fields
 
 CUDA_TESTS = (str(REPO / 'tests' / 'test_cuda.py'), )
-SOFT_BACKBONES = ('soft++-tiny', 'soft++-small')
-# Measured in this order at each size: the references first, the slowest last.
-#: UFO-ViT-small with every BatchNorm a SyncBatchNorm, as mmengine's
-#: ``sync_bn='torch'`` converts it (CUDA only: SyncBatchNorm trains on GPUs).
-SYNC_BN_SUFFIX = '+syncbn'
-#: ``torch.compile`` (inductor) of the backbone: measured in float32 at the
-#: first size only (each case compiles anew, in its own process).
-COMPILED_SUFFIX = '+compiled'
-COMPILED_BACKBONES = ('ufo-vit-small' + COMPILED_SUFFIX,
-                      'soft++-tiny' + COMPILED_SUFFIX)
-BACKBONES = ('swin-t', 'pvtv2-b2', 'ufo-vit-small', 'ufo-vit-small' + SYNC_BN_SUFFIX
-             ) + SOFT_BACKBONES + COMPILED_BACKBONES
 # The shipped configs' solver first.
 DEFAULT_SOLVERS = ('newton_closed_form', ) + tuple(s for s in SOLVERS
                                                    if s != 'newton_closed_form')
-# Autocast dtype per dtype name; None runs in float32 without autocast.
-AUTOCAST_DTYPES = {'float32': None, 'float16': torch.float16,
-                   'bfloat16': torch.bfloat16}
-DTYPES = ('float32', 'float16')
+#: Autocast dtype per dtype name; None runs in float32 without autocast.
+AUTOCAST_DTYPES = {'float32': None, 'bfloat16': torch.bfloat16,
+                   'float16': torch.float16}
+DTYPES = ('float32', 'bfloat16', 'float16')
+#: Measured in its own late phase (``float16``).
+LATE_DTYPE = 'float16'
 MODES = ('train', 'inference')
 SIZES = ((800, 1333), (1536, 1536))
+PHASES = ('core', 'large', 'solvers', 'compiled', 'float16', 'capacity')
+#: One SOFT++ and one UFO-ViT model, compiled beside eager.
+COMPILED_BACKBONES = ('soft++-tiny', 'ufo-vit-small')
+#: The solver of the compiled SOFT++ model: the Newton iteration, which the
+#: configs' ``'newton_closed_form'`` runs on a GPU, on every device (the
+#: closed form's eigendecomposition, its CPU path, breaks dynamo's graph).
+COMPILED_SOLVER = 'newton'
+CAPACITY_BACKBONES = ('ufo-vit-small', 'soft++-small', 'swin-t')
+#: The capacity's reference: the other backbones' batches relative to its.
+CAPACITY_REFERENCE = 'swin-t'
+CAPACITY_SIZE = (1024, 1024)
+CAPACITY_CAP_GIB = 16.
+CAPACITY_DTYPE = 'float32'
+#: Batch limit of the capacity search, on CUDA and on the CPU (smoke mode).
+CAPACITY_MAX_BATCH = {'cuda': 512, 'cpu': 2}
+#: torch.compile's backend per device type: the CPU smoke mode traces the
+#: model with dynamo and runs the graphs eagerly (inductor's C++ compile
+#: takes minutes there).
+COMPILE_BACKENDS = {'cuda': 'inductor', 'cpu': 'eager'}
 DEFAULT_BUDGET_S = 360.
 DEFAULT_TESTS_TIMEOUT_S = 120.
-DEFAULT_CASE_TIMEOUT_S = 180.
+DEFAULT_CASE_TIMEOUT_S = 150.
+DEFAULT_COMPILE_TIMEOUT_S = 300.
+#: Seconds of a total budget kept for writing the results at the end.
+FINISH_MARGIN_S = 5.
 DEFAULT_OUT = 'work_dirs/gpu_check/gpu_check.json'
+#: Threads of each case's process on the CPU: on a machine shared with other
+#: work, one thread per process avoids OpenMP's waits for busy cores.
+CPU_THREADS = 1
 CPU_SMOKE_COMMAND = ('python tools/analysis/gpu_check.py --device cpu '
                      '--sizes 64x64 --repeats 1 --skip-tests')
-PACKAGES = ('torch', 'mmcv', 'mmengine', 'mmdet', 'mmsegmentation', 'mmsoft')
+PACKAGES = ('torch', 'numpy', 'timm', 'pytest', 'mmsoft', 'mmengine', 'mmdet')
 MIB = 2**20
-#: Images per call, the second with a smaller valid region (:func:`valid_regions`).
+GIB = 2**30
+#: Images per measured call, the second with a smaller valid region.
 BATCH = 2
 OUTPUT_TAIL_LINES = 30
 
 
+def parse_size(text: str) -> Tuple[int, int]:
+    """``'800x1333'`` -> (800, 1333); ``'64'`` -> (64, 64).
+
+    Raises:
+        ValueError: When ``text`` is not one or two positive integers.
+    """
+    parts = text.lower().split('x')
+    try:
+        size = tuple(int(part) for part in parts)
+    except ValueError:
+        size = ()
+    if len(size) == 1:
+        size = size * 2
+    if len(size) != 2 or min(size) <= 0:
+        raise ValueError(f'size {text!r} is invalid; expected HxW, e.g. 800x1333.')
+    return size
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One measurement: a backbone (with a solver for SOFT++), a dtype, an
-    input size (H, W) and a mode (``'train'`` or ``'inference'``)."""
+    """One child process: a model (backbone, solver, compiled or not) at one
+    size and dtype, measured in each of ``modes``; or, in the ``capacity``
+    phase, its largest training batch."""
+    phase: str
     backbone: str
     solver: Optional[str]
     dtype: str
     size: Tuple[int, int]
-    mode: str
+    modes: Tuple[str, ...]
+    compiled: bool = False
+    sync_debug: bool = False
 
     @property
-    def model_key(self) -> Tuple[str, Optional[str]]:
-        """What the model is built from: the backbone and its solver."""
-        return self.backbone, self.solver
+    def name(self) -> str:
+        """E.g. ``'soft++-tiny/newton+compiled'``."""
+        return (self.backbone + (f'/{self.solver}' if self.solver else '') +
+                ('+compiled' if self.compiled else ''))
 
-    def label(self) -> str:
-        """E.g. ``'soft++-tiny/newton float16 800x1333 train'``."""
-        name = self.backbone + (f'/{self.solver}' if self.solver else '')
-        return f'{name} {self.dtype} {self.size[0]}x{self.size[1]} {self.mode}'
+    def label(self, mode: Optional[str] = None) -> str:
+        """E.g. ``'soft++-tiny/newton bfloat16 800x1333 train'``."""
+        mode = mode or ' '.join(self.modes)
+        return f'{self.name} {self.dtype} {self.size[0]}x{self.size[1]} {mode}'
 
-    def record(self, status: str, **fields) -> Dict:
-        """The case's result record with ``status`` and measured ``fields``.
+    def record(self, mode: str, status: str, **fields) -> Dict:
+        """A result record of ``mode`` with ``status`` and measured ``fields``.
 
         Args:
+            mode (str): ``'train'`` or ``'inference'`` (``'capacity'`` in
+                that phase).
             status (str): ``'ok'``, ``'error'`` or ``'skipped'``.
             **fields: Values replacing the record's None defaults.
 
         Returns:
-            dict: ``backbone``, ``solver``, ``dtype``, ``height``, ``width``,
-            ``mode``, ``status``, ``host_sync`` (on CUDA: ``'none'`` or the
-            first synchronisation's error), ``time_ms``, ``all_time_ms``,
-            ``max_memory_mib``, ``memory_above_start_mib``, ``params_m`` and
-            ``error``.
+            dict: ``phase``, ``backbone``, ``source``, ``solver``,
+            ``solver_runs``, ``compiled``, ``dtype``, ``height``, ``width``,
+            ``mode``, ``batch``, ``valid_regions``, ``status``, the measured
+            fields (None until measured: ``time_ms``, ``all_time_ms``,
+            ``images_per_s``, ``max_memory_mib``, ``memory_above_start_mib``,
+            ``host_sync``, ``params_m``, ``compile_backend``, ``compile_s``),
+            ``error`` and ``note``.
         """
-        record = dict(backbone=self.backbone, solver=self.solver, dtype=self.dtype,
-                      height=self.size[0], width=self.size[1], mode=self.mode,
-                      status=status, host_sync=None, time_ms=None, all_time_ms=None,
-                      max_memory_mib=None, memory_above_start_mib=None,
-                      params_m=None, error=None)
+        record = dict(phase=self.phase, backbone=self.backbone,
+                      source=source_of(self.backbone), solver=self.solver,
+                      solver_runs=None, compiled=self.compiled, dtype=self.dtype,
+                      height=self.size[0], width=self.size[1], mode=mode,
+                      batch=BATCH, valid_regions=is_mmsoft(self.backbone),
+                      status=status, time_ms=None, all_time_ms=None,
+                      images_per_s=None, max_memory_mib=None,
+                      memory_above_start_mib=None, host_sync=None, params_m=None,
+                      compile_backend=None, compile_s=None, error=None, note=None)
+        record.update(fields)
+        return record
+
+    def capacity_record(self, status: str, **fields) -> Dict:
+        """A record of the capacity phase: ``largest_batch``, ``cap_mib``,
+        ``cap_enforced``, ``limit_reached``, ``max_batch`` and ``probes``
+        (batch, fits, max_memory_mib, time_ms of each step tried) beside the
+        fields of :meth:`record`."""
+        record = self.record('capacity', status)
+        record.update(batch=None, valid_regions=False, largest_batch=None,
+                      cap_mib=None, cap_enforced=None, limit_reached=None,
+                      max_batch=None, probes=[])
         record.update(fields)
         return record
 
@@ -143,44 +207,99 @@ class CheckSettings:
 
     Args:
         out (str): The results file (JSON). Default: :data:`DEFAULT_OUT`.
+        markdown (str, optional): The Markdown table. Default: None (``out``
+            with ``.md`` in place of ``.json``).
         device (str): ``'cuda'`` (or ``'cuda:N'``), or ``'cpu'`` for a smoke
             run. Default: ``'cuda'``.
-        backbones (Sequence[str]): Names among :data:`BACKBONES`.
-        solvers (Sequence[str]): SOFT++ solvers among ``SOLVERS``.
-            Default: :data:`DEFAULT_SOLVERS`.
-        dtypes (Sequence[str]): Names among :data:`AUTOCAST_DTYPES`.
-        sizes (Sequence[tuple[int, int]]): Input sizes (H, W).
+        backbones (Sequence[str]): Names among
+            :data:`~mmsoft_analysis.gpu_backbones.BACKBONES`.
+        solvers (Sequence[str]): SOFT++ solvers, the first in every phase,
+            the others in ``solvers``. Default: :data:`DEFAULT_SOLVERS`.
+        dtypes (Sequence[str]): Names among :data:`AUTOCAST_DTYPES`; the
+            first is the dtype of the solvers, compiled and capacity phases.
+        sizes (Sequence[tuple[int, int]]): Input sizes (H, W), the first in
+            ``core``, the others in ``large``.
         modes (Sequence[str]): Among :data:`MODES`.
+        phases (Sequence[str]): Among :data:`PHASES`.
         budget_s (float): Seconds of benchmark after which the remaining
-            measurements are skipped. Default: :data:`DEFAULT_BUDGET_S`.
+            cases are skipped. Default: :data:`DEFAULT_BUDGET_S`.
+        total_budget_s (float, optional): Seconds for the whole check, tests
+            included: the benchmark gets what the tests leave of it (less
+            :data:`FINISH_MARGIN_S`), at most ``budget_s``; the tests at most
+            all of it. Default: None (``budget_s`` alone).
         warmup (int): Untimed calls before timing. Default: 1.
         repeats (int): Timed calls (the median is reported). Default: 3.
         run_tests (bool): Run the CUDA tests first. Default: True.
         tests (Sequence[str]): The pytest paths. Default: :data:`CUDA_TESTS`.
         tests_timeout_s (float): Limit of the test run.
-            Default: :data:`DEFAULT_TESTS_TIMEOUT_S`.
-        case_timeout_s (float): Hard limit of each case, run in its own
-            process. Default: :data:`DEFAULT_CASE_TIMEOUT_S`.
+        case_timeout_s (float): Hard limit of each case's process.
+        compile_timeout_s (float): Hard limit of a compiled case's process.
+        compile_backend (str, optional): ``torch.compile``'s backend.
+            Default: None (:data:`COMPILE_BACKENDS` of the device type).
+        capacity_size (tuple[int, int], optional): Input of the capacity
+            search. Default: None (:data:`CAPACITY_SIZE` on CUDA, the first
+            size on the CPU).
+        capacity_cap_gib (float): Memory cap of the capacity search (CUDA).
+        capacity_max_batch (int, optional): Largest batch tried. Default:
+            None (:data:`CAPACITY_MAX_BATCH` of the device type).
+        cpu_threads (int): torch's threads in each case's process on the
+            CPU. Default: :data:`CPU_THREADS`.
     """
     out: str = DEFAULT_OUT
+    markdown: Optional[str] = None
     device: str = 'cuda'
-    backbones: Sequence[str] = BACKBONES
+    backbones: Sequence[str] = DEFAULT_BACKBONES
     solvers: Sequence[str] = DEFAULT_SOLVERS
     dtypes: Sequence[str] = DTYPES
     sizes: Sequence[Tuple[int, int]] = SIZES
     modes: Sequence[str] = MODES
+    phases: Sequence[str] = PHASES
     budget_s: float = DEFAULT_BUDGET_S
+    total_budget_s: Optional[float] = None
     warmup: int = 1
     repeats: int = 3
     run_tests: bool = True
     tests: Sequence[str] = CUDA_TESTS
     tests_timeout_s: float = DEFAULT_TESTS_TIMEOUT_S
     case_timeout_s: float = DEFAULT_CASE_TIMEOUT_S
+    compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
+    compile_backend: Optional[str] = None
+    capacity_size: Optional[Tuple[int, int]] = None
+    capacity_cap_gib: float = CAPACITY_CAP_GIB
+    capacity_max_batch: Optional[int] = None
+    cpu_threads: int = CPU_THREADS
 
     def __post_init__(self):
         check_positive_int('repeats', self.repeats)
-        for name in ('warmup', 'budget_s', 'tests_timeout_s', 'case_timeout_s'):
+        check_positive_int('cpu_threads', self.cpu_threads)
+        for name in ('warmup', 'budget_s', 'tests_timeout_s', 'case_timeout_s',
+                     'compile_timeout_s', 'capacity_cap_gib'):
             _check_non_negative(name, getattr(self, name))
+        if self.total_budget_s is not None:
+            _check_non_negative('total_budget_s', self.total_budget_s)
+        for name, values, choices in (('backbone', self.backbones, BACKBONES),
+                                      ('solver', self.solvers, SOLVERS),
+                                      ('dtype', self.dtypes, AUTOCAST_DTYPES),
+                                      ('mode', self.modes, MODES),
+                                      ('phase', self.phases, PHASES)):
+            if not values:
+                raise ValueError(f'no {name} given; expected one or more of '
+                                 f'{tuple(choices)}.')
+            for value in values:
+                check_choice(name, value, choices)
+        if not self.sizes:
+            raise ValueError('no size given.')
+        device_type = torch.device(self.device).type
+        if self.markdown is None:
+            self.markdown = os.path.splitext(self.out)[0] + '.md'
+        if self.compile_backend is None:
+            self.compile_backend = COMPILE_BACKENDS.get(device_type, 'inductor')
+        if self.capacity_size is None:
+            self.capacity_size = (CAPACITY_SIZE if device_type == 'cuda'
+                                  else tuple(self.sizes[0]))
+        if self.capacity_max_batch is None:
+            self.capacity_max_batch = CAPACITY_MAX_BATCH.get(device_type, 2)
+        check_positive_int('capacity_max_batch', self.capacity_max_batch)
 
 
 def _check_non_negative(name: str, value) -> None:
@@ -208,132 +327,57 @@ def require_device(device: str) -> torch.device:
     return parsed
 
 
-def make_cases(backbones: Sequence[str], solvers: Sequence[str],
-               dtypes: Sequence[str], sizes: Sequence[Tuple[int, int]],
-               modes: Sequence[str], device_type: str = 'cuda') -> List[Case]:
-    """Every distinct case, in the order they are measured.
+def make_cases(settings: CheckSettings, device_type: str = 'cuda') -> List[Case]:
+    """Every case of ``settings``, in the order they are measured (the
+    phases of :data:`PHASES` that ``settings.phases`` names).
 
-    Sizes come first (in the given order), so that a spent budget skips the
-    last size of every backbone rather than every size of the last
-    backbones; within a size the cases of one model (backbone, solver)
-    follow each other, so it is built once per size. SOFT++ backbones get
-    one model per solver that runs on ``device_type``
-    (:func:`~mmsoft.models.ops.kernel_inverse.solver_that_runs`: on
-    a GPU ``'newton_closed_form'`` is the iteration, measured once, as
-    ``'newton'``), the others none. The SyncBatchNorm variant
-    (:data:`SYNC_BN_SUFFIX`) runs on CUDA only; the compiled ones
-    (:data:`COMPILED_SUFFIX`) in float32 at the first size only.
-
-    Raises:
-        ValueError: On an unknown backbone, solver, dtype or mode.
+    The SOFT++ solvers count by the path that runs on ``device_type``: a
+    solver that runs as an earlier one (on a GPU ``'newton_closed_form'``
+    runs as ``'newton'``) is measured once. The first case of each model
+    runs under the sync debug mode.
     """
-    for name, values, choices in (('backbone', backbones, BACKBONES),
-                                  ('solver', solvers, SOLVERS),
-                                  ('dtype', dtypes, AUTOCAST_DTYPES),
-                                  ('mode', modes, MODES)):
-        for value in values:
-            check_choice(name, value, choices)
-    paths = list(dict.fromkeys(solver_that_runs(s, device_type) for s in solvers))
-    if device_type != 'cuda':
-        backbones = [b for b in backbones if not b.endswith(SYNC_BN_SUFFIX)]
-    models = [(b, s) for b in backbones
-              for s in (paths if base_backbone(b) in SOFT_BACKBONES else (None, ))]
-    cases = [Case(backbone, solver, dtype, tuple(size), mode)
-             for size in sizes for backbone, solver in models
-             for dtype in dtypes for mode in modes]
-    return [case for case in cases if not case.backbone.endswith(COMPILED_SUFFIX)
-            or (case.dtype == 'float32' and case.size == tuple(sizes[0]))]
+    dtypes = list(settings.dtypes)
+    first_dtype, first_size = dtypes[0], tuple(settings.sizes[0])
+    early_dtypes = [d for d in dtypes if d != LATE_DTYPE] or [first_dtype]
+    runs = {}
+    for solver in settings.solvers:
+        runs.setdefault(solver_that_runs(solver, device_type), solver)
+    main_solver, *other_solvers = list(runs.values())
+    backbones = list(dict.fromkeys(settings.backbones))
+    modes = tuple(settings.modes)
 
+    def solver_of(backbone: str, solver: Optional[str] = None) -> Optional[str]:
+        return (solver or main_solver) if is_soft(backbone) else None
 
-def base_backbone(name: str) -> str:
-    """``name`` without its variant suffix (SyncBatchNorm, compiled)."""
-    for suffix in (SYNC_BN_SUFFIX, COMPILED_SUFFIX):
-        name = name.replace(suffix, '')
-    return name
+    def sweep(phase: str, sizes, phase_dtypes) -> List[Case]:
+        return [Case(phase, b, solver_of(b), d, tuple(size), modes)
+                for size in sizes for d in phase_dtypes for b in backbones]
 
-
-@functools.lru_cache(maxsize=None)
-def _config_backbone(name: str) -> Dict:
-    return detector_config(name).model.backbone.to_dict()
-
-
-def backbone_config(name: str, solver: Optional[str] = None) -> Dict:
-    """The backbone of ``name``'s Mask R-CNN config, without its checkpoint.
-
-    Args:
-        name (str): One of :data:`BACKBONES`.
-        solver (str, optional): The SOFT++ solver replacing the config's.
-            Default: None (keep the config's).
-
-    Returns:
-        dict: A registry config (``init_cfg`` None).
-    """
-    check_choice('backbone', name, BACKBONES)
-    config = copy.deepcopy(_config_backbone(base_backbone(name)))
-    config['init_cfg'] = None
-    if solver is not None:
-        config['solver'] = solver
-    return config
-
-
-def build_check_backbone(name: str, solver: Optional[str],
-                         device: torch.device) -> nn.Module:
-    """Backbone ``name`` (with ``solver``) from mmdet's registry scope,
-    initialised from scratch, on ``device``."""
-    torch.manual_seed(0)
-    model = build_in_scope('mmdet', backbone_config(name, solver))
-    model.init_weights()
-    if name.endswith(SYNC_BN_SUFFIX):
-        join_single_process_group(device)
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(device)
-    if name.endswith(COMPILED_SUFFIX):
-        model = torch.compile(model)
-    return model
-
-
-def join_single_process_group(device: torch.device) -> None:
-    """A process group of this process alone (SyncBatchNorm trains only in
-    one), NCCL on CUDA; kept when one exists."""
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo',
-                                store=dist.HashStore(), rank=0, world_size=1)
-
-
-def memory_fields(call: Callable[[], object], device: torch.device) -> Dict:
-    """``max_memory_mib`` and ``memory_above_start_mib`` of one ``call()``
-    (None on CPU)."""
-    if device.type != 'cuda':
-        return dict(max_memory_mib=None, memory_above_start_mib=None)
-    above_start = peak_memory_of(call, device)  # resets the peak first
-    return dict(max_memory_mib=torch.cuda.max_memory_allocated(device) / MIB,
-                memory_above_start_mib=above_start / MIB)
-
-
-def measure_case(model: nn.Module, case: Case, device: torch.device,
-                 warmup: int, repeats: int) -> Dict:
-    """Time and memory of ``case`` on the already built ``model``.
-
-    Returns:
-        dict: ``time_ms`` (median), ``all_time_ms``, ``max_memory_mib``,
-        ``memory_above_start_mib`` and ``params_m``.
-    """
-    torch.manual_seed(0)
-    images = torch.randn(BATCH, 3, *case.size, device=device)  # (2, 3, H, W)
-    # What the configs' ValidRegion*DataPreprocessor gives the backbone.
-    register_valid_shapes(images, valid_regions(case.size))
-    training = case.mode == 'train'
-    model.train(training)
-    dtype = AUTOCAST_DTYPES[case.dtype]
-    call = lambda: run_once(model, images, training, dtype)  # noqa: E731
-    timing = timing_fields(call, device, warmup, repeats)
-    fields = dict(host_sync=host_sync_of(call, device),
-                  time_ms=timing['seconds'] * 1e3,
-                  all_time_ms=[s * 1e3 for s in timing['all_seconds']],
-                  params_m=sum(p.numel() for p in model.parameters()) / 1e6)
-    fields.update(memory_fields(call, device))
-    return fields
+    phases = {
+        'core': lambda: sweep('core', [first_size], early_dtypes),
+        'large': lambda: sweep('large', settings.sizes[1:], early_dtypes),
+        'solvers': lambda: [Case('solvers', b, s, first_dtype, first_size, modes)
+                            for b in backbones if is_soft(b) for s in other_solvers],
+        'compiled': lambda: [Case('compiled', b, solver_of(b, COMPILED_SOLVER),
+                                  first_dtype, first_size, modes, compiled=True)
+                             for b in COMPILED_BACKBONES if b in backbones],
+        'float16': lambda: (sweep('float16', settings.sizes, [LATE_DTYPE])
+                            if LATE_DTYPE in dtypes and len(dtypes) > 1 else []),
+        'capacity': lambda: [Case('capacity', b, solver_of(b), CAPACITY_DTYPE,
+                                  tuple(settings.capacity_size), ('train', ))
+                             for b in CAPACITY_BACKBONES if b in backbones],
+    }
+    cases, seen_models = [], set()
+    for phase in PHASES:
+        if phase not in settings.phases:
+            continue
+        for case in phases[phase]():
+            model = (case.backbone, case.solver)
+            if not case.compiled and phase != 'capacity' and model not in seen_models:
+                seen_models.add(model)
+                case = dataclasses.replace(case, sync_debug=True)
+            cases.append(case)
+    return cases
 
 
 def valid_regions(size: Tuple[int, int]) -> List[Tuple[int, int]]:
@@ -341,6 +385,20 @@ def valid_regions(size: Tuple[int, int]) -> List[Tuple[int, int]]:
     each side (a padded second image)."""
     height, width = size
     return [(height, width), (max(1, 3 * height // 4), max(1, 3 * width // 4))]
+
+
+def describe_error(error: BaseException) -> str:
+    """``'TypeName: first line of the message'``, at most 300 characters."""
+    lines = str(error).strip().splitlines()
+    text = type(error).__name__ + (f': {lines[0]}' if lines else '')
+    return text[:300]
+
+
+def free_memory(device: torch.device) -> None:
+    """Drops unreachable tensors and, on CUDA, the allocator's cached blocks."""
+    gc.collect()
+    if device.type == 'cuda':
+        torch.cuda.empty_cache()
 
 
 def host_sync_of(call: Callable[[], object], device: torch.device) -> Optional[str]:
@@ -360,130 +418,376 @@ def host_sync_of(call: Callable[[], object], device: torch.device) -> Optional[s
         torch.cuda.set_sync_debug_mode(0)
 
 
-def describe_error(error: BaseException) -> str:
-    """``'TypeName: first line of the message'``, at most 300 characters."""
-    lines = str(error).strip().splitlines()
-    text = type(error).__name__ + (f': {lines[0]}' if lines else '')
-    return text[:300]
+def memory_fields(call: Callable[[], object], device: torch.device) -> Dict:
+    """``max_memory_mib`` and ``memory_above_start_mib`` of one ``call()``
+    (None on CPU)."""
+    if device.type != 'cuda':
+        return dict(max_memory_mib=None, memory_above_start_mib=None)
+    above_start = peak_memory_of(call, device)  # resets the peak first
+    return dict(max_memory_mib=torch.cuda.max_memory_allocated(device) / MIB,
+                memory_above_start_mib=above_start / MIB)
 
 
-def free_memory(device: torch.device) -> None:
-    """Drops unreachable tensors and, on CUDA, the allocator's cached blocks."""
-    gc.collect()
+def dtype_problem(dtype: str, device: torch.device) -> Optional[str]:
+    """Why ``dtype`` cannot be measured on ``device``, or None."""
+    if (dtype == 'bfloat16' and device.type == 'cuda'
+            and not torch.cuda.is_bf16_supported()):
+        return 'this GPU has no bfloat16'
+    return None
+
+
+def measure_mode(model: nn.Module, case: Case, mode: str, device: torch.device,
+                 warmup: int, repeats: int) -> Dict:
+    """Time, memory and host syncs of ``case`` in ``mode`` on the built
+    ``model`` (a :class:`~mmsoft_analysis.gpu_backbones.BackboneMaps`, or its
+    compiled form).
+
+    Returns:
+        dict: The measured fields of :meth:`Case.record`.
+    """
+    torch.manual_seed(0)
+    images = torch.randn(BATCH, 3, *case.size, device=device)  # (2, 3, H, W)
+    training = mode == 'train'
+    model.train(training)
+    dtype = AUTOCAST_DTYPES[case.dtype]
+    call = lambda: run_once(model, images, training, dtype)  # noqa: E731
+    fields = {}
+    if case.compiled:
+        _synchronize(device)
+        start = time.perf_counter()
+        call()  # compiles
+        _synchronize(device)
+        fields['compile_s'] = time.perf_counter() - start
+    timing = timing_fields(call, device, warmup, repeats)
+    fields.update(time_ms=timing['seconds'] * 1e3,
+                  all_time_ms=[s * 1e3 for s in timing['all_seconds']],
+                  images_per_s=BATCH / timing['seconds'])
+    if case.sync_debug:
+        fields['host_sync'] = host_sync_of(call, device)
+    fields.update(memory_fields(call, device))
+    return fields
+
+
+def _synchronize(device: torch.device) -> None:
     if device.type == 'cuda':
-        torch.cuda.empty_cache()
+        torch.cuda.synchronize(device)
 
 
-def _measured_record(model: Optional[nn.Module], build_error: Optional[str],
-                     case: Case, device: torch.device, warmup: int,
-                     repeats: int) -> Dict:
-    if model is None:
-        return case.record('error', error=f'build failed: {build_error}')
+def prepared_model(case: Case, device: torch.device,
+                   compile_backend: str) -> Tuple[nn.Module, nn.Module]:
+    """The case's model on ``device`` with the batch's valid regions set:
+    the module measured (compiled for a compiled case) and the eager one."""
+    maps = build_maps(case.backbone, case.solver).to(device)
+    maps.valid_shapes = valid_regions(case.size) if maps.takes_valid_shapes else None
+    if case.compiled:
+        return torch.compile(maps, backend=compile_backend), maps
+    return maps, maps
+
+
+def run_case(case: Case, device: torch.device, warmup: int, repeats: int,
+             compile_backend: str,
+             emit: Callable[[Dict], None] = lambda record: None) -> List[Dict]:
+    """Builds and measures ``case`` in this process, one record per mode.
+
+    Each record is passed to ``emit`` as soon as it is made; a failure in one
+    mode (an out-of-memory error, say) is recorded and the next mode runs.
+    """
+    records = []
+
+    def add(record: Dict) -> None:
+        records.append(record)
+        emit(record)
+
+    problem = dtype_problem(case.dtype, device)
+    if problem:
+        for mode in case.modes:
+            add(case.record(mode, 'skipped', note=problem))
+        return records
+    solver_runs = solver_that_runs(case.solver, device.type) if case.solver else None
+    common = dict(solver_runs=solver_runs,
+                  compile_backend=compile_backend if case.compiled else None)
     try:
-        return case.record('ok', **measure_case(model, case, device, warmup, repeats))
-    except Exception as error:  # an OOM or a failure must not stop the rest
-        model.zero_grad(set_to_none=True)
-        return case.record('error', error=describe_error(error))
+        model, eager = prepared_model(case, device, compile_backend)
+    except Exception as error:
+        for mode in case.modes:
+            add(case.record(mode, 'error', error=f'build failed: '
+                            f'{describe_error(error)}', **common))
+        return records
+    params_m = sum(p.numel() for p in eager.parameters()) / 1e6
+    for mode in case.modes:
+        try:
+            fields = measure_mode(model, case, mode, device, warmup, repeats)
+            add(case.record(mode, 'ok', params_m=params_m, **common, **fields))
+        except Exception as error:  # an OOM or a failure must not stop the rest
+            eager.zero_grad(set_to_none=True)
+            add(case.record(mode, 'error', params_m=params_m, **common,
+                            error=describe_error(error)))
+        finally:
+            free_memory(device)
+    return records
+
+
+def largest_fitting_batch(fits: Callable[[int], bool], max_batch: int
+                          ) -> Tuple[int, bool]:
+    """The largest batch ``b <= max_batch`` with ``fits(b)``, assuming that
+    what fits is every batch up to some size: doubling from 1, then
+    bisecting between the last batch that fitted and the first that did not.
+
+    Returns:
+        tuple[int, bool]: The batch (0 when 1 does not fit) and whether the
+        search stopped at ``max_batch`` rather than at a batch that did not
+        fit.
+    """
+    fitting, batch = 0, 1
+    while fits(batch):
+        fitting = batch
+        if batch >= max_batch:
+            return fitting, True
+        batch = min(2 * batch, max_batch)
+    low, high = fitting, batch  # fits(low) (or low is 0), not fits(high)
+    while low and high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low, False
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    out_of_memory = getattr(torch.cuda, 'OutOfMemoryError', ())
+    return isinstance(error, out_of_memory) or 'out of memory' in str(error)
+
+
+def run_capacity(case: Case, device: torch.device, cap_gib: float,
+                 max_batch: int) -> Dict:
+    """The largest training batch of ``case`` at its size within ``cap_gib``.
+
+    On CUDA the cap is ``torch.cuda.set_per_process_memory_fraction`` of the
+    device's memory (the whole device when the cap exceeds it): a step that
+    needs more raises out-of-memory and does not fit. On the CPU no cap is
+    enforced: the search runs the same steps up to ``max_batch``.
+
+    Returns:
+        dict: The case's :meth:`Case.capacity_record`.
+    """
+    solver_runs = solver_that_runs(case.solver, device.type) if case.solver else None
+    cap_bytes = int(cap_gib * GIB)
+    enforced, note = device.type == 'cuda', None
+    if enforced:
+        total = torch.cuda.get_device_properties(device).total_memory
+        fraction = min(1., cap_bytes / total)
+        if fraction == 1.:
+            note = (f'the cap ({cap_gib:g} GiB) exceeds the device '
+                    f'({total / GIB:.0f} GiB): the whole device')
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+    else:
+        note = f'CPU: no cap enforced, batches tried up to {max_batch}'
+    common = dict(solver_runs=solver_runs, cap_mib=cap_bytes / MIB,
+                  cap_enforced=enforced, max_batch=max_batch, note=note)
+    try:
+        model = build_maps(case.backbone, case.solver).to(device).train()
+    except Exception as error:
+        return case.capacity_record('error', error='build failed: '
+                                    f'{describe_error(error)}', **common)
+    probes = []
+    dtype = AUTOCAST_DTYPES[case.dtype]
+
+    def fits(batch: int) -> bool:
+        probe = dict(batch=batch, fits=False, max_memory_mib=None, time_ms=None)
+        probes.append(probe)
+        free_memory(device)
+        if device.type == 'cuda':
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            images = torch.randn(batch, 3, *case.size, device=device)
+            _synchronize(device)
+            start = time.perf_counter()
+            run_once(model, images, True, dtype)
+            _synchronize(device)
+            probe['time_ms'] = (time.perf_counter() - start) * 1e3
+        except Exception as error:
+            if not _is_out_of_memory(error):
+                raise
+            model.zero_grad(set_to_none=True)
+            return False
+        finally:
+            images = None
+            if device.type == 'cuda':
+                probe['max_memory_mib'] = torch.cuda.max_memory_allocated(device) / MIB
+        probe['fits'] = True
+        return True
+
+    try:
+        largest, limit_reached = largest_fitting_batch(fits, max_batch)
+    except Exception as error:
+        return case.capacity_record('error', probes=probes,
+                                    error=describe_error(error), **common)
     finally:
         free_memory(device)
-
-
-def _built(case: Case, device: torch.device) -> Tuple[Optional[nn.Module],
-                                                     Optional[str]]:
-    try:
-        return build_check_backbone(case.backbone, case.solver, device), None
-    except Exception as error:
-        return None, describe_error(error)
+    return case.capacity_record('ok', largest_batch=largest,
+                                limit_reached=limit_reached, probes=probes,
+                                **common)
 
 
 def measure_in_subprocess(case: Case, device: torch.device, warmup: int,
-                          repeats: int, timeout_s: float) -> Dict:
-    """Builds and measures ``case`` in a child process, killed after
-    ``timeout_s`` seconds: a hung or runaway case costs no more than that.
+                          repeats: int, timeout_s: float, compile_backend: str,
+                          capacity: Tuple[float, int] = (CAPACITY_CAP_GIB, 2),
+                          on_record: Callable[[Dict], None] = lambda r: None,
+                          cpu_threads: int = CPU_THREADS) -> List[Dict]:
+    """Runs ``case`` in a child process killed after ``timeout_s`` seconds:
+    a hung or runaway case costs no more than that.
+
+    Args:
+        capacity (tuple[float, int]): The cap (GiB) and batch limit of a
+            capacity case.
+        on_record (callable): Called with each record.
+        cpu_threads (int): torch's threads in the child on the CPU.
 
     Returns:
-        dict: The case's record (see :meth:`Case.record`); an error record
-        when the child timed out or died without a result.
+        list[dict]: One record per mode (one capacity record in that phase);
+        the modes the child did not report are error records saying why
+        (timed out, or the process died).
     """
     request = dict(case=dataclasses.asdict(case), device=str(device),
-                   warmup=warmup, repeats=repeats)
+                   warmup=warmup, repeats=repeats, compile_backend=compile_backend,
+                   capacity=list(capacity), cpu_threads=cpu_threads)
     command = worker_command('gpu_check', json.dumps(request))
+    process = subprocess.Popen(command, cwd=REPO, env=worker_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     try:
-        done = subprocess.run(command, cwd=REPO, env=worker_env(),
-                              capture_output=True, text=True, timeout=timeout_s)
+        stdout, stderr = process.communicate(timeout=timeout_s)
+        failure = 'the case\'s process died: {last}'
     except subprocess.TimeoutExpired:
-        return case.record('error', error=f'timed out after {timeout_s:.0f} s '
-                           '(the hard limit of a case)')
-    for line in done.stdout.splitlines():
-        if line.startswith('RESULT '):
-            return json.loads(line[len('RESULT '):])
-    last = (done.stderr.strip().splitlines() or [f'exit status {done.returncode}'])[-1]
-    return case.record('error', error=f'the case\'s process died: {last}'[:300])
+        kill_process_tree(process.pid)
+        stdout, stderr = process.communicate()
+        failure = (f'timed out after {timeout_s:.0f} s (the hard limit of a case, '
+                   'or what was left of the budget)')
+    returncode = process.returncode
+    records = [json.loads(line[len('RESULT '):]) for line in stdout.splitlines()
+               if line.startswith('RESULT ')]
+    modes = ('capacity', ) if case.phase == 'capacity' else case.modes
+    reported = {record['mode'] for record in records}
+    last = (stderr.strip().splitlines() or [f'exit status {returncode}'])[-1]
+    for mode in modes:
+        if mode not in reported:
+            error = failure.format(last=last)[:300]
+            records.append(case.capacity_record('error', error=error)
+                           if mode == 'capacity' else case.record(mode, 'error',
+                                                                  error=error))
+    for record in records:
+        on_record(record)
+    return records
+
+
+def _child_pids(pid: int) -> List[int]:
+    """The processes whose parent is ``pid`` (Linux's ``/proc``)."""
+    children = []
+    for entry in os.listdir('/proc') if os.path.isdir('/proc') else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f'/proc/{entry}/stat') as stat:
+                fields = stat.read().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def kill_process_tree(pid: int) -> None:
+    """Kills process ``pid`` and its descendants (the compiler's workers of
+    a compiled case, say), the descendants first found while they still have
+    their parents."""
+    pids, index = [pid], 0
+    while index < len(pids):
+        pids += _child_pids(pids[index])
+        index += 1
+    for victim in reversed(pids):
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _worker_main(request: str) -> None:
     """Child process of :func:`measure_in_subprocess`: one case, one
-    ``RESULT <json>`` line."""
+    ``RESULT <json>`` line per record, printed as it is made."""
     request = json.loads(request)
     fields = request['case']
-    case = Case(**dict(fields, size=tuple(fields['size'])))
+    case = Case(**dict(fields, size=tuple(fields['size']),
+                       modes=tuple(fields['modes'])))
     device = torch.device(request['device'])
-    model, build_error = _built(case, device)
-    record = _measured_record(model, build_error, case, device, request['warmup'],
-                              request['repeats'])
-    print('RESULT ' + json.dumps(record), flush=True)
+    if device.type == 'cpu':
+        torch.set_num_threads(request['cpu_threads'])
+
+    def emit(record: Dict) -> None:
+        print('RESULT ' + json.dumps(record), flush=True)
+
+    if case.phase == 'capacity':
+        cap_gib, max_batch = request['capacity']
+        emit(run_capacity(case, device, cap_gib, max_batch))
+    else:
+        run_case(case, device, request['warmup'], request['repeats'],
+                 request['compile_backend'], emit)
+
+
+def skipped_records(case: Case, note: Optional[str] = None) -> List[Dict]:
+    """The records of a case that is not run."""
+    if case.phase == 'capacity':
+        return [case.capacity_record('skipped', note=note)]
+    return [case.record(mode, 'skipped', note=note) for mode in case.modes]
 
 
 def run_benchmark(cases: Sequence[Case], device: torch.device, budget_s: float,
                   warmup: int = 1, repeats: int = 3,
                   on_record: Callable[[Dict], None] = lambda record: None,
                   clock: Callable[[], float] = time.monotonic,
-                  case_timeout_s: Optional[float] = DEFAULT_CASE_TIMEOUT_S
-                  ) -> List[Dict]:
+                  case_timeout_s: Optional[float] = DEFAULT_CASE_TIMEOUT_S,
+                  compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+                  compile_backend: str = 'inductor',
+                  capacity: Tuple[float, int] = (CAPACITY_CAP_GIB, 2),
+                  cpu_threads: int = CPU_THREADS) -> List[Dict]:
     """Measures ``cases`` in order until ``budget_s`` seconds are spent.
 
     With ``case_timeout_s`` (the default), each case runs in its own child
     process (:func:`measure_in_subprocess`), killed after ``case_timeout_s``
-    or when the budget runs out, whichever comes first: the benchmark never
-    runs past its budget. With None, the cases run in this process, one
-    model held at a time (built when a case needs another (backbone,
-    solver) than the last one), and the budget is checked between cases.
-
-    Args:
-        cases (Sequence[Case]): What to measure (see :func:`make_cases`).
-        device (torch.device): Where.
-        budget_s (float): Cases that start after this many seconds (builds
-            included) are recorded as skipped, not measured.
-        warmup (int): Untimed calls per case. Default: 1.
-        repeats (int): Timed calls per case. Default: 3.
-        on_record (callable): Called with each record as it is made.
-            Default: does nothing.
-        clock (callable): Seconds, monotonic. Default: ``time.monotonic``.
-        case_timeout_s (float, optional): The hard limit of one case.
-            Default: :data:`DEFAULT_CASE_TIMEOUT_S`.
+    (``compile_timeout_s`` for a compiled case) or when the budget runs
+    out, whichever comes first: the benchmark never runs past its budget.
+    With None, the cases run in this process (tests), the budget checked
+    between cases. A case whose backbone cannot be built here (its framework
+    is missing) is skipped at once, saying why.
 
     Returns:
-        list[dict]: One record per case (see :meth:`Case.record`), in order.
+        list[dict]: The records, in order (see :meth:`Case.record`).
     """
     start = clock()
-    records, model, key, build_error = [], None, None, None
-    for case in cases:
-        left = budget_s - (clock() - start)
-        if left <= 0:
-            record = case.record('skipped')
-        elif case_timeout_s is not None:
-            record = measure_in_subprocess(case, device, warmup, repeats,
-                                           min(case_timeout_s, left))
-        else:
-            if case.model_key != key:
-                model = None
-                free_memory(device)
-                key = case.model_key
-                model, build_error = _built(case, device)
-            record = _measured_record(model, build_error, case, device, warmup,
-                                      repeats)
+    records = []
+
+    def add(record: Dict) -> None:
         records.append(record)
         on_record(record)
+
+    for case in cases:
+        left = budget_s - (clock() - start)
+        reason = unavailable_reason(case.backbone)
+        if reason is not None:
+            for record in skipped_records(case, reason):
+                add(record)
+        elif left <= 0:
+            for record in skipped_records(case, 'the budget was spent'):
+                add(record)
+        elif case_timeout_s is not None:
+            limit = compile_timeout_s if case.compiled else case_timeout_s
+            measure_in_subprocess(case, device, warmup, repeats, min(limit, left),
+                                  compile_backend, capacity, on_record=add,
+                                  cpu_threads=cpu_threads)
+        elif case.phase == 'capacity':
+            add(run_capacity(case, device, *capacity))
+        else:
+            run_case(case, device, warmup, repeats, compile_backend, add)
     return records
 
 
@@ -551,78 +855,192 @@ def _package_version(name: str) -> Optional[str]:
 
 def environment(device: torch.device) -> Dict:
     """The device's name and the software that ran on it."""
+    import mmsoft
     if device.type == 'cuda':
-        name = torch.cuda.get_device_name(device)
+        properties = torch.cuda.get_device_properties(device)
+        name, memory = properties.name, properties.total_memory / GIB
     else:
-        name = platform.processor() or platform.machine()
-    return dict(device=str(device), device_name=name, torch=torch.__version__,
-                cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+        name, memory = platform.processor() or platform.machine(), None
+    return dict(device=str(device), device_name=name, device_memory_gib=memory,
+                torch=torch.__version__, cuda=torch.version.cuda,
+                cudnn=torch.backends.cudnn.version(),
                 tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
                 tf32_cudnn=torch.backends.cudnn.allow_tf32,
                 python=platform.python_version(), threads=torch.get_num_threads(),
                 packages={p: _package_version(p) for p in PACKAGES},
+                mmsoft_path=os.path.dirname(os.path.abspath(mmsoft.__file__)),
                 date=time.strftime('%Y-%m-%d %H:%M:%S %Z'))
 
 
+def solver_note(solvers: Sequence[str], device_type: str) -> str:
+    """One sentence on how SOFT++'s ``solvers`` run on ``device_type``."""
+    if 'newton_closed_form' not in solvers:
+        return ''
+    if solver_that_runs('newton_closed_form', device_type) == 'newton':
+        return (f"On {device_type}, 'newton_closed_form' (the configs' solver) runs "
+                f"the Newton iteration itself ('newton'): its rows are the "
+                f"iteration's figures, so 'newton' is not measured again.")
+    return (f"On {device_type}, 'newton_closed_form' computes the Newton "
+            f"iteration's result in closed form (one eigendecomposition).")
+
+
 def record_label(record: Dict) -> str:
-    """The :meth:`Case.label` of a record."""
-    return Case(record['backbone'], record['solver'], record['dtype'],
-                (record['height'], record['width']), record['mode']).label()
+    """A record's case label and mode, e.g.
+    ``'soft++-tiny/newton_closed_form bfloat16 800x1333 train'``."""
+    name = (record['backbone'] + (f"/{record['solver']}" if record['solver'] else '')
+            + ('+compiled' if record.get('compiled') else ''))
+    return (f"{name} {record['dtype']} {record['height']}x{record['width']} "
+            f"{record['mode']}")
 
 
 def describe_record(record: Dict) -> str:
     """One line of progress for a record."""
-    if record['status'] == 'ok':
+    if record['status'] == 'ok' and record['mode'] == 'capacity':
+        outcome = (f"largest batch {record['largest_batch']}"
+                   + (' (the search limit)' if record['limit_reached'] else ''))
+    elif record['status'] == 'ok':
         memory = ('' if record['max_memory_mib'] is None
                   else f", {record['max_memory_mib']:.0f} MiB")
-        outcome = f"{record['time_ms']:.1f} ms{memory}"
+        outcome = (f"{record['time_ms']:.1f} ms, {record['images_per_s']:.1f} "
+                   f"img/s{memory}")
     else:
-        outcome = record['status'] + (f": {record['error']}" if record['error'] else '')
+        detail = record['error'] or record.get('note')
+        outcome = record['status'] + (f': {detail}' if detail else '')
     return f'{record_label(record)}: {outcome}'
 
 
+def _host_sync_counts(record: Dict) -> bool:
+    """Whether a host sync of ``record`` fails the check: mmsoft's backbones
+    only (the peers' syncs are reported), the ``'exact'`` solver's LAPACK
+    checks excepted."""
+    return (record.get('host_sync') not in (None, 'none')
+            and is_mmsoft(record['backbone']) and record['solver'] != 'exact')
+
+
+def capacity_ratios(records: Sequence[Dict]) -> Dict[str, float]:
+    """Each capacity record's largest batch over :data:`CAPACITY_REFERENCE`'s."""
+    batches = {r['backbone']: r['largest_batch'] for r in records
+               if r['mode'] == 'capacity' and r['status'] == 'ok'}
+    reference = batches.get(CAPACITY_REFERENCE)
+    if not reference:
+        return {}
+    return {name: batch / reference for name, batch in batches.items()
+            if name != CAPACITY_REFERENCE}
+
+
 def summarise(records: Sequence[Dict]) -> Dict:
-    """Record counts by status, the labels of the skipped cases and those
-    of the cases that synchronised with the host (the ``'exact'`` solver's
-    LAPACK checks excepted)."""
+    """Record counts by status, the labels of the skipped records, those that
+    synchronised with the host (:func:`_host_sync_counts`), and the capacity
+    ratios."""
     counts = {status: sum(r['status'] == status for r in records)
               for status in ('ok', 'error', 'skipped')}
     counts['skipped_cases'] = [record_label(r) for r in records
                                if r['status'] == 'skipped']
-    counts['host_sync_cases'] = [
-        record_label(r) for r in records
-        if r.get('host_sync') not in (None, 'none') and r['solver'] != 'exact']
+    counts['failed_cases'] = [record_label(r) for r in records
+                              if r['status'] == 'error']
+    counts['host_sync_cases'] = [record_label(r) for r in records
+                                 if _host_sync_counts(r)]
+    counts['capacity_vs_' + CAPACITY_REFERENCE] = capacity_ratios(records)
     return counts
+
+
+def _write_atomically(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = path + '.partial'
+    with open(partial, 'w') as file:
+        file.write(text)
+    os.replace(partial, path)
 
 
 def write_json(path: str, data: Dict) -> None:
     """Writes ``data`` to ``path`` (folders created), replacing it whole."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    partial = path + '.partial'
-    with open(partial, 'w') as file:
-        json.dump(data, file, indent=2)
-    os.replace(partial, path)
+    _write_atomically(path, json.dumps(data, indent=2) + '\n')
 
 
-def _cell(value: Optional[float]) -> str:
-    return '-' if value is None else f'{value:.1f}'
+def _cell(value, digits: int = 1) -> str:
+    if value is None:
+        return '-'
+    if isinstance(value, float):
+        return f'{value:.{digits}f}'
+    return str(value).replace('|', '\\|').replace('\n', ' ')
 
 
-def format_table(records: Sequence[Dict]) -> str:
-    """The records as an aligned text table, one line per record."""
-    header = ('backbone', 'solver', 'dtype', 'size', 'mode', 'time ms', 'max MiB',
-              'status')
-    rows = [header] + [
-        (r['backbone'], r['solver'] or '-', r['dtype'], f"{r['height']}x{r['width']}",
-         r['mode'], _cell(r['time_ms']), _cell(r['max_memory_mib']),
-         r['status'] + (f": {r['error']}" if r['error'] else ''))
-        for r in records]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    numeric = {5, 6}
-    return '\n'.join(
-        '  '.join([cell.rjust(w) if i in numeric else cell.ljust(w)
-                   for i, (cell, w) in enumerate(zip(row, widths))] + [row[-1]])
-        for row in rows)
+def _status_cell(record: Dict) -> str:
+    detail = record['error'] or record.get('note')
+    return _cell(record['status'] + (f': {detail}' if detail else ''))
+
+
+def _solver_cell(record: Dict) -> str:
+    if not record['solver']:
+        return '-'
+    if record.get('solver_runs') and record['solver_runs'] != record['solver']:
+        return f"{record['solver']} (runs {record['solver_runs']})"
+    return record['solver']
+
+
+def format_markdown(data: Dict) -> str:
+    """The results as Markdown: the setting, the tests, one table of the
+    measurements, one of the capacity search, and the counts."""
+    meta, tests = data.get('meta', {}), data.get('tests', {})
+    records = data.get('records', [])
+    lines = ['# GPU check', '',
+             f"{meta.get('device_name')} ({meta.get('device')}), torch "
+             f"{meta.get('torch')}, CUDA {meta.get('cuda')}, Python "
+             f"{meta.get('python')}, {meta.get('date')}.", '']
+    if meta.get('device') == 'cpu':
+        lines += ['CPU smoke mode: the memory and host-sync columns are CUDA-only '
+                  'and the times are not GPU figures.', '']
+    if meta.get('solver_note'):
+        lines += [meta['solver_note'], '']
+    lines += [describe_tests(tests) + '.', '',
+              f"Batch {meta.get('batch', BATCH)}; mmsoft's backbones with valid "
+              f"regions (the second image 3/4 of each side), the peers without. "
+              f"Time: median of {meta.get('repeats')} calls after "
+              f"{meta.get('warmup')} warm-up; memory: "
+              f"`torch.cuda.max_memory_allocated` of one call.", '']
+    header = ('phase', 'backbone', 'solver', 'dtype', 'size', 'mode', 'time ms',
+              'images/s', 'max MiB', 'host sync', 'status')
+    lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    for r in records:
+        if r['mode'] == 'capacity':
+            continue
+        backbone = r['backbone']
+        if r['compiled']:
+            compiled_in = ('' if r.get('compile_s') is None
+                           else f", compiled in {r['compile_s']:.0f} s")
+            backbone += f" ({r['compile_backend']}{compiled_in})"
+        lines.append('| ' + ' | '.join([
+            r['phase'], backbone, _solver_cell(r), r['dtype'],
+            f"{r['height']}x{r['width']}", r['mode'], _cell(r['time_ms']),
+            _cell(r['images_per_s']), _cell(r['max_memory_mib'], 0),
+            _cell(r['host_sync']), _status_cell(r)]) + ' |')
+    capacity = [r for r in records if r['mode'] == 'capacity']
+    if capacity:
+        ratios = capacity_ratios(records)
+        lines += ['', 'Largest training batch within the memory cap (capacity '
+                  'phase):', '',
+                  '| backbone | dtype | size | cap MiB | largest batch | '
+                  f'x {CAPACITY_REFERENCE} | batches tried | status |',
+                  '|---|---|---|---|---|---|---|---|']
+        for r in capacity:
+            tried = ', '.join(f"{p['batch']}{'' if p['fits'] else ' (no)'}"
+                              for p in r.get('probes') or [])
+            largest = r.get('largest_batch')
+            if largest is not None and r.get('limit_reached'):
+                largest = f'>= {largest}'
+            lines.append('| ' + ' | '.join([
+                r['backbone'], r['dtype'], f"{r['height']}x{r['width']}",
+                _cell(r.get('cap_mib'), 0)
+                + ('' if r.get('cap_enforced') in (None, True) else ' (not enforced)'),
+                _cell(largest), _cell(ratios.get(r['backbone']), 2), tried or '-',
+                _status_cell(r)]) + ' |')
+    summary = data.get('summary', {})
+    lines += ['', f"{summary.get('ok', 0)} measured, {summary.get('error', 0)} "
+              f"failed, {summary.get('skipped', 0)} skipped; benchmark budget "
+              f"{_cell(meta.get('benchmark_budget_s', meta.get('budget_s')), 0)} s."]
+    if summary.get('host_sync_cases'):
+        lines += ['', 'Host syncs in: ' + ', '.join(summary['host_sync_cases']) + '.']
+    return '\n'.join(lines) + '\n'
 
 
 def describe_tests(tests: Dict) -> str:
@@ -635,9 +1053,16 @@ def describe_tests(tests: Dict) -> str:
             '{skipped} skipped in {seconds:.0f} s'.format(**tests))
 
 
+def write_results(settings: CheckSettings, data: Dict) -> None:
+    """Writes the results file and its Markdown table."""
+    data['summary'] = summarise(data['records'])
+    write_json(settings.out, data)
+    _write_atomically(settings.markdown, format_markdown(data))
+
+
 def run_check(settings: CheckSettings,
               log: Callable[[str], None] = print) -> Dict:
-    """Runs the tests and the benchmark, writing ``settings.out`` as it goes.
+    """Runs the tests and the benchmark, writing the results as it goes.
 
     Args:
         settings (CheckSettings): What to run and where to write.
@@ -645,43 +1070,70 @@ def run_check(settings: CheckSettings,
 
     Returns:
         dict: The results file's content: ``meta``, ``tests``, ``records``
-        (one per case) and ``summary``.
+        and ``summary``.
 
     Raises:
         RuntimeError: When ``settings.device`` is CUDA and there is none.
     """
+    check_start = time.monotonic()
     device = require_device(settings.device)
-    cases = make_cases(settings.backbones, settings.solvers, settings.dtypes,
-                       settings.sizes, settings.modes, device.type)
+    cases = make_cases(settings, device.type)
     meta = environment(device)
-    meta.update(budget_s=settings.budget_s, warmup=settings.warmup,
+    meta.update(budget_s=settings.budget_s, total_budget_s=settings.total_budget_s,
+                warmup=settings.warmup,
                 repeats=settings.repeats, batch=BATCH, cases=len(cases),
-                case_timeout_s=settings.case_timeout_s)
+                phases=list(settings.phases),
+                case_timeout_s=settings.case_timeout_s,
+                cpu_threads=settings.cpu_threads if device.type == 'cpu' else None,
+                compile_timeout_s=settings.compile_timeout_s,
+                compile_backend=settings.compile_backend,
+                solvers_on_device={s: solver_that_runs(s, device.type)
+                                   for s in settings.solvers},
+                solver_note=solver_note(settings.solvers, device.type),
+                capacity=dict(size=list(settings.capacity_size),
+                              cap_gib=settings.capacity_cap_gib,
+                              max_batch=settings.capacity_max_batch,
+                              dtype=CAPACITY_DTYPE))
     data = dict(meta=meta, tests=dict(ran=False), records=[], summary={})
+    write_results(settings, data)
     if settings.run_tests:
         log(f'running {" ".join(settings.tests)} ...')
-        data['tests'] = run_tests(settings.tests, settings.tests_timeout_s)
+        tests_timeout_s = settings.tests_timeout_s
+        if settings.total_budget_s is not None:
+            tests_timeout_s = min(tests_timeout_s, settings.total_budget_s)
+        data['tests'] = run_tests(settings.tests, tests_timeout_s)
         log(describe_tests(data['tests']))
-    write_json(settings.out, data)
+        write_results(settings, data)
 
     def on_record(record: Dict) -> None:
         data['records'].append(record)
-        data['summary'] = summarise(data['records'])
-        write_json(settings.out, data)
-        log(f"[{len(data['records'])}/{len(cases)}] {describe_record(record)}")
+        write_results(settings, data)
+        log(f"[{len(data['records'])}] {record['phase']}: {describe_record(record)}")
 
+    budget_s = settings.budget_s
+    if settings.total_budget_s is not None:
+        spent = time.monotonic() - check_start
+        budget_s = max(0., min(budget_s, settings.total_budget_s - spent
+                               - FINISH_MARGIN_S))
+    meta['benchmark_budget_s'] = budget_s
+    log(f'{len(cases)} cases in phases {", ".join(settings.phases)}; budget '
+        f'{budget_s:.0f} s')
     start = time.monotonic()
-    run_benchmark(cases, device, settings.budget_s, settings.warmup,
-                  settings.repeats, on_record, case_timeout_s=settings.case_timeout_s)
+    run_benchmark(cases, device, budget_s, settings.warmup,
+                  settings.repeats, on_record, case_timeout_s=settings.case_timeout_s,
+                  compile_timeout_s=settings.compile_timeout_s,
+                  compile_backend=settings.compile_backend,
+                  capacity=(settings.capacity_cap_gib, settings.capacity_max_batch),
+                  cpu_threads=settings.cpu_threads)
     meta['benchmark_seconds'] = time.monotonic() - start
-    data['summary'] = summarise(data['records'])
-    write_json(settings.out, data)
+    write_results(settings, data)
     return data
 
 
 def check_passed(data: Dict) -> bool:
     """Whether the tests (when run) passed, no measurement failed and no
-    case but the ``'exact'`` solver's synchronised with the host."""
+    case of mmsoft's backbones but the ``'exact'`` solver's synchronised
+    with the host."""
     tests = data['tests']
     tests_ok = not tests.get('ran') or tests.get('returncode') == 0
     return (tests_ok and data['summary'].get('error', 0) == 0
