@@ -160,7 +160,8 @@ def test_mmpretrain_timm_backbone_builds_them(name):
     from mmpretrain.registry import MODELS
     backbone = MODELS.build(dict(type='TIMMBackbone', model_name=name,
                                  features_only=True, pretrained=False,
-                                 out_indices=(0, 1, 2, 3))).eval()
+                                 out_indices=(0, 1, 2, 3)))
+    backbone.eval()  # (mmpretrain's train() returns None: no chaining)
     with torch.no_grad():
         maps = backbone(images(batch=2, size=96))
     assert [m.shape[-1] for m in maps] == [24, 12, 6, 3]
