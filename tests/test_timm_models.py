@@ -157,10 +157,9 @@ def test_official_checkpoint_file_loads_as_pretrained(variant, name, tmp_path):
 
 @pytest.mark.parametrize('name', ['soft_plus_plus_tiny', 'ufo_vit_tiny'])
 def test_mmpretrain_timm_backbone_builds_them(name):
-    from mmpretrain.registry import MODELS
-    backbone = MODELS.build(dict(type='TIMMBackbone', model_name=name,
-                                 features_only=True, pretrained=False,
-                                 out_indices=(0, 1, 2, 3)))
+    from mmpretrain.models.backbones import TIMMBackbone
+    backbone = TIMMBackbone(model_name=name, features_only=True, pretrained=False,
+                            out_indices=(0, 1, 2, 3))
     backbone.eval()  # (mmpretrain's train() returns None: no chaining)
     with torch.no_grad():
         maps = backbone(images(batch=2, size=96))

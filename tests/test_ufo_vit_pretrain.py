@@ -38,7 +38,7 @@ from timm.models.xcit import \
 
 import mmsoft  # noqa: E402,F401  (registers UFOViT)
 from mmsoft.openmmlab import SOFT, UFOViT
-from mmsoft.models.soft import ARCH_SETTINGS
+from mmsoft.models.ufo_vit import ARCH_SETTINGS
 from mmsoft.pretrain import (ClassAttentionBlock,  # noqa: E402
                              UFOViTClassAttentionHead, UFOViTStride16,
                              generate_classification_demo, ufo_vit_cls_to_backbone)

@@ -1,12 +1,17 @@
 """OpenMMLab adapter: the backbones (``type='SOFT'``, ``type='UFOViT'``) and the
 valid-region data preprocessors, registered in mmengine's root ``MODELS``
-registry, where mmdet and mmseg configs find them."""
+registry, where mmdet and mmseg configs find them; allow-lists the globals
+of mmengine checkpoints for ``torch.load(weights_only=True)``."""
 from mmengine.registry import MODELS
 
+from ..checkpoint.safe_load import allow_mmengine_checkpoint_globals
 from .backbones import SOFT, UFOViT, register_valid_shapes, registered_valid_shapes
 
 MODELS.register_module(name='SOFT', module=SOFT)
 MODELS.register_module(name='UFOViT', module=UFOViT)
+# mmengine's runners and inferencers (mmdet's, mmseg's and mmpretrain's tools
+# too) load mmengine checkpoints with torch.load's weights_only=True.
+allow_mmengine_checkpoint_globals()
 
 
 @MODELS.register_module(name='ValidRegionDetDataPreprocessor')
