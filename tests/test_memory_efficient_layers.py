@@ -216,26 +216,3 @@ def test_memory_efficient_path_follows_the_switch_outside_tracers():
     torch.jit.trace(record_decision, torch.randn(3), check_trace=False)
     assert decisions == [False]
 
-
-@pytest.mark.parametrize('keep_hidden', [True, False])
-def test_recomputed_mlp_with_a_folded_layer_norm_gradcheck(keep_hidden):
-    # fc1(LN(x)) from LN's input normalised without affine, gamma and beta
-    # folded into fc1 inside the function.
-    torch.manual_seed(0)
-    mlp = MLP(4, 6, TanhGELU).double()
-    norm = torch.nn.LayerNorm(4).double()
-    with torch.no_grad():
-        norm.weight.add_(torch.randn(4, dtype=torch.float64))
-        norm.bias.add_(torch.randn(4, dtype=torch.float64))
-    tokens = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-    params = [mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias,
-              norm.weight, norm.bias]
-
-    def folded(x, *_):
-        return recomputed_mlp(x, mlp.fc1.weight, mlp.fc1.bias, mlp.act,
-                              mlp.fc2.weight, mlp.fc2.bias, keep_hidden, norm)
-
-    assert torch.autograd.gradcheck(folded, (tokens, *params))
-    x_hat = torch.nn.functional.layer_norm(tokens, (4, ))
-    torch.testing.assert_close(folded(x_hat), mlp.fc2(mlp.act(mlp.fc1(norm(tokens)))))
-

@@ -417,16 +417,6 @@ def scaled_weight_and_bias(layer: nn.Module, scale: Optional[torch.Tensor]
     return weight, None if bias is None else bias * scale
 
 
-def normalized_input_weight_and_bias(layer: nn.Module, norm: Optional[nn.LayerNorm]
-                                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Weight and bias computing ``layer(norm(x))`` from ``x`` normalised
-    without affine: ``W' = W diag(gamma)``, ``b' = b + W beta``; the layer's
-    own if ``norm`` is None."""
-    if norm is None:
-        return layer.weight, layer.bias
-    return fold_input_affine(layer.weight, layer.bias, norm.weight, norm.bias)
-
-
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     """(..., C) -> (N, C)."""
     return tensor.reshape(-1, tensor.shape[-1])
@@ -436,63 +426,40 @@ def _bias_grad(grad: torch.Tensor, bias: Optional[torch.Tensor]):
     return None if bias is None else _flat(grad).sum(0)
 
 
-def fold_input_affine(weight: torch.Tensor, bias: Optional[torch.Tensor],
-                      scale: torch.Tensor, shift: torch.Tensor
-                      ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``W diag(scale)`` and ``b + W shift``: the Linear of ``scale x + shift``."""
-    shift = weight @ shift  # (C_out,)
-    return weight * scale, shift if bias is None else bias + shift
-
-
 class RecomputedMLP(torch.autograd.Function):
     """Autograd function of ``recomputed_mlp``."""
 
     @staticmethod
-    def forward(ctx, x, weight1, bias1, weight2, bias2, act, keep_hidden,
-                norm_weight=None, norm_bias=None):
-        folded = norm_weight is not None
-        fc1 = fold_input_affine(weight1, bias1, norm_weight, norm_bias) if folded \
-            else (weight1, bias1)
-        pre = F.linear(x, *fc1)  # h, (..., 4C)
+    def forward(ctx, x, weight1, bias1, weight2, bias2, act, keep_hidden):
+        pre = F.linear(x, weight1, bias1)  # h, (..., 4C)
         ctx.save_for_backward(x, pre if keep_hidden else None, weight1, bias1,
-                              weight2, norm_weight, norm_bias)
+                              weight2)
         ctx.act = act
         return F.linear(act(pre), weight2, bias2)  # (..., C)
 
     @staticmethod
     @backward_without_autocast
     def backward(ctx, grad_out):
-        x, pre, weight1, bias1, weight2, norm_weight, norm_bias = ctx.saved_tensors
-        folded = norm_weight is not None
-        fc1 = fold_input_affine(weight1, bias1, norm_weight, norm_bias) if folded \
-            else (weight1, bias1)
+        x, pre, weight1, bias1, weight2 = ctx.saved_tensors
         if pre is None:
-            pre = F.linear(x, *fc1)
+            pre = F.linear(x, weight1, bias1)
         with torch.enable_grad():
             pre = pre.detach().requires_grad_()
             hidden = ctx.act(pre)  # g, (..., 4C)
         grad_hidden = grad_out @ weight2  # (..., 4C)
         grad_weight2 = _flat(grad_out).transpose(0, 1) @ _flat(hidden.detach())
         grad_pre, = torch.autograd.grad(hidden, pre, grad_hidden)
-        grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(x)  # of fc1 as run
-        grad_bias1 = _flat(grad_pre).sum(0)  # (4C,)
-        grad_x = grad_pre @ fc1[0]
+        grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(x)
+        grad_x = grad_pre @ weight1
         bias2_grad = _flat(grad_out).sum(0) if ctx.needs_input_grad[4] else None
-        grad_norm_weight = grad_norm_bias = None
-        if folded:  # through W' = W diag(gamma), b' = b + W beta
-            grad_norm_weight = (grad_weight1 * weight1).sum(0)  # (C,)
-            grad_norm_bias = weight1.transpose(0, 1) @ grad_bias1  # (C,)
-            grad_weight1 = (grad_weight1 * norm_weight
-                            + torch.outer(grad_bias1, norm_bias))
-        return (grad_x, grad_weight1, None if bias1 is None else grad_bias1,
-                grad_weight2, bias2_grad, None, None, grad_norm_weight, grad_norm_bias)
+        return (grad_x, grad_weight1, _bias_grad(grad_pre, bias1), grad_weight2,
+                bias2_grad, None, None)
 
 
 def recomputed_mlp(x: torch.Tensor, weight1: torch.Tensor,
                    bias1: Optional[torch.Tensor], act: nn.Module,
                    weight2: torch.Tensor, bias2: Optional[torch.Tensor],
-                   keep_hidden: bool = True,
-                   input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
+                   keep_hidden: bool = True) -> torch.Tensor:
     """``fc2(act(fc1(x)))`` without keeping ``act``'s output for backward.
 
     Args:
@@ -500,15 +467,12 @@ def recomputed_mlp(x: torch.Tensor, weight1: torch.Tensor,
         weight1, bias1: fc1's weight (hidden, C) and bias (hidden,) or None.
         weight2, bias2: fc2's weight (C, hidden) and bias (C,) or None.
         keep_hidden: Keep ``fc1(x)`` for backward; False recomputes it.
-        input_norm: A LayerNorm whose affine is folded into fc1 (``x`` its
-            input normalised without affine); the folded weight is not kept.
 
     Returns:
         Tensor (..., C), in autocast's dtype under autocast.
     """
-    norm = () if input_norm is None else (input_norm.weight, input_norm.bias)
     return apply_without_autocast(RecomputedMLP, x, weight1, bias1, weight2,
-                                  bias2, act, keep_hidden, *norm, cast_to='autocast')
+                                  bias2, act, keep_hidden, cast_to='autocast')
 
 
 class TanhGELU(nn.GELU):
@@ -539,23 +503,19 @@ class MLP(MemoryEfficient, nn.Module):
         self.fc2 = nn.Linear(hidden_dims, in_dims)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor, layer_scale: Optional[torch.Tensor] = None,
-                input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor,
+                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(..., C) -> (..., C).
 
         Args:
             layer_scale: Per-channel output scale (C,), folded into fc2. Default: None.
-            input_norm: A LayerNorm whose affine is folded into fc1; ``x`` is
-                then its input normalised without affine.
-                Default: None.
         """
         weight2, bias2 = scaled_weight_and_bias(self.fc2, layer_scale)
         dropout_active = self.training and self.drop.p > 0
         if takes_memory_efficient_path(self) and not dropout_active:
             return recomputed_mlp(x, self.fc1.weight, self.fc1.bias, self.act, weight2,
-                                  bias2, self.keep_hidden, input_norm)
-        weight1, bias1 = normalized_input_weight_and_bias(self.fc1, input_norm)
-        hidden = self.drop(self.act(F.linear(x, weight1, bias1)))  # (..., hidden)
+                                  bias2, self.keep_hidden)
+        hidden = self.drop(self.act(self.fc1(x)))  # (..., hidden)
         return self.drop(F.linear(hidden, weight2, bias2))  # (..., C)
 
 

@@ -20,9 +20,7 @@ from .layers import (MLP, ConvPatchEmbed, DenseBackbone, Exportable, MemoryEffic
                      TanhGELU, ValidShapes, accept_renamed, contiguous_gradient,
                      drop_path_or_identity, full_precision, gelu,
                      init_transformer_weights, interpolate_pos_embed, mask_map,
-                     merge_heads,
-                     normalized_input_weight_and_bias, region_tokens_to_grid,
-                     resize_pos_embed,
+                     merge_heads, region_tokens_to_grid, resize_pos_embed,
                      resize_pos_embed_to_regions, split_heads, take_indices,
                      takes_memory_efficient_path, tokens_of_region, tokens_to_map,
                      valid_mask)
@@ -318,15 +316,11 @@ class GlobalSoftmaxAttention(nn.Module):
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
 
-    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
-                input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C); ``key_mask`` (B, N) bool is False for padding;
-        ``input_norm``: a LayerNorm folded into q and kv (``x`` normalised
-        without affine)."""
-        queries = F.linear(x, *normalized_input_weight_and_bias(self.q, input_norm))
-        queries = split_heads(queries, self.num_heads)  # (B, h, N, d)
-        keys, values = F.linear(
-            x, *normalized_input_weight_and_bias(self.kv, input_norm)).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor,
+                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C); ``key_mask`` (B, N) bool is False for padding."""
+        queries = split_heads(self.q(x), self.num_heads)  # (B, h, N, d)
+        keys, values = self.kv(x).chunk(2, dim=-1)
         keys = split_heads(keys, self.num_heads)
         values = split_heads(values, self.num_heads)
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]

@@ -16,12 +16,10 @@ from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indi
 from .layers import (GELU, MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
                      ValidShapes, accept_renamed, accept_renamed_key, batch_norm_once,
                      drop_path_or_identity, full_precision, fused_conv_stack,
-                     init_transformer_weights, mask_map, merge_heads,
-                     normalized_input_weight_and_bias, pad_to_grid,
-                     per_distinct_shape, recomputed, recomputes_locally,
-                     scaled_shapes, scaled_weight_and_bias, split_heads,
-                     strided_shapes, take_indices, takes_memory_efficient_path,
-                     tokens_to_map, valid_mask)
+                     init_transformer_weights, mask_map, merge_heads, pad_to_grid,
+                     per_distinct_shape, recomputed, recomputes_locally, scaled_shapes,
+                     scaled_weight_and_bias, split_heads, strided_shapes, take_indices,
+                     takes_memory_efficient_path, tokens_to_map, valid_mask)
 
 
 # --- Position encoding
@@ -197,13 +195,11 @@ class UFOAttention(MemoryEfficient, nn.Module):
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def attend(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
-               input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor,
+               key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attention before ``proj``: (B, N, C) -> (B, h, N, C / h); ``key_mask``
-        (B, N) is False for tokens left out of ``K^T V``; ``input_norm``: a
-        LayerNorm folded into qkv (``x`` normalised without affine)."""
-        qkv = F.linear(x, *normalized_input_weight_and_bias(self.qkv, input_norm))
-        queries, keys, values = qkv.chunk(3, dim=-1)  # 3 x (B, N, C)
+        (B, N) is False for tokens left out of ``K^T V``."""
+        queries, keys, values = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, N, C)
         queries = split_heads(queries, self.num_heads)  # (B, h, N, d)
         keys = split_heads(keys, self.num_heads)  # (B, h, N, d)
         if key_mask is not None:
@@ -217,10 +213,9 @@ class UFOAttention(MemoryEfficient, nn.Module):
         return out.to(values.dtype)
 
     def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
-                layer_scale: Optional[torch.Tensor] = None,
-                input_norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
+                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``layer_scale * proj(attend(x))``, then dropout: (B, N, C) -> (B, N, C)."""
-        out = merge_heads(self.attend(x, key_mask, input_norm))  # (B, N, C)
+        out = merge_heads(self.attend(x, key_mask))  # (B, N, C)
         weight, bias = scaled_weight_and_bias(self.proj, layer_scale)
         return self.proj_drop(F.linear(out, weight, bias))  # (B, N, C)
 
