@@ -5,10 +5,13 @@ import sys
 import pytest
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-# The cost-analysis package (tools/analysis/mmsoft_analysis) and the peer
-# configs' backbones (configs.comparison.peer_backbones) import as the tools
-# import them.
-sys.path += [osp.join(REPO_ROOT, 'tools', 'analysis'), REPO_ROOT]
+# The shared helpers (tests.helpers) and the peer configs' backbones
+# (configs.comparison.peer_backbones) import from the checkout, ahead of the
+# top-level ``tests`` package that mmsegmentation's wheel installs; the
+# cost-analysis package (tools/analysis/mmsoft_analysis) as the tools
+# import it.
+sys.path.insert(0, REPO_ROOT)
+sys.path.append(osp.join(REPO_ROOT, 'tools', 'analysis'))
 
 
 @pytest.fixture(scope='session')

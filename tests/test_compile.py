@@ -8,18 +8,13 @@ generation takes minutes per model on two cores; ``tools/analysis/benchmark.py
 (:func:`~mmsoft.models.tracing.is_tracing`): the compiler plans the memory.
 """
 import copy
-import os.path as osp
-import runpy
 
 import pytest
 import torch
 
 from mmsoft.utils.torch_compat import TORCH_VERSION
 
-_SMALL = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
-                                 'small_backbones.py'))
-BACKBONES, IMAGE_SIZE, VALID_SHAPES = (
-    _SMALL[name] for name in ('BACKBONES', 'IMAGE_SIZE', 'VALID_SHAPES'))
+from tests.helpers.small_backbones import BACKBONES, IMAGE_SIZE, VALID_SHAPES
 
 pytestmark = pytest.mark.skipif(
     TORCH_VERSION < (2, 2),

@@ -1,7 +1,5 @@
 """Host-device synchronisations inside the backbones, counted on the CPU
 (:class:`~mmsoft.testing.host_syncs.HostSyncCounter`)."""
-import os.path as osp
-import runpy
 from collections import Counter
 
 import pytest
@@ -9,10 +7,7 @@ import torch
 
 from mmsoft.testing.host_syncs import HostSyncCounter
 
-_SMALL = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
-                                 'small_backbones.py'))
-BACKBONES, IMAGE_SIZE, VALID_SHAPES = (
-    _SMALL[name] for name in ('BACKBONES', 'IMAGE_SIZE', 'VALID_SHAPES'))
+from tests.helpers.small_backbones import BACKBONES, IMAGE_SIZE, VALID_SHAPES
 
 
 def test_counter_sees_every_kind_of_sync():

@@ -7,7 +7,6 @@ The official files are generated here in the reference key layout
 import argparse
 import copy
 import functools
-import importlib.util
 import logging
 import os.path as osp
 
@@ -19,16 +18,13 @@ from mmengine.registry import MODELS
 
 from mmsoft.checkpoint import soft_official_to_mmsoft
 from mmsoft.models.soft import ARCH_SETTINGS
+from tests.helpers import official_soft_reference as ref
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
 TINY_CONFIG = 'configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py'
 SMALL_CONFIG = 'configs/soft/mask-rcnn_soft++-small_fpn_1x_coco.py'
 
-_SPEC = importlib.util.spec_from_file_location(
-    'official_soft_reference', osp.join(HERE, 'official_soft_reference.py'))
-ref = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(ref)
 
 
 @pytest.fixture(scope='module')

@@ -1,7 +1,6 @@
 """The SOFT backbone: shapes, parameters, conventions and bad input."""
 import math
 import os.path as osp
-import runpy
 
 import pytest
 import torch
@@ -13,8 +12,7 @@ from mmsoft.models.soft import SoftAttention
 HERE = osp.dirname(osp.abspath(__file__))
 BACKBONES_DOC = osp.join(osp.dirname(HERE), 'docs', 'backbones.md')
 # Keys and shapes of the reference models' state dicts.
-random_official_state_dict = runpy.run_path(
-    osp.join(HERE, 'official_soft_reference.py'))['random_official_state_dict']
+from tests.helpers.official_soft_reference import random_official_state_dict  # noqa: E402
 # Tensors of the reference models that are not backbone parameters.
 OFFICIAL_BUFFER_SUFFIXES = ('.running_mean', '.running_var', '.num_batches_tracked')
 

@@ -19,6 +19,7 @@ from mmsoft.checkpoint.soft_official import (OFFICIAL_VARIANTS, variant_hint,
 from mmsoft.openmmlab import SOFT
 from mmsoft.models.soft import ARCH_DEFAULTS, ARCH_SETTINGS
 from mmsoft.models.soft_kernels import VARIANTS
+from tests.helpers import official_soft_reference as ref
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
@@ -31,8 +32,6 @@ def _load_by_path(name, path):
     return module
 
 
-ref = _load_by_path('official_soft_reference',
-                    osp.join(HERE, 'official_soft_reference.py'))
 cli = _load_by_path('soft2mmsoft',
                     osp.join(REPO, 'tools', 'model_converters', 'soft2mmsoft.py'))
 #: SOFT's named architectures, for the converter to recognise.

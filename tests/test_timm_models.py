@@ -1,8 +1,6 @@
 """mmsoft's models through timm: the registry, the classifier and feature API
 that timm's own model tests check, and official SOFT files loaded as
 ``pretrained_cfg_overlay=dict(file=...)``."""
-import importlib.util
-import os.path as osp
 
 import pytest
 import torch
@@ -10,6 +8,7 @@ import torch
 timm = pytest.importorskip('timm')
 import mmsoft  # noqa: E402,F401  (registers the models with timm)
 from mmsoft import timm_models  # noqa: E402
+from tests.helpers import official_soft_reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.torchvision
 
@@ -18,11 +17,6 @@ NAMES = sorted(timm_models.default_cfgs)
 TINY = ['soft_tiny', 'soft_plus_plus_tiny', 'ufo_vit_tiny']
 SIZE = 64
 
-_SPEC = importlib.util.spec_from_file_location(
-    'official_soft_reference',
-    osp.join(osp.dirname(osp.abspath(__file__)), 'official_soft_reference.py'))
-ref = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(ref)
 
 
 def images(batch=1, size=SIZE, seed=0):

@@ -3,7 +3,6 @@
 The plain computation is a copy of the same layer with the switch off
 (:func:`~mmsoft.models.memory_efficient.set_memory_efficient`), i.e. every
 operation recorded by autograd as written in the layer's ``forward``.
-Loaded by path (``runpy``) from the memory-efficiency tests.
 """
 import contextlib
 import copy
@@ -51,3 +50,22 @@ def assert_same_as_plain(module, inputs, *args, autocast=None, tolerance=None):
         torch.testing.assert_close(efficient[2][name], plain[2][name], **tolerance,
                                    msg=name)
     return reference
+
+
+class LayerNormThenMLP(torch.nn.Module):
+    """``y + mlp(y)`` with ``y = norm(x)`` (SOFT's post-norm MLP branch), or
+    ``mlp(y)`` alone (the pre-norm one), through ``MLP(..., norm=norm)``."""
+
+    def __init__(self, dims: int, hidden: int, residual: bool = True, **mlp_kwargs):
+        super().__init__()
+        from mmsoft.models.layers import MLP
+        self.norm = torch.nn.LayerNorm(dims)
+        self.mlp = MLP(dims, hidden, **mlp_kwargs)
+        self.residual = residual
+        with torch.no_grad():  # an affine that is not the identity
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, out = self.mlp(x, norm=self.norm)
+        return y + out if self.residual else out
