@@ -5,9 +5,8 @@ UFO attention, the local patch interaction and the MLP.
 The plain computation is a copy of the layer with the memory-efficient
 switch off, i.e. every operation recorded by autograd as written.
 """
+import copy
 import importlib
-import os.path as osp
-import runpy
 from functools import partial
 
 import pytest
@@ -23,17 +22,13 @@ from mmsoft.models.soft import low_rank_kernel_attention as plain_attention
 from mmsoft.models.soft_kernels import chunked_kernel_product
 from mmsoft.models.soft_kernels import (memory_efficient_kernel_attention as
                                         efficient_attention)
-from mmsoft.models.layers import recomputed_mlp
+from mmsoft.models.layers import fold_layer_norm, normalize, recomputed_mlp
 
 # Its BACKWARD_CHUNK is patched below.
 kernel_attention_module = importlib.import_module(
     'mmsoft.models.soft_kernels')
 
-_PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
-                                 'plain_autograd.py'))
-TOLERANCE, outputs_and_gradients, assert_same_as_plain = (
-    _PLAIN[name] for name in ('TOLERANCE', 'outputs_and_gradients',
-                              'assert_same_as_plain'))
+from tests.helpers.plain_autograd import LayerNormThenMLP, assert_same_as_plain
 
 
 @pytest.mark.parametrize('variant', ['soft', 'soft++'])
@@ -169,6 +164,102 @@ def test_recomputed_mlp_gradcheck(keep_hidden):
         lambda x, *_: recomputed_mlp(x, mlp.fc1.weight, mlp.fc1.bias, mlp.act,
                                      mlp.fc2.weight, mlp.fc2.bias, keep_hidden),
         (tokens, *params))
+
+
+@pytest.mark.parametrize('residual', [True, False])
+@pytest.mark.parametrize('keep_hidden', [True, False])
+def test_layer_norm_mlp_equals_plain_autograd(residual, keep_hidden):
+    torch.manual_seed(0)
+    block = LayerNormThenMLP(8, 32, residual, act_layer=TanhGELU,
+                             keep_hidden=keep_hidden).double()
+    tokens = 3 + 2 * torch.randn(2, 30, 8, dtype=torch.float64)
+    assert_same_as_plain(block, [tokens])
+
+
+@pytest.mark.parametrize('keep_hidden', [True, False])
+def test_layer_norm_mlp_gradcheck(keep_hidden):
+    torch.manual_seed(0)
+    block = LayerNormThenMLP(4, 6, act_layer=TanhGELU, keep_hidden=keep_hidden).double()
+    norm, mlp = block.norm, block.mlp
+    tokens = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    scale = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    params = [norm.weight, norm.bias, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight,
+              mlp.fc2.bias]
+
+    def both_outputs(x, *_):
+        y, out = mlp(x, scale, norm=norm)
+        return y, out
+
+    assert torch.autograd.gradcheck(both_outputs, (tokens, scale, *params))
+
+
+def test_layer_norm_mlp_keeps_the_normalised_input_only():
+    """Neither the LayerNorm's input nor its output: x^ (30 x 8), 1/sigma
+    (30 x 1) and fc1's output (30 x 32)."""
+    block = LayerNormThenMLP(8, 32, act_layer=TanhGELU)
+    tokens = torch.randn(30, 8, requires_grad=True)
+    with SavedTensorRecorder(block) as recorder:
+        block(tokens)
+    assert sorted(record.shape for record in recorder.records) == [
+        (30, 1), (30, 8), (30, 32)]
+
+
+def test_normalize_and_folded_linear_equal_layer_norm_then_linear():
+    """``Linear(normalize(x))`` with the LayerNorm's affine folded into the
+    weights is ``Linear(LayerNorm(x))``, values and gradients (gradcheck)."""
+    torch.manual_seed(0)
+    norm, linear = torch.nn.LayerNorm(4).double(), torch.nn.Linear(4, 6).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    tokens = 3 + 2 * torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    params = [norm.weight, norm.bias, linear.weight, linear.bias]
+
+    def folded(x, *_):
+        return torch.nn.functional.linear(normalize(x, norm.eps),
+                                          *fold_layer_norm(linear, norm))
+
+    torch.testing.assert_close(folded(tokens), linear(norm(tokens)))
+    assert torch.autograd.gradcheck(folded, (tokens, *params))
+
+
+def test_normalize_keeps_its_output_only():
+    tokens = torch.randn(30, 8, requires_grad=True)
+    with SavedTensorRecorder(torch.nn.Identity()) as recorder:
+        out = normalize(tokens * 1, 1e-5)
+    assert sorted(record.shape for record in recorder.records) == [(30, 1), (30, 8)]
+    assert out.grad_fn.saved_tensors[0].data_ptr() == out.data_ptr()
+
+
+@pytest.mark.parametrize('valid_shapes', [None, [(5, 6), (3, 4)]])
+def test_ufo_branches_after_layer_norm_equal_plain_autograd(valid_shapes):
+    """UFO attention and the local patch interaction given their LayerNorm:
+    the memory-efficient path keeps only x^ and equals the plain one."""
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(8).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    tokens = 1 + torch.randn(2, 30, 8, dtype=torch.float64)
+    attention = _AfterNorm(UFOAttention(8, 2).double(), norm)
+    lpi = _AfterNorm(LocalPatchInteraction(8).double().train(), norm, (5, 6),
+                     valid_shapes)
+    assert_same_as_plain(attention, [tokens])
+    reference = assert_same_as_plain(lpi, [tokens])
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(dict(lpi.named_buffers())[name], buffer,
+                                   rtol=0, atol=1e-12, msg=name)
+
+
+class _AfterNorm(torch.nn.Module):
+    """``layer(x, *args, norm=norm)``."""
+
+    def __init__(self, layer, norm, *args):
+        super().__init__()
+        self.layer, self.norm, self.args = layer, copy.deepcopy(norm), args
+
+    def forward(self, x):
+        return self.layer(x, *self.args, norm=self.norm)
 
 
 def test_mlp_keeps_no_activation_output():

@@ -19,7 +19,6 @@ a warning); those cases are skipped there.
 import contextlib
 import math
 import os.path as osp
-import runpy
 import warnings
 
 import pytest
@@ -35,9 +34,7 @@ from mmsoft.models.layers import set_memory_efficient
 from mmsoft.models.soft_kernels import chunked_kernel_product
 from mmsoft.utils.torch_compat import autocast_dtype
 
-_PLAIN = runpy.run_path(osp.join(osp.dirname(osp.abspath(__file__)),
-                                 'plain_autograd.py'))
-assert_same_as_plain = _PLAIN['assert_same_as_plain']
+from tests.helpers.plain_autograd import LayerNormThenMLP, assert_same_as_plain
 
 
 def cpu_autocast_supports(dtype: torch.dtype) -> bool:
@@ -85,6 +82,7 @@ class _Tokens(torch.nn.Module):
 
 LAYERS = {
     'mlp': (lambda: MLP(16, 64), (2, 30, 16), ()),
+    'layer-norm-mlp': (lambda: LayerNormThenMLP(16, 64), (2, 30, 16), ()),
     'conv-stem': (lambda: ConvPatchEmbed([3, 8, 8, 12], [2, 1, 2]),
                   (2, 3, 20, 24), ()),
     'ufo-attention': (lambda: UFOAttention(16, 2), (2, 30, 16), ()),
@@ -125,6 +123,11 @@ def test_memory_saving_functions_run_under_autocast(dtype):
         stem_out = stem(torch.randn(1, 3, 16, 16, requires_grad=True))[0]
     assert type(hidden.grad_fn).__name__ == 'RecomputedMLPBackward'
     assert hidden.dtype == dtype  # as autocast's Linear
+    block = LayerNormThenMLP(16, 64)
+    with torch.autocast('cpu', dtype=dtype):
+        normalized, hidden = block.mlp(tokens, norm=block.norm)
+    assert type(hidden.grad_fn).__name__ == 'LayerNormMLPBackward'
+    assert (normalized.dtype, hidden.dtype) == (torch.float32, dtype)  # as LayerNorm's, Linear's
     assert stem_out.dtype == dtype
 
 

@@ -177,7 +177,8 @@ def cast_floating(value, dtype: torch.dtype):
 
 
 def _device_type(args) -> str:
-    return next(arg.device.type for arg in args if isinstance(arg, torch.Tensor))
+    """The device type of the first tensor in ``args``; 'cpu' if none is."""
+    return next((arg.device.type for arg in args if isinstance(arg, torch.Tensor)), 'cpu')
 
 
 def apply_without_autocast(function: type, *args, cast_to: Optional[str] = 'float32'):
@@ -426,6 +427,29 @@ def _bias_grad(grad: torch.Tensor, bias: Optional[torch.Tensor]):
     return None if bias is None else _flat(grad).sum(0)
 
 
+def _mlp_backward(act: nn.Module, x: torch.Tensor, pre: Optional[torch.Tensor],
+                  weight1: torch.Tensor, bias1: Optional[torch.Tensor],
+                  weight2: torch.Tensor, grad_out: torch.Tensor, bias2_grad: bool):
+    """Gradients of ``fc2(act(fc1(x)))`` from its input x (..., C) and
+    ``pre = fc1(x)`` (..., hidden), which is recomputed if None.
+
+    Returns:
+        Gradients of x, weight1, bias1, weight2 and bias2 (None where not needed).
+    """
+    if pre is None:
+        pre = F.linear(x, weight1, bias1)
+    with torch.enable_grad():
+        pre = pre.detach().requires_grad_()
+        hidden = act(pre)  # g, (..., hidden)
+    grad_hidden = grad_out @ weight2  # (..., hidden)
+    grad_weight2 = _flat(grad_out).transpose(0, 1) @ _flat(hidden.detach())
+    grad_pre, = torch.autograd.grad(hidden, pre, grad_hidden)
+    grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(x)
+    grad_x = grad_pre @ weight1
+    grad_bias2 = _flat(grad_out).sum(0) if bias2_grad else None
+    return grad_x, grad_weight1, _bias_grad(grad_pre, bias1), grad_weight2, grad_bias2
+
+
 class RecomputedMLP(torch.autograd.Function):
     """Autograd function of ``recomputed_mlp``."""
 
@@ -441,19 +465,9 @@ class RecomputedMLP(torch.autograd.Function):
     @backward_without_autocast
     def backward(ctx, grad_out):
         x, pre, weight1, bias1, weight2 = ctx.saved_tensors
-        if pre is None:
-            pre = F.linear(x, weight1, bias1)
-        with torch.enable_grad():
-            pre = pre.detach().requires_grad_()
-            hidden = ctx.act(pre)  # g, (..., 4C)
-        grad_hidden = grad_out @ weight2  # (..., 4C)
-        grad_weight2 = _flat(grad_out).transpose(0, 1) @ _flat(hidden.detach())
-        grad_pre, = torch.autograd.grad(hidden, pre, grad_hidden)
-        grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(x)
-        grad_x = grad_pre @ weight1
-        bias2_grad = _flat(grad_out).sum(0) if ctx.needs_input_grad[4] else None
-        return (grad_x, grad_weight1, _bias_grad(grad_pre, bias1), grad_weight2,
-                bias2_grad, None, None)
+        grads = _mlp_backward(ctx.act, x, pre, weight1, bias1, weight2, grad_out,
+                              ctx.needs_input_grad[4])
+        return (*grads, None, None)
 
 
 def recomputed_mlp(x: torch.Tensor, weight1: torch.Tensor,
@@ -473,6 +487,120 @@ def recomputed_mlp(x: torch.Tensor, weight1: torch.Tensor,
     """
     return apply_without_autocast(RecomputedMLP, x, weight1, bias1, weight2,
                                   bias2, act, keep_hidden, cast_to='autocast')
+
+
+def layer_norm_input_grad(grad: torch.Tensor, normalized: torch.Tensor,
+                          rstd: torch.Tensor) -> torch.Tensor:
+    """dx of ``x^ = (x - mean) / sigma`` over the last dimension, from dx^ (..., C),
+    x^ (..., C) and 1/sigma (..., 1): ``(g - mean(g) - x^ mean(g x^)) / sigma``."""
+    return rstd * (grad - grad.mean(-1, keepdim=True)
+                   - normalized * (grad * normalized).mean(-1, keepdim=True))
+
+
+class Normalize(torch.autograd.Function):
+    """Autograd function of ``normalize``."""
+
+    @staticmethod
+    def forward(ctx, x, eps):
+        normalized, _, rstd = torch.native_layer_norm(  # x^, (..., C); (..., 1)
+            x, (x.shape[-1], ), None, None, eps)
+        ctx.save_for_backward(normalized, rstd)
+        return normalized
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad):
+        normalized, rstd = ctx.saved_tensors
+        return layer_norm_input_grad(grad, normalized, rstd), None
+
+
+def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm without affine, ``x^ = (x - mean) / sqrt(var + eps)`` over the
+    last dimension, keeping its output x^ and 1/sigma for backward instead of x.
+
+    A layer that reads ``norm(x) = gamma x^ + beta`` and keeps its input (a
+    Linear with the affine folded in, ``fold_layer_norm``, or a recomputed
+    function) then shares x^ with it. Returns float32 under autocast, as LayerNorm.
+    """
+    return apply_without_autocast(Normalize, x, eps)
+
+
+def fold_layer_norm(layer: nn.Linear, norm: nn.LayerNorm
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias computing ``layer(norm(x))`` from ``x^``:
+    ``W' = W diag(gamma)`` (C_out, C), ``b' = b + W beta`` (C_out,)."""
+    with torch.autocast(device_type=layer.weight.device.type, enabled=False):
+        shift = (layer.weight * norm.bias).sum(-1)  # W beta, in full precision
+        weight = layer.weight * norm.weight
+    return weight, shift if layer.bias is None else layer.bias + shift
+
+
+class LayerNormMLP(torch.autograd.Function):
+    """Autograd function of ``layer_norm_mlp``."""
+
+    @staticmethod
+    def forward(ctx, x, norm_weight, norm_bias, eps, weight1, bias1, weight2, bias2,
+                act, keep_hidden):
+        channels = x.shape[-1]
+        normalized, _, rstd = torch.native_layer_norm(  # x^, (..., C); (..., 1)
+            x, (channels, ), None, None, eps)
+        y = torch.addcmul(norm_bias, normalized, norm_weight)  # (..., C)
+        mlp_in = y.to(weight1.dtype)
+        pre = F.linear(mlp_in, weight1, bias1)  # (..., hidden)
+        ctx.save_for_backward(normalized, rstd, pre if keep_hidden else None,
+                              norm_weight, norm_bias, weight1, bias1, weight2)
+        ctx.act = act
+        ctx.set_materialize_grads(False)  # y's gradient is None where y is unused
+        return y, F.linear(act(pre), weight2, bias2)
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_y, grad_out):
+        normalized, rstd, pre, norm_weight, norm_bias, weight1, bias1, weight2 = \
+            ctx.saved_tensors
+        grads = (None, ) * 5  # of y and the MLP's parameters, where mlp(y) is used
+        if grad_out is not None:
+            y = torch.addcmul(norm_bias, normalized, norm_weight)  # recomputed
+            grads = _mlp_backward(ctx.act, y.to(weight1.dtype), pre, weight1, bias1,
+                                  weight2, grad_out.to(weight2.dtype),
+                                  ctx.needs_input_grad[7])
+            grad_y = grads[0].to(y.dtype) if grad_y is None else grad_y + grads[0]
+        if grad_y is None:  # neither output used
+            return (None, ) * 10
+        grad_norm_weight = _flat(grad_y * normalized).sum(0)  # (C,)
+        grad_norm_bias = _flat(grad_y).sum(0)  # (C,)
+        grad_x = layer_norm_input_grad(grad_y * norm_weight, normalized, rstd)
+        return (grad_x, grad_norm_weight, grad_norm_bias, None, *grads[1:], None, None)
+
+
+def layer_norm_mlp(x: torch.Tensor, norm: nn.LayerNorm, mlp: 'MLP',
+                   weight2: torch.Tensor, bias2: Optional[torch.Tensor]
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``y = norm(x)`` and ``mlp(y)``, keeping for backward only the normalised
+    x^ = (x - mean) / sigma and 1/sigma instead of x and y:
+    ``y = gamma x^ + beta`` is recomputed in backward, and
+    ``dx = (g - mean(g) - x^ mean(g x^)) / sigma`` with ``g = gamma dy``.
+
+    Args:
+        x: Tokens (..., C), the LayerNorm's input.
+        norm: The LayerNorm (affine, over the last dimension).
+        mlp: The MLP; its activation output is recomputed as in ``recomputed_mlp``.
+        weight2, bias2: fc2's weight and bias as run (LayerScale folded in).
+
+    Returns:
+        ``y`` (..., C) in float32 under autocast, as LayerNorm's, and ``mlp(y)``
+        (..., C) in autocast's dtype under autocast.
+    """
+    low = autocast_dtype(x.device.type)
+    mlp_args = (mlp.fc1.weight, mlp.fc1.bias, weight2, bias2)
+    norm_args = (x, norm.weight, norm.bias)
+    if low is not None:
+        mlp_args = [cast_floating(arg, low) for arg in mlp_args]
+        norm_args = [cast_floating(arg, torch.float32) for arg in norm_args]
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x, norm_weight, norm_bias = norm_args
+        return LayerNormMLP.apply(x, norm_weight, norm_bias, norm.eps, *mlp_args,
+                                  mlp.act, mlp.keep_hidden)
 
 
 class TanhGELU(nn.GELU):
@@ -503,18 +631,27 @@ class MLP(MemoryEfficient, nn.Module):
         self.fc2 = nn.Linear(hidden_dims, in_dims)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor,
-                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """(..., C) -> (..., C).
+    def forward(self, x: torch.Tensor, layer_scale: Optional[torch.Tensor] = None,
+                norm: Optional[nn.LayerNorm] = None
+                ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """(..., C) -> (..., C); with ``norm``, x -> ``(norm(x), mlp(norm(x)))``.
 
         Args:
             layer_scale: Per-channel output scale (C,), folded into fc2. Default: None.
+            norm: A LayerNorm applied to ``x`` first; the memory-efficient path
+                then keeps only the normalised input (``layer_norm_mlp``).
+                Default: None.
         """
         weight2, bias2 = scaled_weight_and_bias(self.fc2, layer_scale)
         dropout_active = self.training and self.drop.p > 0
         if takes_memory_efficient_path(self) and not dropout_active:
+            if norm is not None:
+                return layer_norm_mlp(x, norm, self, weight2, bias2)
             return recomputed_mlp(x, self.fc1.weight, self.fc1.bias, self.act, weight2,
                                   bias2, self.keep_hidden)
+        if norm is not None:
+            x = norm(x)
+            return x, self(x, layer_scale)
         hidden = self.drop(self.act(self.fc1(x)))  # (..., hidden)
         return self.drop(F.linear(hidden, weight2, bias2))  # (..., C)
 
@@ -559,11 +696,14 @@ class NormActConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, mask, norm_weight, norm_bias, conv_weight, conv_bias, layers,
-                out_dtype):
-        norm, act, conv = layers
+                out_dtype, first_weight=None, first_bias=None):
+        first, norm, act, conv = layers
+        inputs = x
+        if first is not None:  # x = first(inputs), recomputed in backward
+            x = convolution(first, inputs, first_weight, first_bias)
         # Updates the running statistics once.
         hidden = _activated(norm, act, norm_input(norm, x), mask).to(out_dtype)
-        ctx.save_for_backward(x, mask, conv_weight)
+        ctx.save_for_backward(inputs, mask, conv_weight, first_weight, first_bias)
         ctx.layers = layers
         ctx.out_dtype = out_dtype
         if conv is None:
@@ -573,8 +713,10 @@ class NormActConv(torch.autograd.Function):
     @staticmethod
     @backward_without_autocast
     def backward(ctx, grad_out):
-        x, mask, conv_weight = ctx.saved_tensors
-        norm, act, conv = ctx.layers
+        inputs, mask, conv_weight, first_weight, first_bias = ctx.saved_tensors
+        first, norm, act, conv = ctx.layers
+        x = inputs if first is None else convolution(first, inputs, first_weight,
+                                                     first_bias)
         input_dtype = x.dtype
         with torch.enable_grad():
             x = norm_input(norm, x.detach()).requires_grad_()
@@ -589,33 +731,43 @@ class NormActConv(torch.autograd.Function):
         params = [p for p in (norm.weight, norm.bias) if p is not None]
         grads = torch.autograd.grad(hidden, [x] + params, grad_hidden)
         grad_norm_weight, grad_norm_bias = (grads[1:] if params else (None, None))
-        return (grads[0].to(input_dtype), None, grad_norm_weight, grad_norm_bias,
-                grad_conv_weight, grad_conv_bias, None, None)
+        grad_x, grad_first = grads[0].to(input_dtype), (None, None)
+        if first is not None:
+            grad_x, *grad_first = convolution_backward(
+                first, grad_x, inputs, first_weight, ctx.needs_input_grad[8:10],
+                needs_input=ctx.needs_input_grad[0])
+        return (grad_x, None, grad_norm_weight, grad_norm_bias, grad_conv_weight,
+                grad_conv_bias, None, None, *grad_first)
 
 
 def convolution_backward(conv: nn.Module, grad_out: torch.Tensor,
                          inputs: torch.Tensor, weight: torch.Tensor,
-                         needs_grad: Sequence[bool]):
-    """Gradients of ``conv``'s input, weight and bias, without running it."""
+                         needs_grad: Sequence[bool], needs_input: bool = True):
+    """Gradients of ``conv``'s input (if ``needs_input``), weight and bias
+    (as ``needs_grad``), without running it."""
     transposed = isinstance(conv, nn.ConvTranspose2d)
     bias_sizes = None if conv.bias is None else [conv.bias.shape[0]]
     output_padding = conv.output_padding if transposed else (0, 0)
     grad_input, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
         grad_out, inputs, weight, bias_sizes, conv.stride, conv.padding,
         conv.dilation, transposed, output_padding, conv.groups,
-        [True, needs_grad[0], needs_grad[1] and conv.bias is not None])
+        [needs_input, needs_grad[0], needs_grad[1] and conv.bias is not None])
     return grad_input, grad_weight, grad_bias
 
 
 def norm_act_conv(x: torch.Tensor, norm: nn.BatchNorm2d, act: nn.Module,
                   conv: Optional[nn.Module] = None,
-                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``conv(act(norm(x)) * mask)`` keeping only ``x`` for backward.
+                  mask: Optional[torch.Tensor] = None,
+                  first: Optional[nn.Conv2d] = None) -> torch.Tensor:
+    """``conv(act(norm(x)) * mask)`` keeping only ``x`` for backward; with
+    ``first``, ``conv(act(norm(first(x))) * mask)`` keeping only ``x``
+    (``first(x)`` is recomputed in backward).
 
     Args:
-        x: BatchNorm input (B, C, H, W).
+        x: BatchNorm input (B, C, H, W), or ``first``'s input.
         conv: Zero-padded Conv2d or ConvTranspose2d; None ends at ``act``.
         mask: (B, 1, H, W) bool, False where zeroed before ``conv``. Default: None.
+        first: A convolution before ``norm``. Default: None.
 
     Returns:
         The output, in autocast's dtype under autocast, else in ``x``'s.
@@ -624,9 +776,23 @@ def norm_act_conv(x: torch.Tensor, norm: nn.BatchNorm2d, act: nn.Module,
     out_dtype = low if low is not None and x.dtype in AUTOCAST_CASTABLE else x.dtype
     conv_weight = None if conv is None else cast_floating(conv.weight, out_dtype)
     conv_bias = None if conv is None else cast_floating(conv.bias, out_dtype)
+    first_args = ()
+    if first is not None:  # cast as autocast casts a convolution's operands
+        x = cast_floating(x, out_dtype)
+        first_args = (cast_floating(first.weight, out_dtype),
+                      cast_floating(first.bias, out_dtype))
     return apply_without_autocast(NormActConv, x, mask, norm.weight, norm.bias,
-                                  conv_weight, conv_bias, (norm, act, conv),
-                                  out_dtype, cast_to=None)
+                                  conv_weight, conv_bias, (first, norm, act, conv),
+                                  out_dtype, *first_args, cast_to=None)
+
+
+def recomputes_first_conv(layers: Sequence[nn.Module]) -> bool:
+    """Whether ``fused_conv_stack`` recomputes ``layers[0]`` in backward: a
+    convolution reading an image (at most 4 channels), which costs little to
+    rerun, followed by a fusable BatchNorm and activation."""
+    first = layers[0]
+    return (isinstance(first, nn.Conv2d) and first.in_channels <= 4
+            and fusable(layers, 1) and _zero_padded(_following_conv(layers, 1)))
 
 
 def fusable(layers: Sequence[nn.Module], index: int) -> bool:
@@ -640,21 +806,41 @@ def _zero_padded(conv: Optional[nn.Module]) -> bool:
     return conv is None or getattr(conv, 'padding_mode', 'zeros') == 'zeros'
 
 
+def conv_output_shape(conv: nn.Conv2d, x: torch.Tensor) -> Tuple[int, int]:
+    """(H', W') of ``conv(x)`` for x (B, C, H, W)."""
+    return tuple((size + 2 * pad - dil * (kernel - 1) - 1) // stride + 1
+                 for size, pad, dil, kernel, stride in zip(
+                     x.shape[-2:], conv.padding, conv.dilation, conv.kernel_size,
+                     conv.stride))
+
+
+def _following_conv(layers: Sequence[nn.Module], index: int) -> Optional[nn.Module]:
+    """The convolution after ``layers[index]`` and its activation, if any."""
+    following = layers[index + 2] if index + 2 < len(layers) else None
+    return following if isinstance(following, CONVOLUTIONS) else None
+
+
 def fused_conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
                      valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-    """``conv_stack`` with each ``BN -> act (-> conv)`` fused by ``norm_act_conv``."""
+    """``conv_stack`` with each ``BN -> act (-> conv)`` fused by ``norm_act_conv``,
+    the first convolution too where it reads an image (``recomputes_first_conv``)."""
     layers: List[nn.Module] = list(layers)
-    index = 0
+    index, first = 0, None
+    if recomputes_first_conv(layers):
+        first, x = layers[0], mask_map(x, valid_shapes)
+        if valid_shapes is not None:
+            valid_shapes = strided_shapes(valid_shapes, first.stride[:1])
+        index = 1
     while index < len(layers):
         layer = layers[index]
-        following = layers[index + 2] if index + 2 < len(layers) else None
-        if not isinstance(following, CONVOLUTIONS):
-            following = None
+        following = _following_conv(layers, index)
         if fusable(layers, index) and _zero_padded(following):
             mask = None
             if following is not None and valid_shapes is not None:
-                mask = valid_mask(valid_shapes, x.shape[-2:], x.device)[:, None]
-            x = norm_act_conv(x, layer, layers[index + 1], following, mask)
+                shape = x.shape[-2:] if first is None else conv_output_shape(first, x)
+                mask = valid_mask(valid_shapes, shape, x.device)[:, None]
+            x = norm_act_conv(x, layer, layers[index + 1], following, mask, first)
+            first = None
             index += 2
             layer = following
             if layer is None:

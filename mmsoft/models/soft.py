@@ -299,8 +299,9 @@ class SoftBlock(nn.Module):
     def forward(self, x: torch.Tensor, hw_shape,
                 valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """(B, N, C) on an (H, W) grid -> (B, N, C), see SoftAttention.forward."""
-        x = self.norm1(x + self.drop_path(self.attn(x, hw_shape, valid_shapes)))
-        return self.norm2(x + self.drop_path(self.mlp(x)))
+        x = x + self.drop_path(self.attn(x, hw_shape, valid_shapes))
+        x, mlp_out = self.mlp(x, norm=self.norm1)
+        return self.norm2(x + self.drop_path(mlp_out))
 
 
 class GlobalSoftmaxAttention(nn.Module):
@@ -358,7 +359,7 @@ class SoftmaxBlock(nn.Module):
         if valid_shapes is not None:
             key_mask = grid_key_mask(x, hw_shape, valid_shapes)
         x = x + self.drop_path(self.attn(self.norm1(x), key_mask=key_mask))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return x + self.drop_path(self.mlp(x, norm=self.norm2)[1])
 
 
 def grid_key_mask(x: torch.Tensor, hw_shape, valid_shapes: ValidShapes) -> torch.Tensor:

@@ -15,10 +15,11 @@ from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indi
                                 check_positive_float, check_positive_int, resolve_arch)
 from .layers import (GELU, MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
                      ValidShapes, accept_renamed, accept_renamed_key, batch_norm_once,
-                     drop_path_or_identity, full_precision, fused_conv_stack,
-                     init_transformer_weights, mask_map, merge_heads, pad_to_grid,
-                     per_distinct_shape, recomputed, recomputes_locally, scaled_shapes,
-                     scaled_weight_and_bias, split_heads, strided_shapes, take_indices,
+                     drop_path_or_identity, fold_layer_norm, full_precision,
+                     fused_conv_stack, init_transformer_weights, mask_map, merge_heads,
+                     normalize, pad_to_grid, per_distinct_shape, recomputed,
+                     recomputes_locally, scaled_shapes, scaled_weight_and_bias,
+                     split_heads, strided_shapes, take_indices,
                      takes_memory_efficient_path, tokens_to_map, valid_mask)
 
 
@@ -102,22 +103,38 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
                 valid_shapes: Optional[ValidShapes] = None,
-                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                layer_scale: Optional[torch.Tensor] = None,
+                norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
         """``layer_scale * conv2(bn(act(conv1(x))))`` on the (H, W) grid: (B, N, C) ->
-        (B, N, C); the convs see zeros outside ``valid_shapes``."""
+        (B, N, C); the convs see zeros outside ``valid_shapes``. ``norm``: a
+        LayerNorm applied to ``x`` first (the memory-efficient path keeps only
+        the normalised x^, ``normalize``)."""
         batch, _, channels = x.shape
-        grid = x.transpose(1, 2).reshape(batch, channels, *hw_shape)  # (B, C, H, W)
         weight2, bias2 = scaled_weight_and_bias(self.conv2, layer_scale)
-        if takes_memory_efficient_path(self) and recomputes_locally(self.bn):
-            grid = recomputed(self.mix, grid, weight2, bias2, valid_shapes)
+        recompute = takes_memory_efficient_path(self) and recomputes_locally(self.bn)
+        affine = ()
+        if norm is not None and recompute:
+            x, affine = normalize(x, norm.eps), (norm.weight, norm.bias)
+        elif norm is not None:
+            x = norm(x)
+        # (B, N, C) is a channels-last (B, C, H, W) map: a view, no copy.
+        grid = x.transpose(1, 2).view(batch, channels, *hw_shape)
+        if recompute:
+            grid = recomputed(self.mix, grid, weight2, bias2, valid_shapes, *affine)
         else:
             grid = self.mix(grid, weight2, bias2, valid_shapes)
         return grid.flatten(2).transpose(1, 2)  # (B, N, C)
 
     def mix(self, grid: torch.Tensor, weight2: torch.Tensor,
             bias2: Optional[torch.Tensor],
-            valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """``conv2(bn(act(conv1(grid))))``, conv2's weight/bias given: (B, C, H, W)."""
+            valid_shapes: Optional[ValidShapes] = None,
+            norm_weight: Optional[torch.Tensor] = None,
+            norm_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``conv2(bn(act(conv1(grid))))``, conv2's weight/bias given: (B, C, H, W);
+        ``grid * norm_weight + norm_bias`` (per channel) first where given."""
+        if norm_weight is not None:
+            grid = torch.addcmul(norm_bias[:, None, None], grid,
+                                 norm_weight[:, None, None])
         hidden = self.act(self.conv1(mask_map(grid, valid_shapes)))  # (B, C, H, W)
         hidden = mask_map(batch_norm_once(self.bn)(hidden), valid_shapes)
         return F.conv2d(hidden, weight2, bias2, padding=self.conv2.padding,
@@ -195,11 +212,17 @@ class UFOAttention(MemoryEfficient, nn.Module):
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def attend(self, x: torch.Tensor,
-               key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
+               norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
         """Attention before ``proj``: (B, N, C) -> (B, h, N, C / h); ``key_mask``
-        (B, N) is False for tokens left out of ``K^T V``."""
-        queries, keys, values = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, N, C)
+        (B, N) is False for tokens left out of ``K^T V``; ``norm``: a LayerNorm
+        applied to ``x`` first (the memory-efficient path folds its affine into
+        the QKV projection and keeps only the normalised x^, ``normalize``)."""
+        if norm is not None and takes_memory_efficient_path(self):
+            qkv = F.linear(normalize(x, norm.eps), *fold_layer_norm(self.qkv, norm))
+        else:
+            qkv = self.qkv(x if norm is None else norm(x))  # (B, N, 3C)
+        queries, keys, values = qkv.chunk(3, dim=-1)  # 3 x (B, N, C)
         queries = split_heads(queries, self.num_heads)  # (B, h, N, d)
         keys = split_heads(keys, self.num_heads)  # (B, h, N, d)
         if key_mask is not None:
@@ -213,9 +236,11 @@ class UFOAttention(MemoryEfficient, nn.Module):
         return out.to(values.dtype)
 
     def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
-                layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``layer_scale * proj(attend(x))``, then dropout: (B, N, C) -> (B, N, C)."""
-        out = merge_heads(self.attend(x, key_mask))  # (B, N, C)
+                layer_scale: Optional[torch.Tensor] = None,
+                norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
+        """``layer_scale * proj(attend(x))``, then dropout: (B, N, C) -> (B, N, C);
+        ``norm``: a LayerNorm applied to ``x`` first (see ``attend``)."""
+        out = merge_heads(self.attend(x, key_mask, norm))  # (B, N, C)
         weight, bias = scaled_weight_and_bias(self.proj, layer_scale)
         return self.proj_drop(F.linear(out, weight, bias))  # (B, N, C)
 
@@ -267,11 +292,11 @@ class UFOBlock(nn.Module):
         key_mask = None
         if valid_shapes is not None:
             key_mask = valid_mask(valid_shapes, hw_shape, x.device).flatten(1)  # (B, N)
-        x = x + self.drop_path(self.attn(self.norm1(x), key_mask,
-                                         layer_scale=self.gamma1))
-        x = x + self.drop_path(self.lpi(self.norm2(x), hw_shape, valid_shapes,
-                                        layer_scale=self.gamma2))
-        return x + self.drop_path(self.mlp(self.norm3(x), layer_scale=self.gamma3))
+        x = x + self.drop_path(self.attn(x, key_mask, self.gamma1, norm=self.norm1))
+        x = x + self.drop_path(self.lpi(x, hw_shape, valid_shapes, self.gamma2,
+                                        norm=self.norm2))
+        mlp_out = self.mlp(x, self.gamma3, norm=self.norm3)[1]
+        return x + self.drop_path(mlp_out)
 
 
 # --- Feature pyramid
