@@ -145,18 +145,6 @@ def test_conv_stem_recomputing_its_first_conv_equals_plain_autograd(valid_shapes
     assert stem.proj[0].weight.grad is not None and image.grad is None
 
 
-class _StemTokens(nn.Module):
-    """The stem's tokens for ``valid_shapes``."""
-
-    def __init__(self, stem, valid_shapes):
-        super().__init__()
-        self.stem = stem
-        self.valid_shapes = valid_shapes
-
-    def forward(self, image):
-        return self.stem(image, self.valid_shapes)[0]
-
-
 def test_conv_stem_with_sync_batchnorm_runs_plainly():
     stem = ConvPatchEmbed([3, 8, 12], [2, 2])
     stem.proj[1] = nn.SyncBatchNorm(8)
