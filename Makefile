@@ -3,21 +3,38 @@
 # (requirements/locks/, written from requirements/*.txt by `make lock`) and
 # mmsoft in editable mode; a second run only checks.
 #
-# `make test` tests both ends of the supported torch range: the full suite in
-# .venv/ (test-stack: torch 2.14.1 and torchvision, mmcv with its compiled
-# ops), then the suite without the tests marked `mmcv_ops` or `torchvision`
-# in .venv-floor/ (test-floor: torch 2.1, mmcv-lite, no torchvision;
-# tools/install_floor_env.sh, requirements/locks/floor*.txt). Both run
-# even when the first fails; the status is a failure if either failed.
-# PYTEST_ARGS is passed to both (a `-m` in it replaces the floor's marker
-# expression: use FLOOR_MARKERS for the floor run).
+# `make test` runs the suite in three environments, each test where it
+# tells something (docs/testing.md):
+# - test-newest, .venv-newest/ (tools/install_newest_env.sh): CPython 3.12,
+#   the newest torch, torchvision, timm, transformers 5.x and
+#   segmentation-models-pytorch, no OpenMMLab: every test not marked
+#   `openmmlab`, the ceiling of the supported torch range;
+# - test-floor, .venv-floor/ (tools/install_floor_env.sh): torch 2.1.2,
+#   mmcv-lite, no torchvision: every test not marked `mmcv_ops`,
+#   `torchvision` or `frameworks`, the floor of the range;
+# - test-stack, .venv/ (the OpenMMLab stack: torch 2.14.1, mmcv with its
+#   compiled ops, transformers 4.51): the tests marked `openmmlab` or
+#   `frameworks`, but for timm's own model tests (tests/vendor/timm/).
+# The stack's install (mmcv's compile, minutes) runs in the background while
+# the other two environments install and their suites run. Every suite runs
+# even when another failed; the status is a failure if any failed.
+# PYTEST_ARGS is passed to all three (a `-m` in it replaces the marker
+# expressions: use STACK_MARKERS, FLOOR_MARKERS, NEWEST_MARKERS).
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.mmsoft-installed
 FLOOR_VENV ?= .venv-floor
 FLOOR_PYTHON := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.mmsoft-installed
-FLOOR_MARKERS ?= not mmcv_ops and not torchvision
+NEWEST_VENV ?= .venv-newest
+NEWEST_PYTHON := $(NEWEST_VENV)/bin/python
+NEWEST_STAMP := $(NEWEST_VENV)/.mmsoft-installed
+STACK_MARKERS ?= openmmlab or frameworks
+FLOOR_MARKERS ?= not mmcv_ops and not torchvision and not frameworks
+NEWEST_MARKERS ?= not openmmlab
+# Where `make test` writes the stack install's output while it runs in the
+# background (printed when the suites before it are done).
+STACK_INSTALL_LOG ?= install-logs/make-install-stack.log
 PYTEST_ARGS ?= --durations=15
 # `make gpu-check` installs nothing: it runs in the active environment's
 # python, which needs torch (a CUDA build), timm for the peers and pytest;
@@ -31,8 +48,8 @@ GPU_CHECK_ARGS ?=
 GPU_BUNDLE ?= work_dirs/gpu_bundle
 GPU_BUNDLE_ARGS ?=
 
-.PHONY: install install-floor lock demo test test-stack test-floor gpu-check gpu-bundle \
-	gpu-bundle-lock clean-venv
+.PHONY: install install-floor install-newest lock demo test test-stack test-floor \
+	test-newest gpu-check gpu-bundle gpu-bundle-lock clean-venv
 
 $(STAMP): requirements/locks/stack.txt requirements/locks/mmcv.txt setup.cfg \
 		tools/install_env.sh tools/build_mmcv_wheel.sh tools/install_common.sh
@@ -44,9 +61,16 @@ $(FLOOR_STAMP): requirements/locks/floor.txt requirements/locks/floor-nodeps.txt
 	bash tools/install_floor_env.sh $(FLOOR_VENV)
 	touch $(FLOOR_STAMP)
 
+$(NEWEST_STAMP): requirements/locks/newest.txt setup.cfg tools/install_newest_env.sh \
+		tools/install_common.sh
+	bash tools/install_newest_env.sh $(NEWEST_VENV)
+	touch $(NEWEST_STAMP)
+
 install: $(STAMP)
 
 install-floor: $(FLOOR_STAMP)
+
+install-newest: $(NEWEST_STAMP)
 
 # Rewrites requirements/locks/ from requirements/*.txt (tools/lock.sh).
 lock:
@@ -55,21 +79,34 @@ lock:
 demo: $(STAMP)
 	PYTHON="$(abspath $(PYTHON))" bash tools/demo.sh
 
-# Both environments install side by side (the floor's download overlaps the
-# stack's; a failed install stops here), then the suites run one after the
-# other.
+# The stack installs in the background (its output in $(STACK_INSTALL_LOG))
+# while the floor and newest environments install side by side and their
+# suites run; then the stack's suite.
 test:
-	@status=0; \
-	$(MAKE) --no-print-directory -j2 install install-floor || exit 1; \
-	$(MAKE) --no-print-directory test-stack || status=1; \
-	$(MAKE) --no-print-directory test-floor || status=1; \
+	@status=0; mkdir -p $(dir $(STACK_INSTALL_LOG)); \
+	echo "[test] installing the stack in the background (log: $(STACK_INSTALL_LOG))"; \
+	$(MAKE) --no-print-directory install > $(STACK_INSTALL_LOG) 2>&1 & stack=$$!; \
+	if $(MAKE) --no-print-directory -j2 install-floor install-newest; then \
+		$(MAKE) --no-print-directory test-newest || status=1; \
+		$(MAKE) --no-print-directory test-floor || status=1; \
+	else status=1; fi; \
+	wait $$stack; stack_status=$$?; \
+	echo "[test] the stack's install (exit $$stack_status):"; cat $(STACK_INSTALL_LOG); \
+	if [ $$stack_status -eq 0 ]; then \
+		$(MAKE) --no-print-directory test-stack || status=1; \
+	else status=1; fi; \
 	exit $$status
 
+# timm's own model tests (tests/vendor/) run in the newest environment, whose
+# timm is the stack's: not again here.
 test-stack: $(STAMP)
-	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests --ignore=tests/vendor -m "$(STACK_MARKERS)" $(PYTEST_ARGS)
 
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR_PYTHON) -m pytest tests -m "$(FLOOR_MARKERS)" $(PYTEST_ARGS)
+
+test-newest: $(NEWEST_STAMP)
+	$(NEWEST_PYTHON) -m pytest tests -m "$(NEWEST_MARKERS)" $(PYTEST_ARGS)
 
 gpu-check:
 	$(GPU_CHECK_PYTHON) tools/analysis/gpu_check.py --out work_dirs/gpu_check/gpu_check.json $(GPU_CHECK_ARGS)
@@ -81,4 +118,4 @@ gpu-bundle-lock:
 	bash tools/gpu_bundle.sh lock
 
 clean-venv:
-	rm -rf $(VENV) $(FLOOR_VENV) .venv-lock
+	rm -rf $(VENV) $(FLOOR_VENV) $(NEWEST_VENV) .venv-lock

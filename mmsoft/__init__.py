@@ -3,7 +3,7 @@
 The models (:mod:`mmsoft.models`) need only PyTorch. Importing the package
 also registers them with the frameworks that are installed: timm's model
 registry (:mod:`mmsoft.timm_models`) when timm is, mmengine's ``MODELS``
-registry (:mod:`mmsoft.openmmlab`) when mmengine is.
+registry (:mod:`mmsoft.openmmlab.registry`) when mmengine is.
 """
 import importlib
 import importlib.util
@@ -28,6 +28,6 @@ def _register(adapter: str, framework: str) -> None:
 
 
 _register('timm_models', 'timm')  # the models in timm's registry
-_register('openmmlab', 'mmengine')  # type='SOFT', 'UFOViT', ... in mmengine's MODELS
+_register('openmmlab.registry', 'mmengine')  # type='SOFT', 'UFOViT', ... in mmengine's MODELS
 
 __all__ = ['SOFT', 'UFOViT', '__version__']

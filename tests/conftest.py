@@ -14,6 +14,15 @@ sys.path.insert(0, REPO_ROOT)
 sys.path.append(osp.join(REPO_ROOT, 'tools', 'analysis'))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test that needs mmcv's compiled ops needs OpenMMLab: ``mmcv_ops``
+    implies ``openmmlab`` (deselected in the newest environment)."""
+    for item in items:
+        if item.get_closest_marker('mmcv_ops') and not item.get_closest_marker('openmmlab'):
+            item.add_marker(pytest.mark.openmmlab)
+
+
 @pytest.fixture(scope='session')
 def repo_root() -> str:
     """Absolute path of the repository."""

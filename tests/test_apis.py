@@ -6,6 +6,10 @@ config cannot take), ``build_in_scope``, and the handling of ``--tta``,
 
 The tools' end-to-end runs are in tests/test_tools.py.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import argparse
 import copy
 import json
@@ -14,12 +18,13 @@ import os.path as osp
 import re
 
 import numpy as np
-import pytest
 import torch
 from mmengine.config import Config
 
 from mmsoft import apis
 from mmsoft.checkpoint import check_checkpoint_fits
+
+pytestmark = pytest.mark.openmmlab
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')

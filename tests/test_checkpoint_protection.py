@@ -1,4 +1,4 @@
-"""The same checkpoint protection on every supported torch (2.1 to 2.14).
+"""The same checkpoint protection on every supported torch (2.1 to 2.15).
 
 An mmengine training checkpoint (message hub with ``HistoryBuffer``, numpy
 arrays and scalars) loads through mmengine's own loader and mmsoft's, and a
@@ -7,12 +7,15 @@ runs. On torch >= 2.6 this is torch's ``weights_only`` loading with mmsoft's
 allow-list; before, mmsoft's restricted unpickler, registered as mmengine's
 loader of local files.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import argparse
 import os
 import pickle
 
 import numpy as np
-import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader, load_checkpoint
@@ -24,6 +27,8 @@ allow_mmengine_checkpoint_globals()
 from mmsoft.checkpoint import load_checkpoint_file, load_checkpoint_safely
 from mmsoft.checkpoint.safe_load import load_from_local, weights_only_load
 from mmsoft.utils.torch_compat import has_native_weights_only_globals
+
+pytestmark = pytest.mark.openmmlab
 
 
 def mmengine_checkpoint(path) -> str:

@@ -5,12 +5,15 @@
 config must be the demo config with only the backbone and the input widths
 of the neck (heads) changed, and every peer must be a library's class.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from mmengine.config import Config
 
 from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, GROUP_PARAMS,
@@ -22,6 +25,8 @@ from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, GROUP_PARAMS,
                                         probe_options, recipe_options,
                                         seed_summary, segmentation_schedule)
 from mmsoft_analysis.comparison_report import PLAIN, comparison_rows, write_report
+
+pytestmark = pytest.mark.openmmlab
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DETECTOR = 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py'

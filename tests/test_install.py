@@ -28,6 +28,7 @@ LOCKS = {
     'mmcv.txt': ['mmcv.txt'],
     'floor.txt': ['pip.txt', 'floor.txt'],
     'floor-nodeps.txt': ['floor-nodeps.txt'],
+    'newest.txt': ['pip.txt', 'newest.txt'],
 }
 
 
@@ -74,13 +75,25 @@ def test_stack_lock_leaves_mmcv_to_its_build():
     assert list(lock_entries(osp.join(REQUIREMENTS, 'locks', 'mmcv.txt'))) == ['mmcv']
 
 
+def test_newest_lock_holds_no_openmmlab_package_and_the_newest_frameworks():
+    """The newest environment is a timm / Hugging Face user's: no OpenMMLab
+    package, transformers 5.x, and a torchvision beside its torch."""
+    entries = lock_entries(osp.join(REQUIREMENTS, 'locks', 'newest.txt'))
+    assert not {'mmengine', 'mmcv', 'mmcv-lite', 'mmdet', 'mmsegmentation',
+                'mmpretrain'} & set(entries)
+    assert entries['transformers']['version'].startswith('5.')
+    for name in ('torch', 'torchvision', 'timm', 'segmentation-models-pytorch',
+                 'pycocotools', 'scipy', 'onnxruntime', 'pytest'):
+        assert name in entries, name
+
+
 def test_build_tools_are_the_locked_ones():
     """The build constraints (the lock tool's isolated build) name the
     setuptools and wheel that both environments install."""
     constraints = {canonicalize_name(r.name): r for r in
                    requirements_of(osp.join(REQUIREMENTS, 'build-constraints.txt'))}
     assert set(constraints) == {'setuptools', 'wheel'}
-    for lock in ('stack.txt', 'floor.txt'):
+    for lock in ('stack.txt', 'floor.txt', 'newest.txt'):
         entries = lock_entries(osp.join(REQUIREMENTS, 'locks', lock))
         for name, requirement in constraints.items():
             assert str(requirement.specifier) == f'=={entries[name]["version"]}'

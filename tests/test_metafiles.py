@@ -6,6 +6,10 @@ Backbones are built from the configs (``Config.fromfile``) without their
 checkpoint; the whole detectors and segmentors are built in
 ``tests/test_configs.py``.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import functools
 import glob
 import importlib.util
@@ -14,12 +18,13 @@ import os.path as osp
 import subprocess
 import sys
 
-import pytest
 import yaml
 from mmengine.config import Config
 from mmengine.registry import MODELS
 
 import mmsoft  # noqa: F401  (registers the backbones)
+
+pytestmark = pytest.mark.openmmlab
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MIM_INSTALLED = importlib.util.find_spec('mim') is not None

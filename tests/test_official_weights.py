@@ -4,13 +4,16 @@ and the wrong file is refused with an error that says what is wrong.
 The official files are generated here in the reference key layout
 (``tests/official_soft_reference.py``); nothing is downloaded.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import argparse
 import copy
 import functools
 import logging
 import os.path as osp
 
-import pytest
 import torch
 from mmengine.config import Config
 from mmengine.logging import MMLogger
@@ -19,6 +22,8 @@ from mmengine.registry import MODELS
 from mmsoft.checkpoint import soft_official_to_mmsoft
 from mmsoft.models.soft import ARCH_SETTINGS
 from tests.helpers import official_soft_reference as ref
+
+pytestmark = pytest.mark.openmmlab
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)

@@ -5,11 +5,16 @@ name that a library's own scope lacks is looked up there. So mmsoft adds only
 its own modules to them, under names that no library registers, and the
 pre-training head goes into mmpretrain's registry.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import json
 import subprocess
 import sys
 
-import pytest
+pytestmark = pytest.mark.openmmlab
+
 
 # Everything mmsoft adds to mmengine's root registries, registry by registry.
 ROOT_ADDITIONS = {

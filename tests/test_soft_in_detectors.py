@@ -1,5 +1,8 @@
 """SOFT-tiny trains inside mmdet's Mask R-CNN and mmseg's UperNet."""
 import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import torch
 import torch.nn.functional as F
 
@@ -9,7 +12,7 @@ from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn, build_upernet,
 
 # Mask R-CNN, UperNet and RoIAlign: mmcv's compiled ops; left out of the floor
 # run (mmcv-lite), see setup.cfg.
-pytestmark = pytest.mark.mmcv_ops
+pytestmark = [pytest.mark.openmmlab, pytest.mark.mmcv_ops]
 
 SOFT_TINY = dict(type='SOFT', arch='tiny', variant='soft++', solver='exact')
 TINY_DIMS = [64, 128, 320, 512]

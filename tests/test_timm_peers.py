@@ -14,6 +14,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+# The benchmark tools and mmpretrain's TIMMBackbone are OpenMMLab's.
+pytestmark = pytest.mark.openmmlab
+
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (96, 160)  # non-square
 STRIDES = (4, 8, 16, 32)

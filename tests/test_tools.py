@@ -7,6 +7,10 @@ overrides: the detector on ``small_coco`` (96x96 images) for one or a few
 epochs of a few iterations at batch 2, the UperNet on ``small_ade`` (96x128
 images) for a few iterations.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import glob
 import math
 import os
@@ -21,14 +25,13 @@ import time
 from typing import Optional
 
 import numpy as np
-import pytest
 import torch
 
 from mmsoft.utils.torch_compat import TORCH_VERSION
 
 # Every test trains or runs an mmdet/mmseg model (RoIAlign, NMS, ...): mmcv's
 # compiled ops; left out of the floor run (mmcv-lite), see setup.cfg.
-pytestmark = pytest.mark.mmcv_ops
+pytestmark = [pytest.mark.openmmlab, pytest.mark.mmcv_ops]
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')

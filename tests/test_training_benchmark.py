@@ -1,15 +1,20 @@
 """The benchmark tool's training mode: backbones, detectors, batch capacity."""
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from mmsoft_analysis import worker_env
 from mmsoft_analysis.batch_capacity import largest_batch
 from mmsoft_analysis.detector_step import detector_config
+
+pytestmark = pytest.mark.openmmlab
 
 REPO = Path(__file__).resolve().parents[1]
 

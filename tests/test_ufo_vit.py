@@ -5,10 +5,8 @@ import os.path as osp
 import pytest
 import torch
 import torch.nn.functional as F
-from mmengine.registry import MODELS
 
 import mmsoft  # noqa: F401  (registers the backbones)
-from mmsoft.apis import build_in_scope
 from mmsoft.openmmlab import UFOViT
 from mmsoft.models.ufo_vit import (FeaturePyramidAdapter, LocalPatchInteraction,
                                    UFOAttention, UFOBlock, ufo_attention, xnorm)
@@ -459,6 +457,7 @@ def test_sync_batch_norm_is_never_recomputed_as_a_plain_one():
 @pytest.mark.mmcv_ops  # imports mmdet.models/mmseg.models
 def test_registered_in_root_and_downstream_registries():
     from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.registry import MODELS
     from mmseg.registry import MODELS as SEG_MODELS
     for registry in (MODELS, DET_MODELS, SEG_MODELS):
         model = registry.build(dict(type='UFOViT', arch=MINI_ARCH))
@@ -493,6 +492,7 @@ def backbone_grads(backbone: UFOViT):
 @pytest.mark.parametrize('arch', ['small', 'medium'])
 @pytest.mark.mmcv_ops  # builds Mask R-CNN
 def test_mask_rcnn_parameter_totals(arch):
+    from mmsoft.apis import build_in_scope
     model = build_in_scope('mmdet', mask_rcnn_config(arch).model)
     total = sum(p.numel() for p in model.parameters())
     assert total == mask_rcnn_params(arch)
@@ -503,6 +503,7 @@ def test_mask_rcnn_parameter_totals(arch):
 @pytest.mark.slow
 @pytest.mark.mmcv_ops  # trains Mask R-CNN
 def test_mask_rcnn_train_step_and_predict():
+    from mmengine.registry import MODELS
     from mmengine.registry import DefaultScope
     from mmdet.testing import demo_mm_inputs
     torch.manual_seed(9)
@@ -551,6 +552,7 @@ model = dict(
 @pytest.mark.slow
 @pytest.mark.mmcv_ops  # trains UperNet
 def test_upernet_train_step_and_predict():
+    from mmengine.registry import MODELS
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
     from mmengine.structures import PixelData

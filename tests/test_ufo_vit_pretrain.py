@@ -8,6 +8,10 @@ mmsoft.pretrain adds to mmpretrain (the class-attention head against timm's
 XCiT, the stride-16 UFO-ViT against UFOViT), the converter's errors and the
 ImageNet configs.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import importlib.util
 import math
 import os
@@ -18,7 +22,6 @@ import subprocess
 import sys
 from functools import partial
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -27,7 +30,7 @@ from mmengine.registry import DefaultScope
 
 # mmpretrain and timm import torchvision, which the floor environment lacks
 # (it deselects this module with -m "not torchvision").
-pytestmark = pytest.mark.torchvision
+pytestmark = [pytest.mark.openmmlab, pytest.mark.torchvision]
 pytest.importorskip('torchvision')
 
 import mmpretrain  # noqa: E402
@@ -80,6 +83,13 @@ def build(registry, cfg):
     earlier tests left current."""
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         return registry.build(cfg)
+
+
+def class_attention_head(**kwargs) -> UFOViTClassAttentionHead:
+    """The head built in mmpretrain's scope, where its loss config resolves,
+    whatever scope earlier tests left current."""
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        return UFOViTClassAttentionHead(**kwargs)
 
 
 def run_mmpretrain_tool(tool: str, *args: str, cwd: str) -> str:
@@ -344,7 +354,7 @@ def _timm_block_state(block: ClassAttentionBlock) -> dict:
 
 def test_head_is_xcit_class_attention_stage():
     torch.manual_seed(0)
-    head = UFOViTClassAttentionHead(num_classes=5, in_channels=32, num_layers=2,
+    head = class_attention_head(num_classes=5, in_channels=32, num_layers=2,
                                     num_heads=4, layer_scale_init_value=0.5)
     head.init_weights()
     with torch.no_grad():  # move every tensor off its initial value
@@ -411,16 +421,16 @@ def test_head_losses_and_predictions_are_mmpretrains():
 
 def test_head_average_pooling_and_arguments():
     torch.manual_seed(0)
-    pooling = UFOViTClassAttentionHead(num_classes=7, in_channels=32, num_layers=0)
+    pooling = class_attention_head(num_classes=7, in_channels=32, num_layers=0)
     pooling.init_weights()
     feats = torch.randn(3, 32, 4, 5)
     expected = pooling.fc(pooling.norm(feats.mean(dim=(2, 3))))
     assert torch.allclose(pooling(feats), expected)
     assert not hasattr(pooling, 'cls_token')
     with pytest.raises(ValueError, match='in_channels'):
-        UFOViTClassAttentionHead(num_classes=7, in_channels=30, num_heads=4)
+        class_attention_head(num_classes=7, in_channels=30, num_heads=4)
     with pytest.raises(ValueError, match='num_layers=-1'):
-        UFOViTClassAttentionHead(num_classes=7, in_channels=32, num_layers=-1)
+        class_attention_head(num_classes=7, in_channels=32, num_layers=-1)
     with pytest.raises(ValueError, match=r'expected a map \(B, 32, h, w\)'):
         pooling(torch.randn(3, 16, 4, 5))
 

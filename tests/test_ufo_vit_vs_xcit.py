@@ -40,7 +40,6 @@ cait = pytest.importorskip('timm.models.cait')
 from mmsoft.models.layers import ConvPatchEmbed
 from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction,
                                    UFOAttention, UFOBlock)
-from mmsoft.pretrain import ClassAttentionBlock  # noqa: E402
 
 pytestmark = pytest.mark.torchvision
 
@@ -652,6 +651,7 @@ def class_attention_mapping(mm_block: nn.Module,
 def class_attention_pair(dims: int = 32, heads: int = 4, seed: int = 22):
     """timm's XCiT class-attention block (as ``Xcit`` builds it: LN eps
     1e-6, ``tokens_norm=False``) and mmsoft's, weights copied."""
+    from mmsoft.pretrain import ClassAttentionBlock  # mmpretrain's, adapted
     timm_block = randomise_(xcit.ClassAttentionBlock(
         dims, heads, qkv_bias=True, norm_layer=XCIT_NORM, eta=1e-5,
         tokens_norm=False), seed)
@@ -660,6 +660,7 @@ def class_attention_pair(dims: int = 32, heads: int = 4, seed: int = 22):
     return timm_block, mm_block
 
 
+@pytest.mark.openmmlab  # mmsoft.pretrain: mmpretrain's block
 @pytest.mark.parametrize('tokens', [1, 16, 35])
 def test_class_attention_matches_xcit(tokens):
     """``forward(cls, patches)`` is XCiT's new class token (input gradients
@@ -692,6 +693,7 @@ def test_class_attention_matches_xcit(tokens):
     assert_close(mm_grad, timm_grad, f'CA input grad vs XCiT (N={tokens})')
 
 
+@pytest.mark.openmmlab  # mmsoft.pretrain: mmpretrain's block
 def test_class_attention_is_xcit_not_cait():
     """XCiT's block is not CaiT's (timm ``cait.LayerScaleBlockClassAttn``,
     the same ``ClassAttn``): CaiT adds the FFN to the un-normalised class
@@ -699,6 +701,7 @@ def test_class_attention_is_xcit_not_cait():
     weights it differs from CaiT's block by ``c1 - LN2(c1)``."""
     timm_block = randomise_(cait.LayerScaleBlockClassAttn(
         32, 4, qkv_bias=True, norm_layer=XCIT_NORM), 26)
+    from mmsoft.pretrain import ClassAttentionBlock
     mm_block = ClassAttentionBlock(32, 4).double().eval()
     load_mapped(mm_block, timm_block, class_attention_mapping(
         mm_block, {'gamma1': 'gamma_1', 'gamma2': 'gamma_2'}))
@@ -713,6 +716,7 @@ def test_class_attention_is_xcit_not_cait():
     assert_close(mm_cls - cait_cls, expected_gap, 'mmsoft CA - CaiT = LN2(c1) - c1')
 
 
+@pytest.mark.openmmlab  # mmsoft.pretrain: mmpretrain's block
 def test_two_class_attention_layers_match_xcit():
     """Two layers chained on the joint sequence, as XCiT's model (and
     mmsoft's head, through ``forward_sequence``) runs them: the second reads

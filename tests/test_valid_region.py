@@ -1,10 +1,15 @@
 """An image's features do not depend on how its batch was padded."""
 import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import torch
 from mmengine.config import Config
 
 from mmsoft.openmmlab import SOFT, UFOViT
 from mmsoft.openmmlab.backbones import register_valid_shapes
+
+pytestmark = pytest.mark.openmmlab
 
 # SOFT-tiny's layout at tiny widths; bottleneck strides 4, 2, 1 give 4x6
 # bottleneck grids for a 64x96 image, so a cap of 12 pools them.

@@ -12,15 +12,19 @@
 #   requirements/locks/floor.txt        .venv-floor: requirements/{pip,floor}.txt
 #   requirements/locks/floor-nodeps.txt mmdet and mmsegmentation for .venv-floor,
 #                                       without their dependencies
+#   requirements/locks/newest.txt       .venv-newest: requirements/{pip,newest}.txt,
+#                                       for CPython 3.12
 #
 # The locks are written with uv (requirements/lock-tool.txt), installed into
 # .venv-lock/: it resolves from the index's metadata, takes the hashes the
 # index publishes (no multi-GB torch download to hash), builds the one sdist
 # it needs metadata from (mmcv) with the pinned build tools of
 # requirements/build-constraints.txt, and writes plain requirement files that
-# pip installs with --require-hashes. The locks are for CPython 3.11 on
-# x86-64 Linux, the machines CI and `make` run on; setup.cfg's ranges are
-# what a user's own environment is held to.
+# pip installs with --require-hashes. The locks are for x86-64 Linux, the
+# machines CI and `make` run on, and CPython 3.11 (3.12 for newest.txt);
+# each pins a version that has wheels for other CPythons too, with the
+# hashes of all its files. setup.cfg's ranges are what a user's own
+# environment is held to.
 #
 # Usage: bash tools/lock.sh
 set -euo pipefail
@@ -37,7 +41,7 @@ if [ ! -x "$LOCK_VENV/bin/uv" ]; then
 fi
 UV="$LOCK_VENV/bin/uv"
 
-# compile OUTPUT INPUT... [-- UV_OPTIONS...]
+# compile OUTPUT INPUT... [-- UV_OPTIONS...]: for CPython $LOCK_PYTHON (3.11).
 compile() {
     local out="$1"; shift
     local inputs=() options=()
@@ -45,7 +49,7 @@ compile() {
     [ $# -gt 0 ] && shift
     options=("$@")
     run_step "$TAG" "writing $out" "${inputs[*]}" \
-        "$UV" pip compile --quiet --python-version 3.11 \
+        "$UV" pip compile --quiet --python-version "${LOCK_PYTHON:-3.11}" \
         --python-platform x86_64-manylinux_2_28 --generate-hashes \
         --only-binary :all: --no-binary mmcv \
         --build-constraints requirements/build-constraints.txt \
@@ -61,4 +65,5 @@ compile requirements/locks/stack.txt requirements/pip.txt requirements/build.txt
 compile requirements/locks/mmcv.txt requirements/mmcv.txt -- --no-deps
 compile requirements/locks/floor.txt requirements/pip.txt requirements/floor.txt
 compile requirements/locks/floor-nodeps.txt requirements/floor-nodeps.txt -- --no-deps
-echo "[$TAG] requirements/locks/ written; install with 'make install install-floor'"
+LOCK_PYTHON=3.12 compile requirements/locks/newest.txt requirements/pip.txt requirements/newest.txt
+echo "[$TAG] requirements/locks/ written; install with 'make install install-floor install-newest'"

@@ -24,9 +24,16 @@ from .strict import (BN_COUNTER_KEYS, OptionalKeys, ResizeHook,
 
 
 def print_log(msg: str, logger='current', level=logging.INFO) -> None:
-    """mmengine's ``print_log`` (imported when first used)."""
-    from mmengine.logging import print_log as mmengine_print_log
-    mmengine_print_log(msg, logger=logger, level=level)
+    """mmengine's ``print_log`` (the runner's log) where mmengine is
+    installed; the ``mmsoft`` logger of Python's ``logging`` elsewhere."""
+    try:
+        from mmengine.logging import print_log as mmengine_print_log
+    except ModuleNotFoundError as error:
+        if error.name != 'mmengine':
+            raise
+        logging.getLogger('mmsoft').log(level, msg)
+    else:
+        mmengine_print_log(msg, logger=logger, level=level)
 
 
 #: UFO-ViT keys a backbone checkpoint may lack: the resampling branches of

@@ -10,6 +10,7 @@ weights-only globals, and mmengine's loader of local files uses it.
 import _compat_pickle
 import argparse
 import codecs
+import importlib.util
 import os.path as osp
 import pickle
 import types
@@ -73,19 +74,20 @@ def _numeric_dtype_classes() -> List[type]:
 def checkpoint_safe_globals() -> List[Union[Callable, Tuple[Callable, str]]]:
     """The globals mmengine checkpoints need, in ``add_safe_globals`` form.
 
+    Where mmengine is not installed, its ``HistoryBuffer`` (and the
+    ``getattr`` that reads its statistics) cannot be unpickled anyway and are
+    left out: plain state dicts still load, and a file that names them fails
+    with torch's ``UnpicklingError`` naming the global.
+
     Returns:
         list: Classes/functions, or ``(object, 'module.qualname')`` pairs for
         those registered under a name other than their own.
     """
-    from mmengine.logging import HistoryBuffer
-    return [
-        HistoryBuffer,
-        np.ndarray,
-        np.dtype,
-        *_numeric_dtype_classes(),
-        *_numpy_multiarray(),
-        (history_buffer_getattr, 'builtins.getattr'),
-    ]
+    entries = [np.ndarray, np.dtype, *_numeric_dtype_classes(), *_numpy_multiarray()]
+    if importlib.util.find_spec('mmengine') is not None:
+        from mmengine.logging import HistoryBuffer
+        entries += [HistoryBuffer, (history_buffer_getattr, 'builtins.getattr')]
+    return entries
 
 
 def _qualified_name(entry: Union[Callable, Tuple[Callable, str]]) -> str:
@@ -305,9 +307,9 @@ def load_checkpoint_file(filename: str, map_location='cpu') -> Mapping:
         FileNotFoundError: A local ``filename`` does not exist (mmengine's
             message: ``'<filename> can not be found.'``).
     """
-    from mmengine.runner.checkpoint import CheckpointLoader
-    if osp.isfile(osp.expanduser(filename)):
+    if osp.isfile(osp.expanduser(filename)):  # needs only torch
         return weights_only_load(osp.expanduser(filename), map_location,
                                  extra=[argparse.Namespace])
+    from mmengine.runner.checkpoint import CheckpointLoader
     allow_mmengine_checkpoint_globals()  # a URL, or a missing file's error
     return CheckpointLoader.load_checkpoint(filename, map_location=map_location)

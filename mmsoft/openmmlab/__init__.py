@@ -1,32 +1,8 @@
-"""OpenMMLab adapter: the backbones (``type='SOFT'``, ``type='UFOViT'``) and the
-valid-region data preprocessors, registered in mmengine's root ``MODELS``
-registry, where mmdet and mmseg configs find them; allow-lists the globals
-of mmengine checkpoints for ``torch.load(weights_only=True)``."""
-from mmengine.registry import MODELS
-
-from ..checkpoint.safe_load import allow_mmengine_checkpoint_globals
+"""OpenMMLab adapter: the backbones with mmdet's conventions
+(:mod:`.backbones`, which need only torch), their registration in
+mmengine's ``MODELS`` (:mod:`.registry`, imported by ``import mmsoft``
+where mmengine is installed), the valid-region data preprocessors and the
+FLOP handles of mmsoft's operators."""
 from .backbones import SOFT, UFOViT, register_valid_shapes, registered_valid_shapes
 
-MODELS.register_module(name='SOFT', module=SOFT)
-MODELS.register_module(name='UFOViT', module=UFOViT)
-# mmengine's runners and inferencers (mmdet's, mmseg's and mmpretrain's tools
-# too) load mmengine checkpoints with torch.load's weights_only=True.
-allow_mmengine_checkpoint_globals()
-
-
-@MODELS.register_module(name='ValidRegionDetDataPreprocessor')
-def build_valid_region_det_preprocessor(**kwargs):
-    """mmdet's ``DetDataPreprocessor`` that records each image's valid region."""
-    from .det_preprocessor import ValidRegionDetDataPreprocessor
-    return ValidRegionDetDataPreprocessor(**kwargs)
-
-
-@MODELS.register_module(name='ValidRegionSegDataPreprocessor')
-def build_valid_region_seg_preprocessor(**kwargs):
-    """mmseg's ``SegDataPreProcessor`` that records each image's valid region."""
-    from .seg_preprocessor import ValidRegionSegDataPreprocessor
-    return ValidRegionSegDataPreprocessor(**kwargs)
-
-
-__all__ = ['SOFT', 'UFOViT', 'register_valid_shapes', 'registered_valid_shapes',
-           'build_valid_region_det_preprocessor', 'build_valid_region_seg_preprocessor']
+__all__ = ['SOFT', 'UFOViT', 'register_valid_shapes', 'registered_valid_shapes']
