@@ -1,11 +1,14 @@
 """FLOP handles (counts known by hand) and the benchmark/FLOP tools' output."""
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -16,6 +19,8 @@ from mmsoft.models.soft import SoftAttention
 from mmsoft.models.soft_kernels import gaussian_kernel, kernel_inverse
 from mmsoft.models.layers import set_memory_efficient
 from mmsoft.models.soft_kernels import newton_iterations
+
+pytestmark = pytest.mark.openmmlab
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,6 +142,23 @@ def test_benchmark_rejects_unknown_model():
          'resnet-50', '--sizes', '64x64'], capture_output=True, text=True)
     assert done.returncode != 0
     assert "backbone 'resnet-50' is not known" in done.stderr
+
+
+def test_benchmark_inverse_times_the_inverse_training_runs():
+    """tools/analysis/benchmark_inverse.py runs the memory-efficient inverse,
+    as SOFT attention trains: autograd keeps P and the step size, not the
+    tensors of each of the 20 Newton steps that the plain path keeps."""
+    import benchmark_inverse
+    tokens = torch.randn(1, 2, 16, 8)
+    mats = gaussian_kernel(tokens, tokens)  # (1, 2, 16, 16)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda tensor: kept.append(tensor) or tensor, lambda tensor: tensor):
+        inverse = benchmark_inverse.solver_step(mats, 'soft++', 'newton', 20, True)
+        by_tool = len(kept)
+        kernel_inverse(mats.detach().requires_grad_(), 'soft++', 'newton', 20)
+    assert (by_tool, len(kept) - by_tool) == (2, 81)
+    torch.testing.assert_close(inverse, kernel_inverse(mats, 'soft++', 'newton', 20))
 
 
 @pytest.mark.mmcv_ops  # the tool builds a Mask R-CNN config

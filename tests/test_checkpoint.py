@@ -166,11 +166,20 @@ PACKAGE_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def package_modules(package):
-    """(dotted module name, path) of every module of ``package``."""
+    """(dotted module name, path) of every module of ``package``.
+
+    Raises:
+        ValueError: When ``package`` is neither a module nor a package of
+            the checkout.
+    """
     root = osp.join(PACKAGE_ROOT, *package.split('.'))
     if osp.isfile(root + '.py'):  # a module
         yield package, root + '.py'
         return
+    if not osp.isfile(osp.join(root, '__init__.py')):
+        raise ValueError(f'package={package!r} is no module or package of the '
+                         f'checkout ({PACKAGE_ROOT}); expected a dotted name '
+                         "such as 'mmsoft.models' or 'mmsoft.models.soft'.")
     for folder, _, files in os.walk(root):
         for file in sorted(files):
             if file.endswith('.py'):
@@ -228,6 +237,9 @@ FORBIDDEN_MODEL_IMPORTS = {
 
 
 def test_models_depend_one_way():
+    for package, forbidden in FORBIDDEN_MODEL_IMPORTS.items():
+        for name in (package, *forbidden):  # raises for a name that moved
+            assert list(package_modules(name)), name
     offences = [f'{module}:{line} imports {name}'
                 for package, forbidden in FORBIDDEN_MODEL_IMPORTS.items()
                 for module, path in package_modules(package)
@@ -238,6 +250,14 @@ def test_models_depend_one_way():
     assert any(in_package(name, 'mmsoft.models.layers')
                for module, path in package_modules('mmsoft.models.soft')
                for name, _, _ in imports_of(module, path))
+
+
+@pytest.mark.parametrize('package', ['mmsoft.models.backbones',
+                                     'mmsoft.models.layers.shared'])
+def test_scanning_a_package_that_does_not_exist_raises(package):
+    with pytest.raises(ValueError, match=f"package='{package}' is no module or "
+                       'package of the checkout'):
+        list(package_modules(package))
 
 
 def test_import_scan_resolves_relative_and_function_level_imports(tmp_path):

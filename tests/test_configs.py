@@ -6,12 +6,15 @@ metafiles, and the smallest detector of each family takes a training step.
 Each model is built once (module-scoped cache), without the Pretrained
 checkpoint, and parameters are counted without running a forward pass.
 """
+import pytest
+
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+
 import functools
 import glob
 import os.path as osp
 import re
 
-import pytest
 import torch
 import yaml
 from mmengine.config import Config
@@ -19,6 +22,8 @@ from mmengine.registry import DefaultScope
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.apis import build_in_scope
+
+pytestmark = pytest.mark.openmmlab
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 FAMILIES = ('soft', 'ufo_vit')
@@ -43,8 +48,9 @@ PRETRAIN = [path for path in ALL_CONFIGS
 # `_base_/` folders, the demo configs and the comparison's peer configs
 # (configs/demo/, configs/comparison/: parsed only) and the pre-training
 # configs.
+PARSED_ONLY = ('demo', 'comparison')
 BUILDABLE = [path for path in ALL_CONFIGS if '_base_' not in path.split('/')
-             and path.split('/')[1] not in ('demo', 'comparison')
+             and path.split('/')[1] not in PARSED_ONLY
              and path not in PRETRAIN]
 # The dense-prediction experiments: configs/<family>/<name>.py (subfolders
 # such as configs/ufo_vit/pretrain/ hold other recipes).
@@ -130,6 +136,25 @@ def num_params(model: torch.nn.Module) -> int:
 
 def test_every_expected_config_exists():
     assert sorted(EXPERIMENTS) == sorted(EXPECTED)
+
+
+def unselected(prefixes, paths) -> list:
+    """The ``prefixes`` that start none of ``paths``."""
+    return [prefix for prefix in prefixes
+            if not any(path.startswith(prefix) for path in paths)]
+
+
+def test_each_selection_selects_configs():
+    """The folders and files the lists above select or leave out exist."""
+    assert osp.isfile(osp.join(REPO, PEER_MODULE))
+    assert unselected(['configs/ufo_vit/pretrain/', 'configs/soft/',
+                       *(f'configs/{folder}/' for folder in PARSED_ONLY),
+                       *(f'configs/{family}/' for family in FAMILIES)],
+                      ALL_CONFIGS) == []
+    assert unselected(['configs/demos/'], ALL_CONFIGS) == ['configs/demos/']
+    assert PRETRAIN and BUILDABLE
+    assert sorted(SOFT_EXPERIMENTS) == sorted(
+        path for path in EXPECTED if path.split('/')[1] == 'soft')
 
 
 @pytest.mark.parametrize('path', [

@@ -1,4 +1,8 @@
 """The generated demo datasets: COCO validity, content statistics, ADE layout."""
+import pytest
+
+pytest.importorskip('cv2', reason='needs OpenCV, which the OpenMMLab stack brings (mmcv): runs in the stack and floor environments')
+
 import importlib.util
 import json
 import os
@@ -8,12 +12,13 @@ import sys
 
 import cv2
 import numpy as np
-import pytest
 from pycocotools.coco import COCO
 
 from mmsoft.demo_data import (DEFAULT_CLASSES, ade_metainfo, coco_metainfo,
                              generate_ade_demo, generate_coco_demo)
 from mmsoft.demo_data.scenes import is_simple_region
+
+pytestmark = pytest.mark.openmmlab
 
 
 @pytest.fixture(scope='module')
@@ -236,3 +241,12 @@ def test_default_sizes_write_the_pinned_files(tmp_path):
     generate_coco_demo(str(tmp_path), num_train=6, num_val=2, seed=0)
     assert dataset_digest(str(tmp_path)) == (
         '1a309ed3ea278b825d9ea41e399cda411765bbf9dfbf5615a3b5baa56a366c49')
+
+
+def test_digest_of_no_files_raises(tmp_path):
+    from mmsoft.testing.dataset_digest import dataset_digest
+    (tmp_path / 'empty' / 'train').mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"root='.*empty' holds no file"):
+        dataset_digest(str(tmp_path / 'empty'))
+    with pytest.raises(FileNotFoundError, match=r"root='.*missing' is not a folder"):
+        dataset_digest(str(tmp_path / 'missing'))

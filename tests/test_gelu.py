@@ -5,7 +5,7 @@ GELU's input with the input's strides: wrong float32 gradients and NaN in
 bfloat16. SOFT attention's kernels return such (transposed) gradients to
 the GELU of the bottleneck tokens, so on that torch the plain-autograd
 path's gradients were wrong. These tests hold on every torch; on the
-affected ones they fail without :mod:`mmsoft.models.layers.shared.gelu`.
+affected ones they fail without :func:`mmsoft.models.layers.gelu`.
 """
 import pytest
 import torch

@@ -88,6 +88,22 @@ def test_capacity_and_compiled_phases_take_their_backbones():
     assert on_gpu.markdown == 'work_dirs/gpu_check/gpu_check.md'
 
 
+def test_phase_lists_name_known_backbones():
+    for phase, names in (('compiled', gpu_check.COMPILED_BACKBONES),
+                         ('capacity', gpu_check.CAPACITY_BACKBONES)):
+        assert gpu_check.phase_backbones(phase, names, gpu_backbones.BACKBONES) \
+            == list(names)
+    assert gpu_check.CAPACITY_REFERENCE in gpu_check.CAPACITY_BACKBONES
+    assert set(gpu_backbones.DEFAULT_BACKBONES) <= set(gpu_backbones.BACKBONES)
+    assert gpu_check.phase_backbones('capacity', ['swin-t', 'ufo-vit-small'],
+                                     ['ufo-vit-small']) == ['ufo-vit-small']
+    with pytest.raises(ValueError, match=r"the 'compiled' phase names backbones "
+                       r"\['soft-tiny'\] that are not known; expected .*"
+                       r"'soft\+\+-tiny'"):
+        gpu_check.phase_backbones('compiled', ['soft-tiny', 'ufo-vit-small'],
+                                  ['ufo-vit-small'])
+
+
 def test_the_cpu_keeps_the_closed_form_apart_from_the_iteration():
     cases = make_cases(settings(backbones=['soft++-tiny'], dtypes=['float32'],
                                 sizes=[(64, 64)], phases=['core', 'solvers']),

@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft_analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.openmmlab import SOFT, UFOViT
@@ -25,16 +26,47 @@ from tests.helpers.plain_autograd import (TOLERANCE, assert_same_as_plain,
                                           outputs_and_gradients)
 
 
+#: The layers whose weight is a per-channel scale.
+NORMS = (nn.LayerNorm, _BatchNorm, nn.GroupNorm)
+
+
 def randomise_affine(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Norm weights in [0.5, 1.5] and small biases, so that neither is trivial."""
+    """Scales (the weights of :data:`NORMS` layers, ``gamma*`` parameters:
+    LayerScale, XNorm) in [0.5, 1.5] and small biases, so that neither is
+    trivial.
+
+    Raises:
+        ValueError: When ``module`` has no such scale.
+    """
+    scales = {id(layer.weight) for layer in module.modules()
+              if isinstance(layer, NORMS) and layer.weight is not None}
+    scales |= {id(param) for name, param in module.named_parameters()
+               if name.rsplit('.', 1)[-1].startswith('gamma')}
+    if not scales:
+        raise ValueError(f'module={type(module).__name__} has no scale to '
+                         f'randomise; expected {[n.__name__ for n in NORMS]} '
+                         "layers or 'gamma*' parameters.")
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in module.named_parameters():
-            if param.dim() == 1 and ('norm' in name or 'bn' in name or 'gamma' in name):
+            if id(param) in scales:
                 param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
             elif name.endswith('bias'):
                 param.copy_(0.1 * torch.randn(param.shape, generator=generator))
     return module
+
+
+def test_randomise_affine_reaches_every_scale():
+    stem = randomise_affine(ConvPatchEmbed([3, 8, 8, 12], [2, 1, 2]))
+    norms = [layer for layer in stem.modules() if isinstance(layer, _BatchNorm)]
+    assert len(norms) == 3
+    assert all(0.5 <= norm.weight.min() and norm.weight.max() < 1.5
+               and norm.weight.std() > 0 for norm in norms)
+    block = randomise_affine(UFOBlock(16, num_heads=2))
+    assert all((param != 1).all() for name, param in block.named_parameters()
+               if name.rsplit('.', 1)[-1].startswith('gamma'))
+    with pytest.raises(ValueError, match='module=Linear has no scale to randomise'):
+        randomise_affine(nn.Linear(3, 4))
 
 
 def test_symmetric_scale_gradcheck():

@@ -83,6 +83,19 @@ def test_soft_attention_keeps_no_query_kernel():
     assert all(record.shape[-2:] != (30, 6) for record in recorder.records)
 
 
+def test_recorder_groups_by_module_and_refuses_unknown_names():
+    torch.manual_seed(0)
+    layer = set_memory_efficient(MLP(8, 16), False)
+    with SavedTensorRecorder(layer) as recorder:
+        layer(torch.randn(3, 8, requires_grad=True))
+    under_fc1 = recorder.records_under('fc1')
+    assert under_fc1 and all(r.module == 'fc1' for r in under_fc1)
+    assert sum(r.nbytes for r in recorder.records_under('')) == recorder.total_bytes
+    with pytest.raises(ValueError, match=r"prefix='fc3' names no module of the "
+                       r"model; .*\['fc1', 'act', 'fc2', 'drop'\]"):
+        recorder.records_under('fc3')
+
+
 def test_soft_attention_switched_off_runs_plain_autograd():
     torch.manual_seed(0)
     attention = set_memory_efficient(

@@ -1,6 +1,7 @@
 """What the installed package exposes to OpenMMLab tooling."""
 import ast
 import configparser
+import glob
 import os
 import os.path as osp
 import re
@@ -34,8 +35,28 @@ def test_imported_package_is_the_checkout():
 # Lab code (cost analysis, benchmarks, the GPU check, the comparison) lives in
 # tools/analysis/mmsoft_analysis, outside the installed package.
 LAB_NAME = re.compile(r'analysis|benchmark|gpu_check|comparison|peer')
-# Top-level packages of the checkout that the installed package lacks.
-CHECKOUT_ONLY = ('mmsoft_analysis', 'tools', 'configs')
+# Top-level packages of the checkout that the installed package lacks, and
+# their folders.
+CHECKOUT_ONLY = {'mmsoft_analysis': 'tools/analysis/mmsoft_analysis',
+                 'tools': 'tools', 'configs': 'configs'}
+
+
+def unselected_alternatives(pattern: re.Pattern, paths) -> list:
+    """The ``|`` alternatives of ``pattern`` that match none of ``paths``."""
+    return [alt for alt in pattern.pattern.split('|')
+            if not any(re.search(alt, path) for path in paths)]
+
+
+def test_lab_names_select_the_lab_code():
+    """Each alternative of LAB_NAME names lab code that exists, and each
+    CHECKOUT_ONLY package is a folder of the checkout."""
+    lab = [osp.relpath(path, REPO) for path in glob.glob(
+        osp.join(REPO, 'tools', 'analysis', '**', '*.py'), recursive=True)]
+    assert unselected_alternatives(LAB_NAME, lab) == []
+    assert unselected_alternatives(re.compile(LAB_NAME.pattern + '|profiler'),
+                                   lab) == ['profiler']
+    assert [folder for folder in CHECKOUT_ONLY.values()
+            if not osp.isdir(osp.join(REPO, folder))] == []
 
 
 def _library_modules():
@@ -95,13 +116,14 @@ def _pinned_torch(requirements: str) -> str:
 
 
 def test_supported_torch_range_is_the_tested_one():
-    """setup.cfg's floor, the README and the two test environments name one
-    range; setup.cfg sets no ceiling (installing mmsoft never swaps a user's
-    newer torch)."""
+    """setup.cfg's floor, the README and the test environments of both ends
+    name one range; setup.cfg sets no ceiling (installing mmsoft never swaps
+    a user's newer torch). The stack's torch lies inside it."""
     from mmsoft.utils.torch_compat import SUPPORTED_TORCH, torch_version
     floor, ceiling = SUPPORTED_TORCH
     assert torch_version(_pinned_torch('floor.txt')) == floor  # make test-floor
-    assert torch_version(_pinned_torch('build.txt')) == ceiling  # make test-stack
+    assert torch_version(_pinned_torch('newest.txt')) == ceiling  # make test-newest
+    assert floor <= torch_version(_pinned_torch('build.txt')) <= ceiling  # make test-stack
     config = configparser.ConfigParser()
     config.read(osp.join(REPO, 'setup.cfg'))
     requires = config['options']['install_requires'].split()
@@ -131,3 +153,41 @@ def test_untested_torch_warns_once_and_tested_ones_do_not():
     assert f'{ceiling[0]}.{ceiling[1]}' in str(caught[0].message)
     with warnings.catch_warnings(record=True):
         assert warn_if_untested_torch('2.0.1')
+
+
+def test_classifiers_name_the_pythons_the_environments_run():
+    """setup.cfg's Python classifiers are the versions `make test` runs: 3.11
+    (stack and floor) and 3.12 (newest, tools/install_newest_env.sh)."""
+    config = configparser.ConfigParser()
+    config.read(osp.join(REPO, 'setup.cfg'))
+    declared = set(re.findall(r'Programming Language :: Python :: (3\.\d+)',
+                              config['metadata']['classifiers']))
+    with open(osp.join(REPO, 'tools', 'install_newest_env.sh')) as file:
+        newest = re.search(r'^WANTED=(3\.\d+)$', file.read(), re.MULTILINE)[1]
+    assert declared == {'3.11', newest}
+
+
+def test_makefile_marker_expressions_name_registered_markers_in_use():
+    """Each suite's marker expression (Makefile) names only markers that
+    setup.cfg registers and that some test of tests/ carries: a misspelt or
+    unused marker would change what a suite selects without a word."""
+    with open(osp.join(REPO, 'Makefile')) as file:
+        makefile = file.read()
+    expressions = dict(re.findall(r'^(\w+_MARKERS) \?= (.+)$', makefile, re.MULTILINE))
+    assert set(expressions) == {'STACK_MARKERS', 'FLOOR_MARKERS', 'NEWEST_MARKERS'}
+    config = configparser.ConfigParser()
+    config.read(osp.join(REPO, 'setup.cfg'))
+    registered = {line.split(':')[0].split('(')[0].strip()
+                  for line in config['tool:pytest']['markers'].strip().splitlines()}
+    sources = ''
+    for root, _, files in os.walk(osp.join(REPO, 'tests')):
+        for name in files:
+            if name.endswith('.py'):
+                with open(osp.join(root, name)) as file:
+                    sources += file.read()
+    for variable, expression in expressions.items():
+        names = set(re.findall(r'\w+', expression)) - {'and', 'or', 'not'}
+        assert names, (variable, expression)
+        assert names <= registered, f'{variable}: {names - registered} not in setup.cfg'
+        for name in names:
+            assert f'mark.{name}' in sources, f'{variable}: no test is marked {name}'

@@ -1,4 +1,4 @@
-""":class:`~mmsoft.models.layers.GlobalSoftmaxAttention` (SOFT's stage-4
+""":class:`~mmsoft.models.soft.GlobalSoftmaxAttention` (SOFT's stage-4
 softmax blocks) against softmax attention written out with the layer's own
 projections."""
 import torch

@@ -20,7 +20,7 @@ class IsotropicPyramid(BaseModule):
     """A single-stride trunk's maps resampled to strides 4, 8, 16 and 32.
 
     The resampling is XCiT's detection neck-in-backbone, the same as
-    UFO-ViT's: the branches of :class:`~mmsoft.models.layers.FeaturePyramidAdapter`
+    UFO-ViT's: the branches of :class:`~mmsoft.models.ufo_vit.FeaturePyramidAdapter`
     (x4: deconvolution, BatchNorm, GELU, deconvolution; x2: deconvolution;
     identity; max pool), run with plain autograd (not the adapter's
     memory-saving ``BatchNorm -> GELU -> deconvolution`` function, which is

@@ -2,7 +2,7 @@
 
 What is exported is the function PyTorch computes, in operators ONNX has:
 the export formulation of the model's
-:class:`~mmsoft.models.tracing.Exportable` modules, which
+:class:`~mmsoft.models.layers.Exportable` modules, which
 :func:`export_formulation` switches on while it exports:
 
 * SOFT attention's ``solver='newton_closed_form'`` is exported as the
@@ -11,7 +11,8 @@ the export formulation of the model's
 * the bottleneck cap and the position-embedding resize run on sizes that
   follow the traced input.
 
-Tracers see each layer's plain operations (:mod:`mmsoft.models.tracing`).
+Tracers see each layer's plain operations
+(:func:`mmsoft.models.layers.is_tracing`).
 The graph is traced with PyTorch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``) with dynamic batch, height and
 width; :func:`verify_onnx` runs it in onnxruntime at several sizes next to
@@ -199,9 +200,9 @@ def check_exportable(model: nn.Module) -> None:
 def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
     """Switches ``model`` to its export formulation while the context lasts.
 
-    Every :class:`~mmsoft.models.tracing.Exportable` module of ``model``
+    Every :class:`~mmsoft.models.layers.Exportable` module of ``model``
     computes its export formulation inside the context
-    (:func:`~mmsoft.models.tracing.set_exportable`) and its former one
+    (:func:`~mmsoft.models.layers.set_exportable`) and its former one
     after it.
 
     Args:

@@ -93,7 +93,7 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
 
     Args:
         model (nn.Module): Any model; the SOFT inverse handle is configured
-            from its :class:`~mmsoft.models.layers.SoftAttention` modules,
+            from its :class:`~mmsoft.models.soft.SoftAttention` modules,
             whose solvers other than ``'newton'`` must then all share one
             variant and solver.
 

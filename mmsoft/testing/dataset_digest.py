@@ -17,15 +17,22 @@ def dataset_digest(root: str) -> str:
 
     Returns:
         str: The hexadecimal digest.
+
+    Raises:
+        FileNotFoundError: When ``root`` is not a folder or holds no file.
     """
+    files = [osp.join(folder, name) for folder, _, names in sorted(os.walk(root))
+             for name in sorted(names)]
+    if not files:
+        what = 'holds no file' if osp.isdir(root) else 'is not a folder'
+        raise FileNotFoundError(f'root={root!r} {what}; expected the root of a '
+                                'generated dataset.')
     digest = hashlib.sha256()
-    for folder, _, names in sorted(os.walk(root)):
-        for name in sorted(names):
-            path = osp.join(folder, name)
-            digest.update(osp.relpath(path, root).encode())
-            if name.endswith('.json'):
-                with open(path, 'rb') as f:
-                    digest.update(f.read())
-            else:
-                digest.update(cv2.imread(path, cv2.IMREAD_UNCHANGED).tobytes())
+    for path in files:
+        digest.update(osp.relpath(path, root).encode())
+        if path.endswith('.json'):
+            with open(path, 'rb') as f:
+                digest.update(f.read())
+        else:
+            digest.update(cv2.imread(path, cv2.IMREAD_UNCHANGED).tobytes())
     return digest.hexdigest()

@@ -1,7 +1,7 @@
 """Comparing a layer's memory-efficient path with its plain autograd path.
 
 The plain computation is a copy of the same layer with the switch off
-(:func:`~mmsoft.models.memory_efficient.set_memory_efficient`), i.e. every
+(:func:`~mmsoft.models.layers.set_memory_efficient`), i.e. every
 operation recorded by autograd as written in the layer's ``forward``.
 """
 import contextlib

@@ -3,7 +3,8 @@
 For each bottleneck size m, builds Gaussian-kernel matrices of random
 bottleneck tokens (one per head, as in a SOFT attention call), times
 the ``kernel_inverse`` that training runs by default (the memory-efficient
-one, :mod:`mmsoft.models.memory_efficient.newton_backward`) with each
+one, whose Newton iteration is
+:func:`mmsoft.models.soft_kernels.recomputed_newton_iterations`) with each
 solver (median of repeats, forward and, with
 ``--backward``, forward plus backward) and reports each solver's time
 relative to the exact solver and its largest relative difference from the
@@ -53,7 +54,8 @@ def timed(fn, repeats):
 def solver_step(mats, attention, solver, newton_iters, backward):
     """One inverse (and its backward) of ``mats``; returns the inverse."""
     mats = mats.detach().requires_grad_(backward)
-    inverse = kernel_inverse(mats, attention, solver, newton_iters)
+    inverse = kernel_inverse(mats, attention, solver, newton_iters,
+                             memory_efficient=True)
     if backward:
         inverse.sum().backward()
     return inverse.detach()

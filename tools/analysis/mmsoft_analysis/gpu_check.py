@@ -327,6 +327,23 @@ def require_device(device: str) -> torch.device:
     return parsed
 
 
+def phase_backbones(phase: str, names: Sequence[str],
+                    chosen: Sequence[str]) -> List[str]:
+    """The backbones of a phase's list ``names`` that ``chosen`` holds, in
+    the order of ``names``.
+
+    Raises:
+        ValueError: When ``names`` holds a backbone that is not one of
+            :data:`~mmsoft_analysis.gpu_backbones.BACKBONES` (the phase
+            would never measure it).
+    """
+    unknown = [name for name in names if name not in BACKBONES]
+    if unknown:
+        raise ValueError(f'the {phase!r} phase names backbones {unknown} that '
+                         f'are not known; expected names among {list(BACKBONES)}.')
+    return [name for name in names if name in chosen]
+
+
 def make_cases(settings: CheckSettings, device_type: str = 'cuda') -> List[Case]:
     """Every case of ``settings``, in the order they are measured (the
     phases of :data:`PHASES` that ``settings.phases`` names).
@@ -360,12 +377,14 @@ def make_cases(settings: CheckSettings, device_type: str = 'cuda') -> List[Case]
                             for b in backbones if is_soft(b) for s in other_solvers],
         'compiled': lambda: [Case('compiled', b, solver_of(b, COMPILED_SOLVER),
                                   first_dtype, first_size, modes, compiled=True)
-                             for b in COMPILED_BACKBONES if b in backbones],
+                             for b in phase_backbones('compiled', COMPILED_BACKBONES,
+                                                      backbones)],
         'float16': lambda: (sweep('float16', settings.sizes, [LATE_DTYPE])
                             if LATE_DTYPE in dtypes and len(dtypes) > 1 else []),
         'capacity': lambda: [Case('capacity', b, solver_of(b), CAPACITY_DTYPE,
                                   tuple(settings.capacity_size), ('train', ))
-                             for b in CAPACITY_BACKBONES if b in backbones],
+                             for b in phase_backbones(
+                                 'capacity', CAPACITY_BACKBONES, backbones)],
     }
     cases, seen_models = [], set()
     for phase in PHASES:

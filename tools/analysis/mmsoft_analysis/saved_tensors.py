@@ -104,7 +104,21 @@ class SavedTensorRecorder:
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
     def records_under(self, prefix: str) -> List[SavedTensor]:
-        """The records of ``prefix`` and its submodules, largest first."""
-        inside = [r for r in self.records
-                  if r.module == prefix or r.module.startswith(prefix + '.')]
+        """The records of ``prefix`` and its submodules, largest first.
+
+        Args:
+            prefix (str): A module name of the model (``'backbone.stages.0'``;
+                ``''``: the whole model).
+
+        Raises:
+            ValueError: When ``prefix`` names no module of the model.
+        """
+        names = [name for name, _ in self.model.named_modules()]
+        if prefix not in names:
+            children = [name for name in names if name and '.' not in name]
+            raise ValueError(f'prefix={prefix!r} names no module of the model; '
+                             "expected a module name, e.g. one of its children "
+                             f"{children}, or '' for the whole model.")
+        inside = [r for r in self.records if not prefix or r.module == prefix
+                  or r.module.startswith(prefix + '.')]
         return sorted(inside, key=lambda record: -record.nbytes)
