@@ -8,8 +8,10 @@ dict(file=PATH)`` loads a local file: an official SOFT checkpoint is
 converted by :func:`mmsoft.models.soft.checkpoint_filter_fn`. No weights are
 hosted, so nothing is downloaded.
 """
+from contextlib import nullcontext
 from typing import Callable
 
+import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
@@ -38,9 +40,13 @@ default_cfgs = generate_default_cfgs({
 
 def _taking_in_chans(model_cls: type, **fixed) -> Callable:
     """``model_cls`` called with timm's ``in_chans`` as ``in_channels`` and
-    the arguments ``fixed`` (those named like ``build_model_with_cfg``'s)."""
-    def build(in_chans: int = 3, **kwargs):
-        return model_cls(in_channels=in_chans, **fixed, **kwargs)
+    the arguments ``fixed`` (those named like ``build_model_with_cfg``'s),
+    built on timm's ``device`` and cast to its ``dtype``."""
+    def build(in_chans: int = 3, device=None, dtype=None, **kwargs):
+        with torch.device(device) if device is not None else nullcontext():
+            model = model_cls(in_channels=in_chans, **fixed, **kwargs)
+        model.in_chans = in_chans
+        return model if dtype is None else model.to(dtype=dtype)
     build.__name__ = model_cls.__name__
     return build
 

@@ -20,7 +20,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ..utils.torch_compat import (GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT,
-                                  autocast_dtype, is_compiling)
+                                  autocast_dtype, autocast_off, is_compiling)
 from ..utils.validation import (check_choice, check_image_batch, check_out_indices,
                                 check_positive_int, check_rate)
 
@@ -194,7 +194,7 @@ def apply_without_autocast(function: type, *args, cast_to: Optional[str] = 'floa
     if cast_to is not None:
         dtype = torch.float32 if cast_to == 'float32' else low
         args = [cast_floating(arg, dtype) for arg in args]
-    with torch.autocast(device_type=device_type, enabled=False):
+    with autocast_off(device_type):
         return function.apply(*args)
 
 
@@ -203,7 +203,7 @@ def backward_without_autocast(backward: Callable) -> Callable:
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
-        with torch.autocast(device_type=_device_type(grads), enabled=False):
+        with autocast_off(_device_type(grads)):
             return backward(ctx, *grads)
 
     return wrapper
@@ -529,7 +529,7 @@ def fold_layer_norm(layer: nn.Linear, norm: nn.LayerNorm
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Weight and bias computing ``layer(norm(x))`` from ``x^``:
     ``W' = W diag(gamma)`` (C_out, C), ``b' = b + W beta`` (C_out,)."""
-    with torch.autocast(device_type=layer.weight.device.type, enabled=False):
+    with autocast_off(layer.weight.device.type):
         shift = (layer.weight * norm.bias).sum(-1)  # W beta, in full precision
         weight = layer.weight * norm.weight
     return weight, shift if layer.bias is None else layer.bias + shift
@@ -597,7 +597,7 @@ def layer_norm_mlp(x: torch.Tensor, norm: nn.LayerNorm, mlp: 'MLP',
     if low is not None:
         mlp_args = [cast_floating(arg, low) for arg in mlp_args]
         norm_args = [cast_floating(arg, torch.float32) for arg in norm_args]
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with autocast_off(x.device.type):
         x, norm_weight, norm_bias = norm_args
         return LayerNormMLP.apply(x, norm_weight, norm_bias, norm.eps, *mlp_args,
                                   mlp.act, mlp.keep_hidden)
@@ -1039,10 +1039,13 @@ class DenseBackbone(nn.Module):
         self.grad_checkpointing = False
 
     def _classifier(self, num_classes: int) -> nn.Module:
-        """Linear head of ``num_classes`` outputs; the identity for 0."""
+        """Linear head of ``num_classes`` outputs (the identity for 0), on the
+        model's device and dtype and in its training mode."""
         if num_classes == 0:
-            return nn.Identity()
-        return nn.Linear(self.num_features, num_classes)
+            return nn.Identity().train(self.training)
+        reference = next(self.parameters())
+        return nn.Linear(self.num_features, num_classes, device=reference.device,
+                         dtype=reference.dtype).train(self.training)
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:

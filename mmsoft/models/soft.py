@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..utils.torch_compat import autocast_off
 from ..utils.validation import (check_choice, check_divisible, check_lengths,
                                 check_positive_int, resolve_arch)
 from .layers import (MLP, ConvPatchEmbed, DenseBackbone, Exportable, MemoryEfficient,
@@ -217,7 +218,7 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
                             else low_rank_kernel_attention)
         solver = (EXPORT_SOLVERS[self.solver] if self.exportable
                   else solver_that_runs(self.solver, query_map.device.type))
-        with torch.autocast(device_type=query_map.device.type, enabled=False):
+        with autocast_off(query_map.device.type):
             return kernel_attention(full_precision(queries), full_precision(bottleneck),
                                     full_precision(values), self.variant, solver,
                                     self.newton_iters, query_scale=scale)
@@ -476,7 +477,8 @@ class SOFT(DenseBackbone, Exportable):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims[3]))
 
         depths = settings['depths']
-        drop_path_rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        drop_path_rates = torch.linspace(0, drop_path_rate, sum(depths),
+                                          device='cpu').tolist()
         attn_kwargs = dict(variant=variant, solver=solver,
                            newton_iters=newton_iters,
                            max_bottleneck_tokens=max_bottleneck_tokens,

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 from .layers import (apply_without_autocast, backward_without_autocast, full_precision,
                      stacklevel_outside_package)
-from ..utils.torch_compat import is_compiling
+from ..utils.torch_compat import autocast_off, is_compiling
 from ..utils.validation import check_choice
 
 
@@ -392,7 +392,7 @@ def solve_kernel_inverse(mat: torch.Tensor, variant: str, solver: str,
                          num_iters: int, iterate: NewtonIterations) -> torch.Tensor:
     """:func:`kernel_inverse` with ``iterate(P, alpha, k)`` as the iteration."""
     variant = inverse_formula(variant, mat.shape[-1])
-    with torch.autocast(device_type=mat.device.type, enabled=False):
+    with autocast_off(mat.device.type):
         mat = full_precision(mat)
         if solver == 'exact':
             return _ExactInverse.apply(mat, variant)

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..utils.torch_compat import autocast_off
 from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indices,
                                 check_positive_float, check_positive_int, resolve_arch)
 from .layers import (GELU, MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
@@ -146,7 +147,7 @@ def xnorm(x: torch.Tensor, gamma: torch.Tensor, dim: int,
           eps: float = 1e-6) -> torch.Tensor:
     """``XNorm(x) = gamma x / ||x||_2`` along ``dim``, the norm at least ``eps``;
     ``gamma`` broadcasts against ``x``. Returns float32 (float64 for float64)."""
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with autocast_off(x.device.type):
         x = full_precision(x)
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True).clamp_min(eps)
         return gamma.to(x.dtype) * (x / norm)
@@ -172,7 +173,7 @@ def ufo_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     Returns:
         Tensor: Shape (B, h, N, d_v), float32 (float64 for float64 input).
     """
-    with torch.autocast(device_type=queries.device.type, enabled=False):
+    with autocast_off(queries.device.type):
         queries = full_precision(queries)
         keys = full_precision(keys).to(queries.dtype)
         values = full_precision(values).to(queries.dtype)
@@ -498,7 +499,8 @@ class UFOViT(DenseBackbone):
             act_layer=GELU, last_act=False)
         self.pos_embed = FourierPositionEncoding(dims, settings['pos_hidden_dims'])
         self.pos_drop = nn.Dropout(drop_rate)
-        drop_path_rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        drop_path_rates = torch.linspace(0, drop_path_rate, depth,
+                                         device='cpu').tolist()
         self.blocks = nn.ModuleList(
             UFOBlock(dims, settings['num_heads'], settings['mlp_ratio'], qkv_bias,
                      drop_rate, rate, layer_scale_init_value,

@@ -1,6 +1,6 @@
 """The torch APIs mmsoft uses that are newer than its oldest supported torch.
 
-mmsoft is tested on torch 2.1 to 2.14 (``SUPPORTED_TORCH`` below: the two
+mmsoft is tested on torch 2.1 to 2.15 (``SUPPORTED_TORCH`` below: the two
 ends the test suite runs on). Its requirements set no ceiling, so that
 installing it never swaps a user's torch; on a torch outside the tested range,
 ``import mmsoft`` warns once (:func:`warn_if_untested_torch`). Every API that
@@ -31,13 +31,14 @@ float32 and NaN in bfloat16.
 import importlib
 import inspect
 import warnings
-from typing import Optional, Tuple
+from contextlib import nullcontext
+from typing import ContextManager, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 #: Oldest and newest torch (major, minor) that the test suite runs on.
-SUPPORTED_TORCH = ((2, 1), (2, 14))
+SUPPORTED_TORCH = ((2, 1), (2, 15))
 
 
 def torch_version(version: Optional[str] = None) -> Tuple[int, int]:
@@ -110,14 +111,22 @@ _AUTOCAST_QUERY_TAKES_DEVICE = _autocast_query_takes_device()
 
 def autocast_enabled(device_type: str) -> bool:
     """Whether ``torch.autocast`` is on for ``device_type`` (``'cpu'``,
-    ``'cuda'``, ...)."""
+    ``'cuda'``, ...); never for ``'meta'`` (shapes only), which has none."""
     if _AUTOCAST_QUERY_TAKES_DEVICE:
-        return torch.is_autocast_enabled(device_type)
+        return device_type != 'meta' and torch.is_autocast_enabled(device_type)
     if device_type == 'cpu':  # torch < 2.4
         return torch.is_autocast_cpu_enabled()
     if device_type == 'cuda':
         return torch.is_autocast_enabled()
     return False
+
+
+def autocast_off(device_type: str) -> ContextManager:
+    """``torch.autocast(device_type, enabled=False)``; a no-op on ``'meta'``
+    (shapes only), where ``torch.autocast`` raises."""
+    if device_type == 'meta':
+        return nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
 
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
@@ -167,7 +176,7 @@ def _gelu_backward_ignores_gradient_strides() -> bool:
     return not torch.allclose(strided, contiguous)
 
 
-#: Whether mmsoft's GELU (:mod:`mmsoft.models.layers.shared.gelu`) hands its
+#: Whether mmsoft's GELU (:func:`mmsoft.models.layers.gelu`) hands its
 #: backward a contiguous gradient: True where torch's kernel gets a strided
 #: one wrong (torch 2.1 on x86 CPUs).
 GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT = _gelu_backward_ignores_gradient_strides()
