@@ -1,5 +1,9 @@
 """mmsoft's models as Hugging Face transformers backbones: ``TimmBackbone``
-builds them by their timm names, and DETR trains on them."""
+builds them by their timm names, and DETR trains on them, with transformers
+5.x (the newest environment) and 4.51 (the stack's pin). The recipes of
+docs/backbones.md (DETR, UperNet, the maps under a head of one's own) run in
+tests/test_readme.py; the maps equal the other adapters' in
+tests/test_adapters.py."""
 import pytest
 import torch
 
@@ -7,7 +11,7 @@ transformers = pytest.importorskip('transformers')
 pytest.importorskip('timm')
 import mmsoft  # noqa: E402,F401  (registers the models with timm)
 
-pytestmark = pytest.mark.torchvision
+pytestmark = [pytest.mark.torchvision, pytest.mark.frameworks]
 
 NAMES = ['soft_plus_plus_tiny', 'ufo_vit_tiny']
 
@@ -32,6 +36,8 @@ def test_detr_trains_a_step(name):
         backbone_config=dict(model_type='timm_backbone', backbone=name,
                              num_channels=3, features_only=True,
                              use_pretrained_backbone=False, out_indices=[3]),
+        # transformers 4.x needs use_timm_backbone=False beside backbone_config;
+        # 5.x no longer has the attribute and ignores it.
         use_timm_backbone=False, use_pretrained_backbone=False, num_queries=8,
         d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
