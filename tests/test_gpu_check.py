@@ -125,9 +125,9 @@ def test_settings_are_checked():
         CheckSettings(solvers=['lu'])
     with pytest.raises(ValueError, match="device type='mps' is not supported"):
         require_device('mps')
-    assert gpu_check.parse_size('800x1333') == (800, 1333)
+    # The tool's --sizes parser is mmsoft's (tests/test_sizes.py).
     assert gpu_check.parse_size('64') == (64, 64)
-    with pytest.raises(ValueError, match='expected HxW'):
+    with pytest.raises(ValueError, match=r'expected HxW \(or N for NxN\)'):
         gpu_check.parse_size('800x')
 
 

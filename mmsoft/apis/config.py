@@ -1,11 +1,12 @@
 """Run set-up: reading a config and applying the command-line options to it."""
 import argparse
 import os.path as osp
-from typing import Optional, Tuple
+from typing import Optional
 
 from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 
+from ..utils.sizes import parse_size  # noqa: F401 (re-exported)
 from .checkpoints import require_checkpoint
 
 #: Libraries the tools run, by ``default_scope``.
@@ -23,19 +24,6 @@ def add_cfg_options(parser: argparse.ArgumentParser,
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction,
         help=f'override config settings, e.g. {example}; lists as key="[a,b]"')
-
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """``'800x1333'`` -> ``(800, 1333)``, for argparse's ``type=``.
-
-    Raises:
-        argparse.ArgumentTypeError: When ``text`` is not ``HxW``.
-    """
-    try:
-        height, width = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'size {text!r} must look like 800x1333')
-    return height, width
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:

@@ -38,13 +38,6 @@ from mmsoft_analysis.gpu_check import (AUTOCAST_DTYPES, CAPACITY_CAP_GIB,
                                        parse_size, require_device, run_check)
 
 
-def _size(text: str):
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--out', default=DEFAULT_OUT, help='results file (JSON)')
@@ -58,7 +51,7 @@ def parse_args():
     parser.add_argument('--total-budget-s', type=float, default=None,
                         help='seconds for the whole check, tests included: the '
                         'benchmark gets what the tests leave (at most --budget-s)')
-    parser.add_argument('--sizes', nargs='+', type=_size, default=list(SIZES),
+    parser.add_argument('--sizes', nargs='+', type=parse_size, default=list(SIZES),
                         help='input sizes HxW: the first in the core phase, the '
                         'others in the large one')
     parser.add_argument('--repeats', type=int, default=3,
@@ -90,7 +83,7 @@ def parse_args():
     parser.add_argument('--compile-backend', default=None,
                         help="torch.compile's backend (default: inductor on "
                         'CUDA, eager on the CPU)')
-    parser.add_argument('--capacity-size', type=_size, default=None,
+    parser.add_argument('--capacity-size', type=parse_size, default=None,
                         help='input of the capacity search (default: 1024x1024 '
                         'on CUDA, the first size on the CPU)')
     parser.add_argument('--capacity-cap-gib', type=float, default=CAPACITY_CAP_GIB,

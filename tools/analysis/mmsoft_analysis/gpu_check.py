@@ -58,6 +58,7 @@ import torch.nn as nn
 
 from mmsoft.models.soft_kernels import SOLVERS, solver_that_runs
 from mmsoft.utils import check_choice, check_positive_int
+from mmsoft.utils.sizes import parse_size  # noqa: F401 (the tool's --sizes)
 
 from . import REPO, worker_command, worker_env
 from .gpu_backbones import (BACKBONES, DEFAULT_BACKBONES, build_maps, is_mmsoft,
@@ -113,24 +114,6 @@ GIB = 2**30
 #: Images per measured call, the second with a smaller valid region.
 BATCH = 2
 OUTPUT_TAIL_LINES = 30
-
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """``'800x1333'`` -> (800, 1333); ``'64'`` -> (64, 64).
-
-    Raises:
-        ValueError: When ``text`` is not one or two positive integers.
-    """
-    parts = text.lower().split('x')
-    try:
-        size = tuple(int(part) for part in parts)
-    except ValueError:
-        size = ()
-    if len(size) == 1:
-        size = size * 2
-    if len(size) != 2 or min(size) <= 0:
-        raise ValueError(f'size {text!r} is invalid; expected HxW, e.g. 800x1333.')
-    return size
 
 
 @dataclasses.dataclass(frozen=True)
