@@ -32,7 +32,7 @@ def _cfg(first_conv: str, **kwargs) -> dict:
 
 
 default_cfgs = generate_default_cfgs({
-    **{f'{prefix}_{size}': _cfg('patch_embeds.0.proj.0')
+    **{f'{prefix}_{size}': _cfg('stages.0.patch_embed.proj.0')
        for prefix in SOFT_NAMES for size in SOFT_SIZES},
     **{f'ufo_vit_{size}': _cfg('patch_embed.proj.0') for size in UFO_VIT_SIZES},
 })

@@ -14,6 +14,7 @@ from mmsoft.checkpoint import (compare_state_dict, fit_state_dict,
                                grid_pos_embed_resizer, key_list, load_strictly,
                                select_prefix, split_prefix, strip_key_prefixes,
                                strip_prefixes, unwrap_state_dict)
+from mmsoft.models.soft import resize_pos_embed
 from mmsoft.checkpoint.strict import BN_COUNTER_KEYS
 
 
@@ -135,7 +136,7 @@ def test_pos_embed_hook_resizes_the_grid_and_keeps_the_extra_entry():
     state = tiny_state()
     gen = torch.Generator().manual_seed(1)
     state['pos'] = torch.randn(1, 1 + 4 * 4, 3, generator=gen)
-    hook = grid_pos_embed_resizer({'pos': ((2, 2), 1)})
+    hook = grid_pos_embed_resizer({'pos': ((2, 2), 1)}, resize_pos_embed)
     result = fit_state_dict(state, model_state, context='c', resize=hook)
     assert result.resized == {'pos': ((1, 17, 3), (1, 5, 3))}
     # Independent reference: the 4x4 grid bilinearly interpolated to 2x2.
@@ -151,13 +152,13 @@ def test_pos_embed_hook_resizes_the_grid_and_keeps_the_extra_entry():
 def test_pos_embed_hook_refuses_what_it_cannot_resize(shape):
     # No class-token entry, another width, a batch of two, no square grid.
     state = dict(tiny_state(), pos=torch.zeros(shape))
-    hook = grid_pos_embed_resizer({'pos': ((2, 2), 1)})
+    hook = grid_pos_embed_resizer({'pos': ((2, 2), 1)}, resize_pos_embed)
     with pytest.raises(ValueError, match=r'shape mismatches: pos: '):
         fit_state_dict(state, Tiny().state_dict(), context='c', resize=hook)
 
 
 def test_hook_ignores_other_keys():
-    hook = grid_pos_embed_resizer({'pos': ((2, 2), 0)})
+    hook = grid_pos_embed_resizer({'pos': ((2, 2), 0)}, resize_pos_embed)
     assert hook('fc.weight', torch.zeros(4, 3), torch.zeros(2, 3)) is None
 
 
@@ -216,19 +217,40 @@ def in_package(name, package):
     return name == package or name.startswith(package + '.')
 
 
-def test_models_import_only_torch_and_utils_at_module_level():
+#: What ``mmsoft.models`` may import of mmsoft besides itself, at module level:
+#: the utilities, the deprecated spellings, the official-key conversion
+#: (``checkpoint_filter_fn``) and the export formulation's bottleneck cap.
+MODELS_MAY_IMPORT = ('mmsoft.models', 'mmsoft.utils', 'mmsoft.deprecations',
+                     'mmsoft.checkpoint', 'mmsoft.deployment.traceable')
+
+
+def test_models_import_only_what_they_need_at_module_level():
+    for name in MODELS_MAY_IMPORT:  # raises for a name that moved
+        assert list(package_modules(name)), name
     offences = [f'{module}:{line} imports {name}'
                 for module, path in package_modules('mmsoft.models')
                 for name, line, nested in imports_of(module, path)
-                if name.startswith('mmsoft') and not nested
-                and not (in_package(name, 'mmsoft.models')
-                         or in_package(name, 'mmsoft.utils'))]
+                if name.startswith('mmsoft') and (nested or not any(
+                    in_package(name, allowed) for allowed in MODELS_MAY_IMPORT))]
+    assert not offences, offences
+
+
+def test_checkpoint_code_imports_no_model():
+    """Imports go one way: ``mmsoft.models`` imports ``mmsoft.checkpoint``."""
+    imports = [(module, name, line)
+               for module, path in package_modules('mmsoft.checkpoint')
+               for name, line, _ in imports_of(module, path)]
+    assert any(in_package(name, 'mmsoft.deprecations') for _, name, _ in imports)
+    offences = [f'{module}:{line} imports {name}' for module, name, line in imports
+                if in_package(name, 'mmsoft.models')]
     assert not offences, offences
 
 
 #: Who may import whom inside ``mmsoft.models``: what both models share
 #: (``layers``) imports no model; SOFT's kernel math imports no model file.
 FORBIDDEN_MODEL_IMPORTS = {
+    'mmsoft.models.functional': ('mmsoft.models.layers', 'mmsoft.models.soft',
+                                 'mmsoft.models.soft_kernels', 'mmsoft.models.ufo_vit'),
     'mmsoft.models.layers': ('mmsoft.models.soft', 'mmsoft.models.soft_kernels',
                              'mmsoft.models.ufo_vit'),
     'mmsoft.models.soft_kernels': ('mmsoft.models.soft', 'mmsoft.models.ufo_vit'),

@@ -256,7 +256,7 @@ def test_no_weight_decay_on_norms_embeddings_and_scales(path, built):
             decay[id(param)] = group['weight_decay']
     names = dict(model.named_parameters())
     if model.backbone.__class__.__name__ == 'SOFT':
-        free = [n for n in names if 'pos_embeds' in n or 'cls_token' in n]
+        free = [n for n in names if n.endswith(('.pos_embed', '.cls_token'))]
     else:
         free = [n for n in names if re.search(r'\.gamma(\d|_q|_kv)$', n)
                 or '.pos_embed.' in n]

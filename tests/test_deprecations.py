@@ -2,12 +2,15 @@
 ``DeprecationWarning`` naming the new spelling; checkpoints of earlier
 versions load strictly."""
 import json
+import os
 import os.path as osp
 import warnings
 
 import pytest
 import torch
 
+from mmsoft import deprecations
+from mmsoft.deprecations import renamed_state_dict_keys
 from mmsoft.models import SOFT as PlainSOFT
 from mmsoft.models import UFOViT as PlainUFOViT
 from mmsoft.openmmlab import SOFT, UFOViT
@@ -15,8 +18,11 @@ from mmsoft.openmmlab import SOFT, UFOViT
 TINY_UFO = dict(embed_dims=32, depth=4, num_heads=2)
 SMALL_SOFT = dict(embed_dims=[16, 32, 64, 64], num_heads=[1, 2, 2, 2],
                   depths=[1, 1, 1, 1])
-LAYOUT = osp.join(osp.dirname(osp.abspath(__file__)), 'data',
-                  'state_dict_layout_1656d82.json')
+DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
+LAYOUT = osp.join(DATA, 'state_dict_layout_1656d82.json')
+#: State-dict layouts of commit 55cda50 (SOFT's four lists, before its stage
+#: modules), and the outputs of two small models with generated weights there.
+LAYOUT_55CDA50 = osp.join(DATA, 'state_dict_layout_55cda50.json')
 
 
 @pytest.mark.parametrize('cls', [SOFT, PlainSOFT])
@@ -61,7 +67,7 @@ def test_ffn_keys_load_as_mlp(cls, arch, tmp_path):
            for key, value in source.state_dict().items()}
     assert any('.ffn.' in key for key in old)
     model = cls(arch)
-    with pytest.warns(DeprecationWarning, match=r'\.ffn\. are now \.mlp\.'):
+    with pytest.warns(DeprecationWarning, match=r"\.ffn\.[^']*' is now '[^']*\.mlp\."):
         model.load_state_dict(old, strict=True)
     for key, value in source.state_dict().items():
         torch.testing.assert_close(model.state_dict()[key], value)
@@ -90,6 +96,120 @@ def test_checkpoints_of_the_previous_layout_load_strictly(name, cls, kwargs, tmp
                                         prefix='backbone.'))
     model.init_weights()
     loaded = model.state_dict()
+    state, _ = renamed_state_dict_keys(state, model.deprecation_name)
     assert set(loaded) == set(state)
     for key, value in state.items():
         torch.testing.assert_close(loaded[key], value.to(loaded[key].dtype))
+
+
+def generated_weights(layout: dict) -> dict:
+    """Float64 weights for ``{key: shape}``, generated in key order as when
+    ``LAYOUT_55CDA50``'s outputs were recorded."""
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for key, shape in layout.items():
+        if key.endswith('num_batches_tracked'):
+            state[key] = torch.tensor(3)
+        elif key.endswith('running_var'):
+            state[key] = 0.5 + torch.rand(shape, generator=generator,
+                                          dtype=torch.float64)
+        else:
+            state[key] = 0.1 * torch.randn(shape, generator=generator,
+                                           dtype=torch.float64)
+    return state
+
+
+@pytest.mark.parametrize('name,cls,kwargs', [
+    ('soft++-tiny', PlainSOFT, dict(variant='soft++')),
+    ('soft++-tiny-classifier', PlainSOFT, dict(variant='soft++', num_classes=10)),
+    ('ufo-vit-tiny', PlainUFOViT, {}),
+    ('ufo-vit-tiny-classifier', PlainUFOViT,
+     dict(num_classes=10, global_pool='token'))])
+def test_keys_of_55cda50_are_renamed_to_the_current_layout(name, cls, kwargs):
+    old = json.load(open(LAYOUT_55CDA50))[name]
+    model = cls('tiny', **kwargs)
+    renamed, old_keys = renamed_state_dict_keys(old, model.deprecation_name)
+    assert {key: tuple(shape) for key, shape in renamed.items()} == {
+        key: tuple(value.shape) for key, value in model.state_dict().items()}
+    # SOFT's layout changed (stage modules); UFO-ViT's did not.
+    assert bool(old_keys) == (cls is PlainSOFT)
+
+
+@pytest.mark.parametrize('name,cls', [('soft++-small', PlainSOFT),
+                                      ('ufo-vit-small', PlainUFOViT)])
+def test_a_checkpoint_saved_by_55cda50_loads_and_computes_the_same(name, cls):
+    record = json.load(open(LAYOUT_55CDA50))['outputs'][name]
+    kwargs = dict(variant='soft++') if cls is PlainSOFT else dict(global_pool='token')
+    model = cls(record['arch'], num_classes=5, **kwargs).double().eval()
+    state = generated_weights(record['keys'])
+    if cls is PlainSOFT:
+        with pytest.warns(DeprecationWarning, match="'patch_embeds.0.proj.0.weight' "
+                          "is now 'stages.0.patch_embed.proj.0.weight'"):
+            model.load_state_dict(state, strict=True)
+    else:
+        model.load_state_dict(state, strict=True)
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1),
+                    dtype=torch.float64)
+    with torch.no_grad():
+        maps = model.forward_intermediates(x, intermediates_only=True)
+        logits = model(x)
+    sums = [float(feat.sum()) for feat in maps]
+    abs_sums = [float(feat.abs().sum()) for feat in maps]
+    assert sums == pytest.approx(record['map_sums'], rel=1e-9, abs=1e-9)
+    assert abs_sums == pytest.approx(record['map_abs_sums'], rel=1e-9)
+    assert logits[0].tolist() == pytest.approx(record['logits'], rel=1e-9, abs=1e-12)
+
+
+def test_old_keys_load_through_init_cfg_and_timm_filter(tmp_path):
+    record = json.load(open(LAYOUT_55CDA50))['outputs']['soft++-small']
+    state = generated_weights(record['keys'])
+    path = str(tmp_path / 'old.pth')
+    torch.save(dict(state_dict=state), path)
+    model = SOFT(record['arch'], num_classes=5,
+                 init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.warns(DeprecationWarning, match="'pos_embeds.0' is now "
+                      "'stages.0.pos_embed'|'patch_embeds"):
+        model.init_weights()
+    renamed, _ = renamed_state_dict_keys(state, 'SOFT')
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value.double(), renamed[key].double())
+
+
+def test_the_tables_are_the_only_deprecation_mechanism():
+    # No stack walking: warnings name the caller through a fixed depth.
+    package = osp.dirname(osp.abspath(deprecations.__file__))
+    for folder, _, files in os.walk(package):
+        for name in files:
+            if name.endswith('.py'):
+                assert '_getframe' not in open(osp.join(folder, name)).read(), name
+    for table in (deprecations.RENAMED_ARGUMENTS, deprecations.RENAMED_VALUES,
+                  deprecations.RENAMED_ARCH_KEYS, deprecations.RENAMED_STATE_DICT_KEYS):
+        assert set(table) <= {'SOFT', 'SoftAttention', 'UFOViT'}
+
+
+@pytest.mark.parametrize('cls', [SOFT, PlainSOFT])
+def test_deprecated_value_warns_at_the_callers_line(cls):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        model = cls(SMALL_SOFT, solver='cholesky')
+    assert model.solver == 'exact'
+    assert [(osp.basename(w.filename), str(w.message)) for w in caught
+            if w.category is DeprecationWarning] == [
+        ('test_deprecations.py', "solver='cholesky' is deprecated: it is now spelled "
+         "solver='exact'.")]
+
+
+@pytest.mark.parametrize('name,cls,kwargs', [
+    ('soft++-small', PlainSOFT, dict(variant='soft++')),
+    ('ufo-vit-small', PlainUFOViT, dict(global_pool='token'))])
+def test_a_seed_gives_the_initial_weights_of_55cda50(name, cls, kwargs):
+    """Seeded runs (the demo, the FLOP counts of seeded models) start from the
+    weights they started from before SOFT's stage modules."""
+    record = json.load(open(LAYOUT_55CDA50))
+    torch.manual_seed(0)
+    model = cls(record['outputs'][name]['arch'], num_classes=5, **kwargs)
+    sums, _ = renamed_state_dict_keys(record['seeded_init_sums'][name],
+                                      model.deprecation_name)
+    assert sums == pytest.approx({key: float(value.double().sum())
+                                  for key, value in model.state_dict().items()},
+                                 rel=1e-12, abs=1e-12)

@@ -356,7 +356,7 @@ def test_names_are_read_from_prose_only():
 @pytest.mark.parametrize('use_import', [True, False])
 @pytest.mark.parametrize('name', [
     'mmsoft.models', 'mmsoft.SOFT', 'mmsoft.models.soft.SOFT.forward',
-    'mmsoft.models.soft.SoftAttention', 'mmsoft.models.layers.set_exportable',
+    'mmsoft.models.soft.SoftAttention', 'mmsoft.models.soft.set_exportable',
     'mmsoft.models.soft.SOFT.train',  # from torch's nn.Module
     'mmsoft.models.soft_kernels.SOLVERS'])
 def test_existing_names_resolve(name, use_import):

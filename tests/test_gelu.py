@@ -5,14 +5,15 @@ GELU's input with the input's strides: wrong float32 gradients and NaN in
 bfloat16. SOFT attention's kernels return such (transposed) gradients to
 the GELU of the bottleneck tokens, so on that torch the plain-autograd
 path's gradients were wrong. These tests hold on every torch; on the
-affected ones they fail without :func:`mmsoft.models.layers.gelu`.
+affected ones they fail without :func:`mmsoft.models.functional.gelu`.
 """
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mmsoft.openmmlab import SOFT
-from mmsoft.models.layers import GELU, gelu
+from mmsoft.models.layers import GELU
+from mmsoft.models.functional import gelu
 from mmsoft.models.layers import set_memory_efficient
 from mmsoft.utils.torch_compat import GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT
 

@@ -18,7 +18,7 @@ from mmsoft.utils.torch_compat import TORCH_VERSION
 
 kernel_inverse_module = importlib.import_module('mmsoft.models.soft_kernels')
 #: The memory-efficient kernel inverse (the 'newton' solver keeps P alone).
-recomputed_kernel_inverse = partial(kernel_inverse, memory_efficient=True)
+recomputed_kernel_inverse = partial(kernel_inverse, iterate=recomputed_newton_iterations)
 
 
 def random_kernel_matrices(batch=3, tokens=24, dims=8, spread=0.6, seed=0):

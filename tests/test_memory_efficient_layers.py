@@ -15,14 +15,16 @@ import torch
 import mmsoft.models.layers as mlp_module
 from mmsoft_analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.models.soft import SoftAttention
-from mmsoft.models.layers import MLP, TanhGELU
+from mmsoft.models.layers import MLP
+from mmsoft.models.soft import TanhGELU
 from mmsoft.models.ufo_vit import LocalPatchInteraction, UFOAttention
-from mmsoft.models.layers import set_memory_efficient, takes_memory_efficient_path
+from mmsoft.models.layers import set_memory_efficient
 from mmsoft.models.soft import low_rank_kernel_attention as plain_attention
 from mmsoft.models.soft_kernels import chunked_kernel_product
 from mmsoft.models.soft_kernels import (memory_efficient_kernel_attention as
                                         efficient_attention)
-from mmsoft.models.layers import fold_layer_norm, normalize, recomputed_mlp
+from mmsoft.models.ufo_vit import fold_layer_norm, normalize
+from mmsoft.models.functional import recomputed_mlp
 
 # Its BACKWARD_CHUNK is patched below.
 kernel_attention_module = importlib.import_module(
@@ -200,7 +202,7 @@ def test_layer_norm_mlp_gradcheck(keep_hidden):
               mlp.fc2.bias]
 
     def both_outputs(x, *_):
-        y, out = mlp(x, scale, norm=norm)
+        y, out = mlp.forward_normed(x, norm, scale)
         return y, out
 
     assert torch.autograd.gradcheck(both_outputs, (tokens, scale, *params))
@@ -305,16 +307,16 @@ def test_memory_efficient_path_follows_the_switch_outside_tracers():
     while ``torch.jit.trace`` records (tracers see the plain ops)."""
     mlp = MLP(8, 32)
     attention = SoftAttention(16, 2, 2, 3)
-    assert takes_memory_efficient_path(mlp)
-    assert takes_memory_efficient_path(attention)
+    assert mlp.saving_memory()
+    assert attention.saving_memory()
     with torch.no_grad():
-        assert not takes_memory_efficient_path(mlp)
-        assert takes_memory_efficient_path(attention)
-    assert not takes_memory_efficient_path(set_memory_efficient(MLP(8, 32), False))
+        assert not mlp.saving_memory()
+        assert attention.saving_memory()
+    assert not set_memory_efficient(MLP(8, 32), False).saving_memory()
     decisions = []
 
     def record_decision(x):
-        decisions.append(takes_memory_efficient_path(mlp))
+        decisions.append(mlp.saving_memory())
         return 2 * x
 
     torch.jit.trace(record_decision, torch.randn(3), check_trace=False)

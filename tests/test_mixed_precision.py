@@ -125,7 +125,7 @@ def test_memory_saving_functions_run_under_autocast(dtype):
     assert hidden.dtype == dtype  # as autocast's Linear
     block = LayerNormThenMLP(16, 64)
     with torch.autocast('cpu', dtype=dtype):
-        normalized, hidden = block.mlp(tokens, norm=block.norm)
+        normalized, hidden = block.mlp.forward_normed(tokens, block.norm)
     assert type(hidden.grad_fn).__name__ == 'LayerNormMLPBackward'
     assert (normalized.dtype, hidden.dtype) == (torch.float32, dtype)  # as LayerNorm's, Linear's
     assert stem_out.dtype == dtype

@@ -108,7 +108,7 @@ def test_tiny_file_in_small_config_lists_the_missing_blocks(official_tiny, tmp_p
     # small has 3 stage-2 blocks where tiny has 2, 20 stage-3 blocks where
     # tiny has 3, ...: the first 30 missing keys are listed, then a count.
     assert ARCH_SETTINGS['small']['depths'][1] == 3
-    assert 'missing keys: stages.1.2.' in message
+    assert 'missing keys: stages.1.blocks.2.' in message
     assert 'more)' in message
 
 

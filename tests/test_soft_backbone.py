@@ -142,22 +142,24 @@ def test_batch_mates_do_not_change_features(solver):
 
 def test_position_embeddings_follow_input_size():
     model = SOFT(arch=tiny_arch())
-    assert model.pos_embeds[0].shape == (1, 56 * 56, 32)
-    assert model.pos_embeds[3].shape == (1, 7 * 7 + 1, 128)
-    resized = model.stage_pos_embed(3, (5, 9))
+    assert model.stages[0].pos_embed.shape == (1, 56 * 56, 32)
+    assert model.stages[3].pos_embed.shape == (1, 7 * 7 + 1, 128)
+    resized = model.stages[3].position_embeddings((5, 9))
     assert resized.shape == (1, 1 + 45, 128)
-    torch.testing.assert_close(resized[:, 0], model.pos_embeds[3][:, 0])
-    torch.testing.assert_close(model.stage_pos_embed(0, (56, 56)), model.pos_embeds[0])
+    torch.testing.assert_close(resized[:, 0], model.stages[3].pos_embed[:, 0])
+    torch.testing.assert_close(model.stages[0].position_embeddings((56, 56)),
+                               model.stages[0].pos_embed)
 
 
 def test_frozen_stages_and_norm_eval():
     model = SOFT(arch=tiny_arch(), frozen_stages=2, norm_eval=True)
     model.train()
-    frozen = [model.patch_embeds[0], model.patch_embeds[1], model.stages[1]]
+    frozen = [model.stages[0], model.stages[1]]  # stem and stage 1: stages 0, 1
     assert all(not p.requires_grad for m in frozen for p in m.parameters())
-    assert not model.pos_embeds[1].requires_grad
+    assert not model.stages[1].pos_embed.requires_grad
+    assert not model.stages[1].training
     assert all(p.requires_grad for p in model.stages[2].parameters())
-    assert not model.patch_embeds[2].proj[1].training  # BN kept in eval
+    assert not model.stages[2].patch_embed.proj[1].training  # BN kept in eval
     assert model.stages[2].training
 
 
@@ -172,7 +174,7 @@ def test_with_cp_gives_same_gradients():
     for model in (plain, checkpointed):
         model.train()
         sum(o.sum() for o in model(x.clone().requires_grad_())).backward()
-        grads.append(model.stages[0][0].attn.q_proj.weight.grad)
+        grads.append(model.stages[0].blocks[0].attn.q_proj.weight.grad)
     torch.testing.assert_close(grads[0], grads[1])
 
 
@@ -183,7 +185,7 @@ def test_gradients_reach_every_stage():
     sum(o.mean() for o in model(torch.randn(2, 3, 64, 64))).backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, name
-    assert model.stages[0][0].attn.bottleneck_conv.weight.grad.abs().sum() > 0
+    assert model.stages[0].blocks[0].attn.bottleneck_conv.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.mmcv_ops  # imports mmdet.models/mmseg.models

@@ -152,22 +152,24 @@ def test_conversion_is_one_to_one(official_tiny):
 
 
 @pytest.mark.parametrize('key, expected', [
-    ('patch_embed1.proj.7.running_var', 'patch_embeds.0.proj.7.running_var'),
+    ('patch_embed1.proj.7.running_var', 'stages.0.patch_embed.proj.7.running_var'),
     ('patch_embed4.proj.1.num_batches_tracked',
-     'patch_embeds.3.proj.1.num_batches_tracked'),
-    ('pos_embed4', 'pos_embeds.3'),
-    ('block1.0.att.mha.W_q.weight', 'stages.0.0.attn.q_proj.weight'),
-    ('block2.1.att.mha.W_v.bias', 'stages.1.1.attn.v_proj.bias'),
+     'stages.3.patch_embed.proj.1.num_batches_tracked'),
+    ('pos_embed4', 'stages.3.pos_embed'),
+    ('block1.0.att.mha.W_q.weight', 'stages.0.blocks.0.attn.q_proj.weight'),
+    ('block2.1.att.mha.W_v.bias', 'stages.1.blocks.1.attn.v_proj.bias'),
     ('block3.2.att.mha.attn.Qlandmark_op.weight',
-     'stages.2.2.attn.bottleneck_conv.weight'),
-    ('block3.0.att.mha.attn.Qnorm_act.0.bias', 'stages.2.0.attn.bottleneck_norm.bias'),
-    ('block1.0.att.mha.attn.conv.weight', 'stages.0.0.attn.local_conv.weight'),
-    ('block1.0.att.mha.ff.weight', 'stages.0.0.attn.out_proj.weight'),
-    ('block2.0.att.ff1.weight', 'stages.1.0.mlp.fc1.weight'),
-    ('block2.0.att.norm2.bias', 'stages.1.0.norm2.bias'),
-    ('block4.1.attn.kv.weight', 'stages.3.1.attn.kv.weight'),
-    ('block4.0.mlp.fc2.bias', 'stages.3.0.mlp.fc2.bias'),
-    ('norm.weight', 'norm.weight'),
+     'stages.2.blocks.2.attn.bottleneck_conv.weight'),
+    ('block3.0.att.mha.attn.Qnorm_act.0.bias',
+     'stages.2.blocks.0.attn.bottleneck_norm.bias'),
+    ('block1.0.att.mha.attn.conv.weight', 'stages.0.blocks.0.attn.local_conv.weight'),
+    ('block1.0.att.mha.ff.weight', 'stages.0.blocks.0.attn.out_proj.weight'),
+    ('block2.0.att.ff1.weight', 'stages.1.blocks.0.mlp.fc1.weight'),
+    ('block2.0.att.norm2.bias', 'stages.1.blocks.0.norm2.bias'),
+    ('block4.1.attn.kv.weight', 'stages.3.blocks.1.attn.kv.weight'),
+    ('block4.0.mlp.fc2.bias', 'stages.3.blocks.0.mlp.fc2.bias'),
+    ('norm.weight', 'stages.3.norm.weight'),
+    ('cls_token', 'stages.3.cls_token'),
     ('patch_embed1.proj.2.weight', None),  # ReLU slot: no parameters
     ('patch_embed2.proj.3.weight', None),
     ('block4.0.att.mha.W_q.weight', None),
@@ -193,11 +195,11 @@ def test_refuses_missing_and_inconsistent_tensors(official_tiny):
     incomplete = dict(official_tiny)
     del incomplete['block2.1.att.norm1.weight']
     with pytest.raises(ValueError, match=r'does not fit the detected architecture'
-                       r'.*: missing keys: stages\.1\.1\.norm1\.weight\.'):
+                       r'.*: missing keys: stages\.1\.blocks\.1\.norm1\.weight\.'):
         convert_and_check(incomplete)
     wrong = dict(official_tiny)
     wrong['block3.1.att.mha.W_v.weight'] = torch.zeros(320, 64)
-    with pytest.raises(ValueError, match=r'stages\.2\.1\.attn\.v_proj\.weight: '
+    with pytest.raises(ValueError, match=r'stages\.2\.blocks\.1\.attn\.v_proj\.weight: '
                        r'\(320, 64\) \(expected \(320, 320\)\)'):
         convert_and_check(wrong)
 
@@ -371,9 +373,9 @@ def test_frozen_stages_apply_after_loading(official_tiny, tmp_path):
     model = SOFT(frozen_stages=1,
                  init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     model.init_weights()
-    assert not model.pos_embeds[0].requires_grad
-    assert not any(p.requires_grad for p in model.patch_embeds[0].parameters())
-    assert model.pos_embeds[1].requires_grad
+    assert not model.stages[0].pos_embed.requires_grad
+    assert not any(p.requires_grad for p in model.stages[0].patch_embed.parameters())
+    assert model.stages[1].pos_embed.requires_grad
 
 
 def test_pos_embed_trained_at_384_is_resized(tmp_path):
@@ -395,10 +397,10 @@ def test_pos_embed_trained_at_384_is_resized(tmp_path):
                                  align_corners=False).flatten(2).transpose(1, 2)
         if i == 3:
             expected = torch.cat((src[:, :1], expected), dim=1)
-        assert model.pos_embeds[i].shape == expected.shape
-        torch.testing.assert_close(model.pos_embeds[i].data, expected)
-    assert torch.equal(model.pos_embeds[3][:, 0], official['pos_embed4'][:, 0])
-    assert torch.equal(model.stages[2][1].attn.q_proj.weight,
+        assert model.stages[i].pos_embed.shape == expected.shape
+        torch.testing.assert_close(model.stages[i].pos_embed.data, expected)
+    assert torch.equal(model.stages[3].pos_embed[:, 0], official['pos_embed4'][:, 0])
+    assert torch.equal(model.stages[2].blocks[1].attn.q_proj.weight,
                        official['block3.1.att.mha.W_q.weight'])
 
     # Built for 384, nothing is resized.
@@ -406,16 +408,16 @@ def test_pos_embed_trained_at_384_is_resized(tmp_path):
                  init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     model.init_weights()
     for i in range(4):
-        assert torch.equal(model.pos_embeds[i], official[f'pos_embed{i + 1}'])
+        assert torch.equal(model.stages[i].pos_embed, official[f'pos_embed{i + 1}'])
 
 
 def test_shape_mismatch_names_key_and_shapes(official_tiny, tmp_path):
     weights = dict(converted(official_tiny))
-    weights['stages.1.0.attn.q_proj.weight'] = torch.zeros(128, 64)
+    weights['stages.1.blocks.0.attn.q_proj.weight'] = torch.zeros(128, 64)
     path = tmp_path / 'bad.pth'
     torch.save({'state_dict': weights}, path)
     model = SOFT(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    with pytest.raises(ValueError, match=r'stages\.1\.0\.attn\.q_proj\.weight: '
+    with pytest.raises(ValueError, match=r'stages\.1\.blocks\.0\.attn\.q_proj\.weight: '
                        r'\(128, 64\) \(expected \(128, 128\)\)'):
         model.init_weights()
 
@@ -427,17 +429,17 @@ def test_shape_mismatch_names_key_and_shapes(official_tiny, tmp_path):
                  init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     with pytest.raises(ValueError) as err:
         model.init_weights()
-    assert 'stages.2.0.attn.q_proj.weight: (320, 320) (expected (288, 288))' \
+    assert 'stages.2.blocks.0.attn.q_proj.weight: (320, 320) (expected (288, 288))' \
         in str(err.value)
 
 
 def test_pos_embed_of_other_width_is_a_mismatch(official_tiny, tmp_path):
     weights = dict(converted(official_tiny))
-    weights['pos_embeds.1'] = torch.zeros(1, 784, 96)
+    weights['stages.1.pos_embed'] = torch.zeros(1, 784, 96)
     path = tmp_path / 'bad_pos.pth'
     torch.save(weights, path)
     model = SOFT(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    with pytest.raises(ValueError, match=r'pos_embeds\.1: \(1, 784, 96\) '
+    with pytest.raises(ValueError, match=r'stages\.1\.pos_embed: \(1, 784, 96\) '
                        r'\(expected \(1, 784, 128\)\).*resized only from a square '
                        r'grid of the same width'):
         model.init_weights()
@@ -445,24 +447,24 @@ def test_pos_embed_of_other_width_is_a_mismatch(official_tiny, tmp_path):
 
 def test_missing_and_unexpected_keys_are_listed(official_tiny, tmp_path):
     weights = dict(converted(official_tiny))
-    del weights['stages.3.1.mlp.fc1.bias']
-    del weights['patch_embeds.0.proj.1.num_batches_tracked']  # tolerated
-    weights['stages.0.0.attn.extra'] = torch.zeros(1)
+    del weights['stages.3.blocks.1.mlp.fc1.bias']
+    del weights['stages.0.patch_embed.proj.1.num_batches_tracked']  # tolerated
+    weights['stages.0.blocks.0.attn.extra'] = torch.zeros(1)
     path = tmp_path / 'partial.pth'
     torch.save({'state_dict': weights}, path)
     model = SOFT()
     with pytest.raises(ValueError) as err:
         load_soft_checkpoint(model, str(path))
     message = str(err.value)
-    assert 'unexpected keys: stages.0.0.attn.extra' in message
-    assert 'missing keys: stages.3.1.mlp.fc1.bias' in message
+    assert 'unexpected keys: stages.0.blocks.0.attn.extra' in message
+    assert 'missing keys: stages.3.blocks.1.mlp.fc1.bias' in message
     assert 'num_batches_tracked' not in message
 
-    del weights['stages.0.0.attn.extra']
-    weights['stages.3.1.mlp.fc1.bias'] = torch.ones(2048)
+    del weights['stages.0.blocks.0.attn.extra']
+    weights['stages.3.blocks.1.mlp.fc1.bias'] = torch.ones(2048)
     torch.save({'state_dict': weights}, path)
     load_soft_checkpoint(model, str(path))
-    assert torch.equal(model.stages[3][1].mlp.fc1.bias, torch.ones(2048))
+    assert torch.equal(model.stages[3].blocks[1].mlp.fc1.bias, torch.ones(2048))
 
 
 def test_convert_weights_on_mmsoft_file_is_refused(official_tiny, tmp_path):

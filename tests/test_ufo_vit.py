@@ -435,7 +435,7 @@ def test_sync_batch_norm_is_never_recomputed_as_a_plain_one():
     their norms, and with_cp's rerun runs each SyncBatchNorm module itself
     (without a process group it normalises as a BatchNorm, so the gradients
     equal the unconverted model's)."""
-    from mmsoft.models.layers import recomputes_locally
+    from mmsoft.models.functional import recomputes_locally
     torch.manual_seed(8)
     model = UFOViT(arch=MINI_ARCH, norm_eval=False, drop_path_rate=0.).train()
     converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))

@@ -301,7 +301,7 @@ def test_converter_rejects_foreign_checkpoint(tmp_path, capsys):
     assert converter_tool.main([src, str(tmp_path / 'out.pth')]) == 1
     err = capsys.readouterr().err
     assert 'not a UFO-ViT backbone: missing keys: blocks.0.attn.gamma_q' in err
-    assert 'unexpected keys: ' in err and 'patch_embeds.0.proj.0.weight' in err
+    assert 'unexpected keys: ' in err and 'stages.0.patch_embed.proj.0.weight' in err
     assert not osp.exists(tmp_path / 'out.pth')
 
 

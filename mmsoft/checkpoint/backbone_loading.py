@@ -13,8 +13,8 @@ from typing import Iterator, Mapping, Optional, Tuple
 
 import torch.nn as nn
 
-from ..models.layers import rename_deprecated_keys
-from .pos_embed import RESIZE_NOTE, PosEmbedGrids, grid_pos_embed_resizer
+from ..deprecations import rename_deprecated_keys
+from .pos_embed import RESIZE_NOTE, GridResize, PosEmbedGrids, grid_pos_embed_resizer
 from .safe_load import load_checkpoint_file
 from .soft_official import soft_official_to_mmsoft
 from .state_dict import (StateDict, key_list, select_prefix, strip_prefixes,
@@ -108,7 +108,8 @@ def load_strictly(model: nn.Module, state_dict: Mapping, source: str,
             backbone: missing keys: ...; unexpected keys: ...; shape
             mismatches: ...'``.
     """
-    state_dict = rename_deprecated_keys(dict(state_dict))
+    state_dict = rename_deprecated_keys(dict(state_dict),
+                                        getattr(model, 'deprecation_name', None))
     result = fit_state_dict(
         state_dict, model.state_dict(), optional=optional, resize=resize, note=note,
         context=f'checkpoint {source} does not fit the {type(model).__name__} '
@@ -123,6 +124,7 @@ def load_strictly(model: nn.Module, state_dict: Mapping, source: str,
 def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool = False,
                          prefix: Optional[str] = None, map_location='cpu',
                          pos_embed_grids: Optional[PosEmbedGrids] = None,
+                         resize_pos_embed: Optional[GridResize] = None,
                          variant: Optional[str] = None,
                          logger='current') -> dict:
     """Loads a checkpoint file into a SOFT backbone, strictly.
@@ -143,6 +145,8 @@ def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool 
             tensors of another square grid are resized (see
             :func:`~mmsoft.checkpoint.pos_embed.grid_pos_embed_resizer`).
             Default: None (nothing is resized).
+        resize_pos_embed (callable, optional): The model's resize of grid
+            embeddings, needed with ``pos_embed_grids``. Default: None.
         variant (str, optional): The model's variant (``'soft'`` or
             ``'soft++'``); a file of another variant is reported with a
             warning. Default: None.
@@ -174,7 +178,12 @@ def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool 
         print_log(f'{filename} holds {file_variant!r} weights but the backbone '
                   f'computes variant={variant!r}.', logger=logger,
                   level=logging.WARNING)
-    resize = grid_pos_embed_resizer(pos_embed_grids) if pos_embed_grids else None
+    resize = None
+    if pos_embed_grids:
+        if resize_pos_embed is None:
+            raise ValueError('pos_embed_grids needs resize_pos_embed, the model\'s '
+                             'resize of grid embeddings; got None.')
+        resize = grid_pos_embed_resizer(pos_embed_grids, resize_pos_embed)
     load_strictly(model, state_dict, filename, logger=logger, note=RESIZE_NOTE,
                   resize=resize)
     return info

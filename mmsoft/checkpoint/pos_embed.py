@@ -4,15 +4,17 @@ Position embeddings of shape (1, E + H*W, C) hold E leading extra entries
 (e.g. a class token's), then an H x W grid.
 """
 import math
-from typing import Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 import torch
 
-from ..models.layers import resize_pos_embed
 from .strict import ResizeHook
 
 #: Position-embedding key -> (the model's grid (H, W), leading extra entries).
 PosEmbedGrids = Mapping[str, Tuple[Tuple[int, int], int]]
+#: The model's resize of grid embeddings: (1, Hs * Ws, C), (Hs, Ws), (H, W) ->
+#: (1, H * W, C), e.g. :func:`mmsoft.models.soft.resize_pos_embed`.
+GridResize = Callable[[torch.Tensor, Tuple[int, int], Tuple[int, int]], torch.Tensor]
 #: Note added to shape-mismatch errors of loaders using the hook.
 RESIZE_NOTE = ('(position embeddings are resized only from a square grid of the '
                'same width.)')
@@ -45,7 +47,7 @@ def checkpoint_grid_side(value: torch.Tensor, target: torch.Tensor,
 
 
 def resize_grid_pos_embed(value: torch.Tensor, side: int, grid: Tuple[int, int],
-                          num_extra: int) -> torch.Tensor:
+                          num_extra: int, resize: GridResize) -> torch.Tensor:
     """Bilinearly resizes the grid part of position embeddings.
 
     Args:
@@ -53,21 +55,24 @@ def resize_grid_pos_embed(value: torch.Tensor, side: int, grid: Tuple[int, int],
         side (int): Side of its square grid.
         grid (tuple[int, int]): The grid (H, W) wanted.
         num_extra (int): E, the leading entries kept as they are.
+        resize (callable): The model's resize of grid embeddings.
 
     Returns:
         Tensor: Shape (1, E + H*W, C), of ``value``'s dtype.
     """
     extra, tokens = value[:, :num_extra], value[:, num_extra:]
-    resized = resize_pos_embed(tokens.float(), (side, side), grid).to(value.dtype)
+    resized = resize(tokens.float(), (side, side), grid).to(value.dtype)
     return torch.cat((extra, resized), dim=1)
 
 
-def grid_pos_embed_resizer(grids: PosEmbedGrids) -> ResizeHook:
+def grid_pos_embed_resizer(grids: PosEmbedGrids, interpolate: GridResize) -> ResizeHook:
     """The resize hook for a model's learned position embeddings.
 
     Args:
         grids (Mapping): State-dict key of each position-embedding tensor ->
             (the model's grid (H, W), number of leading extra entries).
+        interpolate (callable): The model's resize of grid embeddings (the
+            checkpoint code imports no model).
 
     Returns:
         Callable: ``resize(key, checkpoint_tensor, model_tensor)`` giving the
@@ -82,6 +87,6 @@ def grid_pos_embed_resizer(grids: PosEmbedGrids) -> ResizeHook:
         side = checkpoint_grid_side(value, target, num_extra)
         if side is None:
             return None
-        return resize_grid_pos_embed(value, side, grid, num_extra)
+        return resize_grid_pos_embed(value, side, grid, num_extra, interpolate)
 
     return resize

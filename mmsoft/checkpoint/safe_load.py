@@ -16,7 +16,6 @@ import pickle
 import types
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 
 from ..utils.torch_compat import has_native_weights_only_globals
@@ -67,6 +66,7 @@ def _numpy_multiarray() -> List[Tuple[Callable, str]]:
 
 def _numeric_dtype_classes() -> List[type]:
     """Concrete dtype classes of booleans, integers and floats (incl. complex)."""
+    import numpy as np  # torch does not require numpy; a checkpoint's arrays do
     codes = '?' + np.typecodes['AllInteger'] + np.typecodes['AllFloat']
     return sorted({type(np.dtype(code)) for code in codes}, key=str)
 
@@ -83,6 +83,7 @@ def checkpoint_safe_globals() -> List[Union[Callable, Tuple[Callable, str]]]:
         list: Classes/functions, or ``(object, 'module.qualname')`` pairs for
         those registered under a name other than their own.
     """
+    import numpy as np  # torch does not require numpy; a checkpoint's arrays do
     entries = [np.ndarray, np.dtype, *_numeric_dtype_classes(), *_numpy_multiarray()]
     if importlib.util.find_spec('mmengine') is not None:
         from mmengine.logging import HistoryBuffer

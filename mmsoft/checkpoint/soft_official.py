@@ -24,17 +24,17 @@ OFFICIAL_VARIANTS = ('soft', 'soft++')
 _BN_PARAM = r'(?P<param>weight|bias|running_mean|running_var|num_batches_tracked)'
 _AFFINE_PARAM = r'(?P<param>weight|bias)'
 _SOFT_BLOCK = r'block(?P<stage>[123])\.(?P<block>0|[1-9]\d*)\.att\.'
-_SOFT_TARGET = 'stages.{stage}.{block}.'
+_SOFT_TARGET = 'stages.{stage}.blocks.{block}.'
 
 # (pattern over a whole reference key, template of the mmsoft key). Named group
 # ``stage`` is 1-based in the reference and 0-based in mmsoft.
 KEY_RULES: List[Tuple[re.Pattern, str]] = [
     (rf'patch_embed(?P<stage>1)\.proj\.(?P<layer>[013467])\.{_BN_PARAM}',
-     'patch_embeds.{stage}.proj.{layer}.{param}'),
+     'stages.{stage}.patch_embed.proj.{layer}.{param}'),
     (rf'patch_embed(?P<stage>[234])\.proj\.(?P<layer>[01])\.{_BN_PARAM}',
-     'patch_embeds.{stage}.proj.{layer}.{param}'),
-    (r'pos_embed(?P<stage>[1-4])', 'pos_embeds.{stage}'),
-    (r'cls_token', 'cls_token'),
+     'stages.{stage}.patch_embed.proj.{layer}.{param}'),
+    (r'pos_embed(?P<stage>[1-4])', 'stages.{stage}.pos_embed'),
+    (r'cls_token', f'stages.{NUM_STAGES - 1}.cls_token'),
     (rf'{_SOFT_BLOCK}mha\.W_q\.{_AFFINE_PARAM}', _SOFT_TARGET + 'attn.q_proj.{param}'),
     (rf'{_SOFT_BLOCK}mha\.W_v\.{_AFFINE_PARAM}', _SOFT_TARGET + 'attn.v_proj.{param}'),
     (rf'{_SOFT_BLOCK}mha\.attn\.Qlandmark_op\.weight',
@@ -49,8 +49,8 @@ KEY_RULES: List[Tuple[re.Pattern, str]] = [
     (rf'{_SOFT_BLOCK}norm2\.{_AFFINE_PARAM}', _SOFT_TARGET + 'norm2.{param}'),
     (r'block(?P<stage>4)\.(?P<block>0|[1-9]\d*)\.'
      r'(?P<name>norm1|attn\.q|attn\.kv|attn\.proj|norm2|mlp\.fc1|mlp\.fc2)\.'
-     + _AFFINE_PARAM, 'stages.{stage}.{block}.{name}.{param}'),
-    (rf'norm\.{_AFFINE_PARAM}', 'norm.{param}'),
+     + _AFFINE_PARAM, 'stages.{stage}.blocks.{block}.{name}.{param}'),
+    (rf'norm\.{_AFFINE_PARAM}', f'stages.{NUM_STAGES - 1}.norm.{{param}}'),
 ]
 KEY_RULES = [(re.compile(pattern), template) for pattern, template in KEY_RULES]
 
@@ -65,7 +65,7 @@ def rename_official_key(key: str) -> Optional[str]:
             ``'block1.0.att.mha.W_q.weight'``.
 
     Returns:
-        str | None: e.g. ``'stages.0.0.attn.q_proj.weight'``.
+        str | None: e.g. ``'stages.0.blocks.0.attn.q_proj.weight'``.
     """
     for pattern, template in KEY_RULES:
         match = pattern.fullmatch(key)
@@ -168,24 +168,25 @@ def detect_soft_settings(state_dict: Mapping) -> dict:
         ValueError: Tensors the settings are read from are missing, or their
             shapes are inconsistent.
     """
-    required = ['patch_embeds.0.proj.0.weight', 'patch_embeds.0.proj.6.weight']
-    required += [f'patch_embeds.{i}.proj.0.weight' for i in range(1, NUM_STAGES)]
-    required += [f'pos_embeds.{i}' for i in range(NUM_STAGES)]
-    required += [f'stages.{i}.0.{name}' for i in range(NUM_STAGES - 1) for name in (
-        'attn.bottleneck_conv.weight', 'attn.local_conv.weight', 'mlp.fc1.weight')]
-    required += [f'stages.{NUM_STAGES - 1}.0.mlp.fc1.weight']
+    required = [f'stages.0.patch_embed.proj.{layer}.weight' for layer in (0, 6)]
+    required += [f'stages.{i}.patch_embed.proj.0.weight' for i in range(1, NUM_STAGES)]
+    required += [f'stages.{i}.pos_embed' for i in range(NUM_STAGES)]
+    required += [f'stages.{i}.blocks.0.{name}' for i in range(NUM_STAGES - 1)
+                 for name in ('attn.bottleneck_conv.weight', 'attn.local_conv.weight',
+                              'mlp.fc1.weight')]
+    required += [f'stages.{NUM_STAGES - 1}.blocks.0.mlp.fc1.weight']
     missing = [key for key in required if key not in state_dict]
     if missing:
         raise ValueError(f'cannot read the SOFT architecture: the checkpoint lacks '
                          f'{missing}.')
 
-    stem = _tensor_shape(state_dict, 'patch_embeds.0.proj.0.weight')
-    embed_dims = [_tensor_shape(state_dict, 'patch_embeds.0.proj.6.weight')[0]]
-    embed_dims += [_tensor_shape(state_dict, f'patch_embeds.{i}.proj.0.weight')[0]
+    stem = _tensor_shape(state_dict, 'stages.0.patch_embed.proj.0.weight')
+    embed_dims = [_tensor_shape(state_dict, 'stages.0.patch_embed.proj.6.weight')[0]]
+    embed_dims += [_tensor_shape(state_dict, f'stages.{i}.patch_embed.proj.0.weight')[0]
                    for i in range(1, NUM_STAGES)]
     depths = []
     for i in range(NUM_STAGES):
-        pattern = re.compile(rf'stages\.{i}\.(\d+)\.')
+        pattern = re.compile(rf'stages\.{i}\.blocks\.(\d+)\.')
         indices = {int(m[1]) for m in map(pattern.match, state_dict) if m}
         depths.append(len(indices))
         if indices != set(range(len(indices))):
@@ -194,9 +195,9 @@ def detect_soft_settings(state_dict: Mapping) -> dict:
     num_heads, sr_ratios, kernel_sizes, mlp_ratios = [], [], [], []
     for i in range(NUM_STAGES - 1):
         head_dims, _, ratio, _ = _tensor_shape(
-            state_dict, f'stages.{i}.0.attn.bottleneck_conv.weight')
-        heads, _, ksize, _ = _tensor_shape(state_dict,
-                                           f'stages.{i}.0.attn.local_conv.weight')
+            state_dict, f'stages.{i}.blocks.0.attn.bottleneck_conv.weight')
+        heads, _, ksize, _ = _tensor_shape(
+            state_dict, f'stages.{i}.blocks.0.attn.local_conv.weight')
         if heads * head_dims != embed_dims[i]:
             raise ValueError(
                 f'stage {i + 1}: {heads} heads of width {head_dims} do not make '
@@ -204,10 +205,10 @@ def detect_soft_settings(state_dict: Mapping) -> dict:
         num_heads.append(heads)
         sr_ratios.append(ratio)
         kernel_sizes.append(ksize)
-        mlp_ratios.append(_tensor_shape(state_dict, f'stages.{i}.0.mlp.fc1.weight')[0] /
-                          embed_dims[i])
+        hidden = _tensor_shape(state_dict, f'stages.{i}.blocks.0.mlp.fc1.weight')[0]
+        mlp_ratios.append(hidden / embed_dims[i])
     num_heads.append(None)
-    mlp_ratios.append(_tensor_shape(state_dict, 'stages.3.0.mlp.fc1.weight')[0] /
+    mlp_ratios.append(_tensor_shape(state_dict, 'stages.3.blocks.0.mlp.fc1.weight')[0] /
                       embed_dims[3])
     mlp_ratios = [int(r) if float(r).is_integer() else r for r in mlp_ratios]
     return dict(embed_dims=list(embed_dims), num_heads=num_heads, depths=depths,
@@ -220,7 +221,8 @@ def _pretrain_img_size(state_dict: Mapping) -> Optional[int]:
     """Image size whose stage grids (size / 4, / 8, ...) the position
     embeddings hold, or None when they are not such grids."""
     sides = [
-        square_side(state_dict[f'pos_embeds.{i}'].shape[1] - (i == NUM_STAGES - 1))
+        square_side(state_dict[f'stages.{i}.pos_embed'].shape[1]
+                    - (i == NUM_STAGES - 1))
         for i in range(NUM_STAGES)
     ]
     if sides[0] is None:
@@ -329,9 +331,8 @@ def check_detected_arch(converted: Mapping, settings: Mapping,
         ValueError: Missing, unexpected or mis-shaped keys, all listed.
     """
     if settings['pretrain_img_size'] is None:
-        converted = {k: v for k, v in converted.items()
-                     if not k.startswith('pos_embeds.')}
-        layout = {k: v for k, v in layout.items() if not k.startswith('pos_embeds.')}
+        converted = {k: v for k, v in converted.items() if not k.endswith('.pos_embed')}
+        layout = {k: v for k, v in layout.items() if not k.endswith('.pos_embed')}
     fit_state_dict(converted, layout, context=f'the checkpoint does not fit the '
                    f'detected architecture {dict(settings)}')
 

@@ -2,7 +2,7 @@
 
 What is exported is the function PyTorch computes, in operators ONNX has:
 the export formulation of the model's
-:class:`~mmsoft.models.layers.Exportable` modules, which
+:class:`~mmsoft.models.soft.Exportable` modules, which
 :func:`export_formulation` switches on while it exports:
 
 * SOFT attention's ``solver='newton_closed_form'`` is exported as the
@@ -12,7 +12,7 @@ the export formulation of the model's
   follow the traced input.
 
 Tracers see each layer's plain operations
-(:func:`mmsoft.models.layers.is_tracing`).
+(:func:`mmsoft.models.functional.is_tracing`).
 The graph is traced with PyTorch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``) with dynamic batch, height and
 width; :func:`verify_onnx` runs it in onnxruntime at several sizes next to
@@ -32,8 +32,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ..models.layers import Exportable, set_exportable
-from ..models.soft import SoftAttention
+from ..models.soft import Exportable, SoftAttention, set_exportable
 from ..models.soft_kernels import EXPORT_SOLVERS
 from ..utils.torch_compat import TORCH_VERSION, onnx_export_takes_dynamo
 
@@ -200,9 +199,9 @@ def check_exportable(model: nn.Module) -> None:
 def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
     """Switches ``model`` to its export formulation while the context lasts.
 
-    Every :class:`~mmsoft.models.layers.Exportable` module of ``model``
+    Every :class:`~mmsoft.models.soft.Exportable` module of ``model``
     computes its export formulation inside the context
-    (:func:`~mmsoft.models.layers.set_exportable`) and its former one
+    (:func:`~mmsoft.models.soft.set_exportable`) and its former one
     after it.
 
     Args:

@@ -14,21 +14,33 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..checkpoint.soft_official import soft_official_to_mmsoft
+from ..deployment.traceable import traceable_cap_bottleneck_grid
+from ..deprecations import accepts_renamed_arguments
 from ..utils.torch_compat import autocast_off
 from ..utils.validation import (check_choice, check_divisible, check_lengths,
                                 check_positive_int, resolve_arch)
-from .layers import (MLP, ConvPatchEmbed, DenseBackbone, Exportable, MemoryEfficient,
-                     TanhGELU, ValidShapes, accept_renamed, contiguous_gradient,
-                     drop_path_or_identity, full_precision, gelu,
-                     init_transformer_weights, interpolate_pos_embed, mask_map,
-                     merge_heads, region_tokens_to_grid, resize_pos_embed,
-                     resize_pos_embed_to_regions, split_heads, take_indices,
-                     takes_memory_efficient_path, tokens_of_region, tokens_to_map,
-                     valid_mask)
-from .soft_kernels import (EXPORT_SOLVERS, bottleneck_kernel,
-                           check_kernel_inverse_options, gaussian_kernel,
-                           kernel_inverse, memory_efficient_kernel_attention,
-                           scaled_both_sides, solver_that_runs)
+from .functional import (ValidShapes, contiguous_gradient, full_precision, gelu,
+                         mask_map, merge_heads, pad_to_grid, per_distinct_shape,
+                         run_block, split_heads, valid_mask)
+from .layers import (MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
+                     drop_path_or_identity, init_transformer_weights, run_mode,
+                     switch_modules, take_indices, tokens_to_map)
+from .soft_kernels import (EXPORT_SOLVERS, check_kernel_inverse_options,
+                           low_rank_kernel_attention, memory_efficient_kernel_attention)
+
+
+# --- Export formulation
+class Exportable:
+    """Mixin: ``exportable`` (:func:`set_exportable`) makes the layer bind, in
+    ``choose_formulation``, the functions of its ONNX formulation or eager ones."""
+
+    exportable = run_mode('choose_formulation', False)
+
+
+def set_exportable(model: nn.Module, enabled: bool) -> nn.Module:
+    """Switches the ONNX formulation of all ``Exportable`` modules."""
+    return switch_modules(model, Exportable, 'exportable', enabled, 'enabled')
 
 
 # --- Bottleneck cap
@@ -56,81 +68,24 @@ def cap_bottleneck_grid(grid: torch.Tensor, max_tokens: Optional[int]) -> torch.
     return F.adaptive_avg_pool2d(grid, size)
 
 
-def traceable_capped_grid_size(height: torch.Tensor, width: torch.Tensor,
-                               max_tokens: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`capped_grid_size` on 0-dim int64 tensors, without branches."""
-    cap = torch.tensor(max_tokens, dtype=torch.float64)
-    scale = torch.sqrt(cap / (height.to(torch.float64) * width.to(torch.float64)))
-    # Truncation is the floor here: both products are positive.
-    rows = torch.minimum(height, (height * scale).to(torch.int64).clamp_min(1))
-    cols = torch.minimum(width, (width * scale).to(torch.int64).clamp_min(1))
-    cols = torch.where(rows == 1, cols.clamp_max(max_tokens), cols)
-    rows = torch.where(cols == 1, rows.clamp_max(max_tokens), rows)
-    return rows, cols
+# --- Valid regions of one image
+def tokens_of_region(tokens: torch.Tensor, hw_shape: Sequence[int],
+                     shape: Tuple[int, int]) -> torch.Tensor:
+    """Tokens (..., H * W, C) -> those of the top-left (h, w): (..., h * w, C)."""
+    grid = tokens.unflatten(-2, tuple(hw_shape))  # (..., H, W, C)
+    return grid[..., :shape[0], :shape[1], :].flatten(-3, -2)
 
 
-def averaging_matrix(size_in: torch.Tensor, size_out: torch.Tensor,
-                     dtype: torch.dtype, device=None) -> torch.Tensor:
-    """Adaptive average pooling of n cells to k along one axis, as a (k, n) matrix.
-
-    Row i is ``1 / len(bin_i)`` on bin i ``= [floor(i n / k), ceil((i + 1) n / k))``.
-    """
-    index = torch.arange(size_out, device=device)  # (k, )
-    start = torch.div(index * size_in, size_out, rounding_mode='floor')
-    end = torch.div((index + 1) * size_in + size_out - 1, size_out,
-                    rounding_mode='floor')
-    cells = torch.arange(size_in, device=device)  # (n, )
-    inside = (cells >= start[:, None]) & (cells < end[:, None])  # (k, n)
-    return inside.to(dtype) / (end - start)[:, None].to(dtype)
-
-
-def traceable_cap_bottleneck_grid(grid: torch.Tensor,
-                                  max_tokens: Optional[int]) -> torch.Tensor:
-    """:func:`cap_bottleneck_grid` as matrix products, traceable for any grid size."""
-    if max_tokens is None:
-        return grid
-    shape = torch._shape_as_tensor(grid)  # (4, ) int64
-    height, width = shape[-2], shape[-1]
-    rows, cols = traceable_capped_grid_size(height, width, max_tokens)
-    pool_rows = averaging_matrix(height, rows, grid.dtype, grid.device)  # (h', h)
-    pool_cols = averaging_matrix(width, cols, grid.dtype, grid.device)  # (w', w)
-    return pool_rows @ grid @ pool_cols.transpose(0, 1)  # (B, d, h', w')
+def region_tokens_to_grid(tokens: torch.Tensor, shape: Tuple[int, int],
+                          hw_shape: Sequence[int]) -> torch.Tensor:
+    """Inverse of ``tokens_of_region``: (..., h * w, C) -> (..., H * W, C)."""
+    grid = tokens.unflatten(-2, tuple(shape)).movedim(-1, -3)  # (..., C, h, w)
+    return pad_to_grid(grid, hw_shape).flatten(-2).transpose(-1, -2)
 
 
 # --- SOFT attention
-def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
-                              values: torch.Tensor, variant: str, solver: str,
-                              newton_iters: int,
-                              query_scale: float = 1.) -> torch.Tensor:
-    """``K1 . (middle . (K1^T V))``: the low-rank part of SOFT attention.
-
-    ``K1 = k(Q, L)``, ``A = k(L, L)``; ``middle = (A + 0.01 I)^-1`` (``'soft'``) or
-    ``D^-1/2 pinv(A) D^-1/2`` with ``D = diag(A 1)`` (``'soft++'``).
-
-    Args:
-        queries (Tensor): Unscaled queries Q0 (= keys), shape (B, h, N, d).
-        bottleneck (Tensor): Bottleneck tokens L, shape (B, h, m, d).
-        values (Tensor): Values V, shape (B, h, N, d).
-        variant (str): ``'soft'`` or ``'soft++'``.
-        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``.
-        newton_iters (int): Newton iterations.
-        query_scale (float): ``Q = query_scale * Q0``. Default: 1.
-
-    Returns:
-        Tensor: Shape (B, h, N, d).
-    """
-    kernel_a = bottleneck_kernel(bottleneck)  # A = k(L, L): (B, h, m, m)
-    middle = kernel_inverse(kernel_a, variant, solver, newton_iters)  # (B, h, m, m)
-    if variant == 'soft++':
-        # D^-1/2 . middle . D^-1/2, D = diag(A 1)
-        middle = scaled_both_sides(middle, kernel_a.sum(-1).rsqrt())  # (B,h,m,m)
-    query_kernel = gaussian_kernel(queries * query_scale, bottleneck)  # K1: (B,h,N,m)
-    summary = query_kernel.transpose(-1, -2) @ values  # K1^T V: (B, h, m, d)
-    return query_kernel @ (middle @ summary)  # (B, h, N, d)
-
-
 class SoftAttention(MemoryEfficient, Exportable, nn.Module):
-    """Softmax-free attention: ``out = ff(K1 . middle . (K1^T V) + DWConv(V))``.
+    """Softmax-free attention: ``out = proj(K1 . middle . (K1^T V) + DWConv(V))``.
 
     Queries double as keys, ``Q = d^-1/4 Q0``. Bottleneck tokens L come from a
     stride-``sr_ratio`` conv shared by heads + LayerNorm + GELU, capped at
@@ -156,6 +111,7 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
 
     saves_memory_in_inference = True
 
+    @accepts_renamed_arguments
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
@@ -190,6 +146,15 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
             num_heads, num_heads, local_kernel_size,
             padding=local_kernel_size // 2, groups=num_heads, bias=False)
         self.out_proj = nn.Linear(embed_dims, embed_dims)
+        self.exportable = False
+
+    def choose_formulation(self, exportable: bool) -> None:
+        """Eager: the bottleneck cap on Python sizes and the solver built; ONNX:
+        the cap as matrix products and the solver ONNX expresses."""
+        self.cap_grid = (traceable_cap_bottleneck_grid if exportable
+                         else cap_bottleneck_grid)
+        self.solver_to_run = (EXPORT_SOLVERS.get(self.solver, self.solver) if exportable
+                              else self.solver)
 
     def bottleneck_tokens(self, query_map: torch.Tensor,
                           scale: float) -> torch.Tensor:
@@ -198,8 +163,7 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
         weight = self.bottleneck_conv.weight.repeat(self.num_heads, 1, 1, 1)
         grid = F.conv2d(query_map, weight, stride=self.bottleneck_conv.stride,
                         groups=self.num_heads)  # (B, h*d, H/r, W/r)
-        cap = traceable_cap_bottleneck_grid if self.exportable else cap_bottleneck_grid
-        grid = cap(grid, self.max_bottleneck_tokens)  # h'w' <= cap
+        grid = self.cap_grid(grid, self.max_bottleneck_tokens)  # h'w' <= cap
         bottleneck = grid.reshape(batch, self.num_heads, self.head_dims, -1)
         # LayerNorm's input and gradient contiguous, for the compiler's stride model.
         bottleneck = (bottleneck.transpose(-1, -2) * scale).contiguous()  # (B, h, m, d)
@@ -213,15 +177,13 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
         bottleneck = self.bottleneck_tokens(query_map, scale)  # L: (B, h, m, d)
         query_tokens = query_map.flatten(2).transpose(1, 2)  # (B, N, C)
         queries = split_heads(query_tokens, self.num_heads)  # Q0: (B, h, N, d)
-        kernel_attention = (self.memory_efficient_attention
-                            if takes_memory_efficient_path(self)
+        kernel_attention = (self.memory_efficient_attention if self.saving_memory()
                             else low_rank_kernel_attention)
-        solver = (EXPORT_SOLVERS[self.solver] if self.exportable
-                  else solver_that_runs(self.solver, query_map.device.type))
         with autocast_off(query_map.device.type):
             return kernel_attention(full_precision(queries), full_precision(bottleneck),
-                                    full_precision(values), self.variant, solver,
-                                    self.newton_iters, query_scale=scale)
+                                    full_precision(values), self.variant,
+                                    self.solver_to_run, self.newton_iters,
+                                    query_scale=scale)
 
     def global_term_per_image(self, query_map: torch.Tensor, values: torch.Tensor,
                               valid_shapes: ValidShapes) -> torch.Tensor:
@@ -244,17 +206,9 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
 
     def forward(self, x: torch.Tensor, hw_shape,
                 valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """Forward.
-
-        Args:
-            x (Tensor): Tokens, shape (B, N, C).
-            hw_shape (tuple[int, int]): The token grid (H, W), H * W = N.
-            valid_shapes (list[tuple[int, int]], optional): Each image's valid
-                region; each image attends only within it. Default: None (all).
-
-        Returns:
-            Tensor: Shape (B, N, C); meaningless outside the valid regions.
-        """
+        """Tokens (B, N, C) on the (H, W) grid ``hw_shape`` -> (B, N, C); with
+        ``valid_shapes``, each image attends within its own (h, w) region only
+        (the outputs outside it are meaningless)."""
         batch, tokens, channels = x.shape
         query_tokens = self.q_proj(x)  # Q0: (B, N, C)
         value_tokens = self.v_proj(x)  # V: (B, N, C)
@@ -273,6 +227,13 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
 
 
 # --- Blocks
+class TanhGELU(nn.GELU):
+    """GELU with the tanh approximation."""
+
+    def __init__(self):
+        super().__init__(approximate='tanh')
+
+
 class SoftBlock(nn.Module):
     """Post-norm ``x = LN(x + attn(x)); x = LN(x + MLP(x))`` with SOFT attention.
 
@@ -301,7 +262,7 @@ class SoftBlock(nn.Module):
                 valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """(B, N, C) on an (H, W) grid -> (B, N, C), see SoftAttention.forward."""
         x = x + self.drop_path(self.attn(x, hw_shape, valid_shapes))
-        x, mlp_out = self.mlp(x, norm=self.norm1)
+        x, mlp_out = self.mlp.forward_normed(x, self.norm1)
         return self.norm2(x + self.drop_path(mlp_out))
 
 
@@ -360,7 +321,7 @@ class SoftmaxBlock(nn.Module):
         if valid_shapes is not None:
             key_mask = grid_key_mask(x, hw_shape, valid_shapes)
         x = x + self.drop_path(self.attn(self.norm1(x), key_mask=key_mask))
-        return x + self.drop_path(self.mlp(x, norm=self.norm2)[1])
+        return x + self.drop_path(self.mlp.forward_normed(x, self.norm2)[1])
 
 
 def grid_key_mask(x: torch.Tensor, hw_shape, valid_shapes: ValidShapes) -> torch.Tensor:
@@ -368,6 +329,116 @@ def grid_key_mask(x: torch.Tensor, hw_shape, valid_shapes: ValidShapes) -> torch
     inside = valid_mask(valid_shapes, hw_shape, x.device).flatten(1)  # (B, H*W)
     extra = x.new_ones(x.shape[0], x.shape[1] - inside.shape[1], dtype=torch.bool)
     return torch.cat((extra, inside), dim=1)
+
+
+# --- Position embeddings
+def interpolate_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
+                          dst_shape: Tuple[int, int]) -> torch.Tensor:
+    """Bilinearly resamples position embeddings (1, Hs * Ws, C) -> (1, H * W, C)."""
+    channels = pos_embed.shape[-1]
+    grid = pos_embed.reshape(1, *src_shape, channels).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=dst_shape, mode='bilinear', align_corners=False)
+    return grid.flatten(2).transpose(1, 2)
+
+
+def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
+                     dst_shape: Tuple[int, int]) -> torch.Tensor:
+    """``interpolate_pos_embed``, returning ``pos_embed`` itself if unchanged."""
+    if tuple(src_shape) == tuple(dst_shape):
+        return pos_embed
+    return interpolate_pos_embed(pos_embed, src_shape, dst_shape)
+
+
+def resize_pos_embed_to_regions(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
+                                hw_shape: Tuple[int, int],
+                                valid_shapes: ValidShapes) -> torch.Tensor:
+    """Embeddings (1, Hs * Ws, C) resized per valid region: (B, H * W, C).
+
+    Each image's region gets the embeddings resized to its (h, w); zero outside.
+    """
+    resized = per_distinct_shape(  # (1, h * w, C) each
+        lambda shape: resize_pos_embed(pos_embed, src_shape, shape), valid_shapes)
+    return torch.cat([region_tokens_to_grid(resized[shape], shape, hw_shape)
+                      for shape in valid_shapes])
+
+
+# --- Stage
+class SoftStage(Exportable, nn.Module):
+    """One stage: patch embedding, position embeddings, blocks, and in the last
+    stage the class token and the final LayerNorm.
+
+    Tokens ``[cls;] patches + pos`` (B, extra + H * W, C) run the blocks; the
+    position embeddings, learned on ``pos_grid``, are resized to each grid.
+
+    Args:
+        patch_embed (ConvPatchEmbed): Input map (or image) to tokens.
+        blocks (Sequence[nn.Module]): The stage's blocks.
+        embed_dims (int): Token width C.
+        pos_grid (tuple[int, int]): Grid of the learned position embeddings.
+        class_token (bool): Prepend a class token, end with a LayerNorm.
+            Default: False.
+        drop_rate (float): Dropout after the position embeddings. Default: 0.
+    """
+
+    def __init__(self, patch_embed: ConvPatchEmbed, blocks: Sequence[nn.Module],
+                 embed_dims: int, pos_grid: Tuple[int, int], class_token: bool = False,
+                 drop_rate: float = 0.):
+        super().__init__()
+        self.patch_embed = patch_embed
+        self.pos_grid = tuple(pos_grid)
+        self.extra_tokens = int(class_token)
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, self.extra_tokens + math.prod(pos_grid), embed_dims))
+        if class_token:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = nn.LayerNorm(embed_dims, eps=1e-6) if class_token else nn.Identity()
+        self.grad_checkpointing = False
+        self.exportable = False
+
+    def choose_formulation(self, exportable: bool) -> None:
+        """ONNX: the resize runs on every grid, the learned one included."""
+        self.resize_pos_embed = (interpolate_pos_embed if exportable
+                                 else resize_pos_embed)
+
+    def position_embeddings(self, hw_shape: Tuple[int, int],
+                            valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """At ``hw_shape`` (per valid region), cls first: (1 or B, extra + H * W, C)."""
+        grid_embed = self.pos_embed[:, self.extra_tokens:]
+        if valid_shapes is None:
+            grid = self.resize_pos_embed(grid_embed, self.pos_grid, hw_shape)
+        else:
+            grid = resize_pos_embed_to_regions(grid_embed, self.pos_grid, hw_shape,
+                                               valid_shapes)
+        if not self.extra_tokens:
+            return grid
+        extra_embed = self.pos_embed[:, :self.extra_tokens]
+        extra_embed = extra_embed.expand(grid.shape[0], -1, -1)
+        return torch.cat((extra_embed, grid), dim=1)
+
+    def forward(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes] = None
+                ) -> Tuple[torch.Tensor, Tuple[int, int], Optional[ValidShapes]]:
+        """Map (B, C_in, H_in, W_in) -> tokens (B, extra + H * W, C), the grid
+        (H, W) and its valid regions; padded tokens (``valid_shapes``) are ignored."""
+        patches, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C)
+        if valid_shapes is not None:
+            valid_shapes = self.patch_embed.output_shapes(valid_shapes)
+        if self.extra_tokens:
+            cls_token = self.cls_token.expand(patches.shape[0], -1, -1)  # (B, 1, C)
+            patches = torch.cat((cls_token, patches), dim=1)
+        tokens = self.pos_drop(  # (B, extra + N, C); no embeddings held by the blocks
+            patches + self.position_embeddings(hw_shape, valid_shapes))
+        for block in self.blocks:
+            tokens = run_block(block, tokens, hw_shape, valid_shapes,
+                               checkpointing=self.grad_checkpointing and self.training)
+        return self.norm(tokens), hw_shape, valid_shapes
+
+    def grid_map(self, tokens: torch.Tensor, hw_shape: Tuple[int, int],
+                 valid_shapes: Optional[ValidShapes]) -> torch.Tensor:
+        """The grid's tokens as a map (B, C, H, W), zero outside ``valid_shapes``."""
+        grid_tokens = tokens[:, self.extra_tokens:]  # (B, N, C)
+        return mask_map(tokens_to_map(grid_tokens, hw_shape), valid_shapes)
 
 
 # --- Model
@@ -395,12 +466,13 @@ NUM_STAGES = 4
 CLASS_TOKEN_STAGE = NUM_STAGES - 1
 
 
-class SOFT(DenseBackbone, Exportable):
+class SOFT(DenseBackbone):
     """SOFT / SOFT++ (Lu et al., NeurIPS 2021 / IJCV 2024).
 
-    Four stages at strides 4-32 with conv patch embeddings and resized position
-    embeddings: stages 1-3 run :class:`SoftBlock` s, stage 4 :class:`SoftmaxBlock` s
-    with a class token, whose normalised state feeds the classifier ``head``.
+    Four :class:`SoftStage` s at strides 4-32, each a conv patch embedding,
+    resized position embeddings and blocks: stages 1-3 run :class:`SoftBlock` s,
+    stage 4 :class:`SoftmaxBlock` s with a class token, whose normalised state
+    feeds the classifier ``head``.
 
     Args:
         arch (str | dict): ``'tiny'`` to ``'huge'``, or a dict of ``embed_dims``,
@@ -426,7 +498,9 @@ class SOFT(DenseBackbone, Exportable):
     (``recompute_mlp=``).
     """
 
-    @accept_renamed(attention='variant', recompute_ffn='recompute_mlp')
+    deprecation_name = 'SOFT'
+
+    @accepts_renamed_arguments
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
                  variant: str = 'soft++',
@@ -468,14 +542,6 @@ class SOFT(DenseBackbone, Exportable):
             dict(num_chs=dims, reduction=2**(i + 2), module=f'stages.{i}')
             for i, dims in enumerate(self.embed_dims)]
 
-        self.patch_embeds = nn.ModuleList(self._patch_embed(i) for i in range(4))
-        self.pos_grids = [(pretrain_img_size // 2**(i + 2), ) * 2 for i in range(4)]
-        self.pos_embeds = nn.ParameterList(
-            nn.Parameter(torch.zeros(1, self.extra_tokens(i) + math.prod(grid), dims))
-            for i, (grid, dims) in enumerate(zip(self.pos_grids, self.embed_dims)))
-        self.pos_drop = nn.Dropout(drop_rate)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims[3]))
-
         depths = settings['depths']
         drop_path_rates = torch.linspace(0, drop_path_rate, sum(depths),
                                           device='cpu').tolist()
@@ -483,12 +549,17 @@ class SOFT(DenseBackbone, Exportable):
                            newton_iters=newton_iters,
                            max_bottleneck_tokens=max_bottleneck_tokens,
                            kernel_chunk_tokens=kernel_chunk_tokens)
+        # Patch embeddings first: a seed gives the initial weights it gave
+        # before the stage modules.
+        patch_embeds = [self._patch_embed(i) for i in range(NUM_STAGES)]
         self.stages = nn.ModuleList()
-        for i in range(NUM_STAGES):
+        for i, dims in enumerate(self.embed_dims):
             rates = drop_path_rates[sum(depths[:i]):sum(depths[:i + 1])]
-            self.stages.append(nn.ModuleList(
-                self._block(i, rate, attn_kwargs) for rate in rates))
-        self.norm = nn.LayerNorm(self.embed_dims[3], eps=1e-6)
+            blocks = [self._block(i, rate, attn_kwargs) for rate in rates]
+            pos_grid = (pretrain_img_size // 2**(i + 2), ) * 2
+            self.stages.append(SoftStage(
+                patch_embeds[i], blocks, dims, pos_grid,
+                class_token=i == CLASS_TOKEN_STAGE, drop_rate=drop_rate))
         self.head = self._classifier(num_classes)
         self.select_memory_path(memory_efficient, recompute_mlp)
         self._init_from_scratch()
@@ -511,70 +582,28 @@ class SOFT(DenseBackbone, Exportable):
                          settings['local_kernel_sizes'][stage], mlp_ratio,
                          drop_path, **attn_kwargs)
 
-    def init_weights(self) -> None:
-        """Initialises every parameter from scratch."""
-        self._init_from_scratch()
-
     def _init_from_scratch(self) -> None:
         """Truncated-normal position embeddings, class token and Linear weights."""
-        for pos_embed in self.pos_embeds:
-            nn.init.trunc_normal_(pos_embed, std=.02)
-        nn.init.trunc_normal_(self.cls_token, std=.02)
+        for name, param in self.named_parameters():
+            if name.endswith(('.pos_embed', '.cls_token')):
+                nn.init.trunc_normal_(param, std=.02)
         self.apply(init_transformer_weights)
 
-    @staticmethod
-    def extra_tokens(stage: int) -> int:
-        """Tokens before the grid: 1 (the class token) in :data:`CLASS_TOKEN_STAGE`."""
-        return int(stage == CLASS_TOKEN_STAGE)
-
-    def stage_pos_embed(self, stage: int, hw_shape: Tuple[int, int],
-                        valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """Position embeddings at ``hw_shape``, cls first: (1 or B, extra + H*W, C)."""
-        extra = self.extra_tokens(stage)
-        pos_embed = self.pos_embeds[stage]
-        grid_embed = pos_embed[:, extra:]
-        if valid_shapes is None:
-            # Exported, the resize runs on every grid, its own included.
-            resize = interpolate_pos_embed if self.exportable else resize_pos_embed
-            grid = resize(grid_embed, self.pos_grids[stage], hw_shape)
-        else:
-            grid = resize_pos_embed_to_regions(grid_embed, self.pos_grids[stage],
-                                               hw_shape, valid_shapes)
-        if not extra:
-            return grid
-        extra_embed = pos_embed[:, :extra].expand(grid.shape[0], -1, -1)
-        return torch.cat((extra_embed, grid), dim=1)
-
-    def stage_tokens(self, stage: int, patches: torch.Tensor, hw_shape: Tuple[int, int],
-                     valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """[cls;] patches (B, H * W, C) + position embeddings: (B, extra + N, C)."""
-        if self.extra_tokens(stage):
-            cls_token = self.cls_token.expand(patches.shape[0], -1, -1)  # (B, 1, C)
-            patches = torch.cat((cls_token, patches), dim=1)
-        pos_embed = self.stage_pos_embed(stage, hw_shape, valid_shapes)
-        return self.pos_drop(patches + pos_embed)
-
     def run_stages(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],
-                   indices: Sequence[int] = (), last_stage: int = NUM_STAGES - 1
+                   indices: Sequence[int] = (), last_stage: Optional[int] = None
                    ) -> Tuple[List[torch.Tensor], torch.Tensor]:
-        """Stages 0..``last_stage``; padded tokens (``valid_shapes``) are ignored.
+        """Stages 0..``last_stage`` (default: all); padded tokens are ignored.
 
         Returns:
             tuple[list[Tensor], Tensor]: Maps of ``indices``, (B, C_i, H_i, W_i) at
-            stride 2**(i + 2), and the last tokens (B, extra + N, C).
+            stride 2**(i + 2), and the last stage's tokens (B, extra + N, C).
         """
+        last_stage = len(self.stages) - 1 if last_stage is None else last_stage
         maps = []
-        for i in range(last_stage + 1):
-            x, hw_shape = self.patch_embeds[i](x, valid_shapes)  # (B, N, C)
-            if valid_shapes is not None:
-                valid_shapes = self.patch_embeds[i].output_shapes(valid_shapes)
-            tokens = self.stage_tokens(i, x, hw_shape, valid_shapes)  # (B, extra+N, C)
-            for block in self.stages[i]:
-                tokens = self.run_block(block, tokens, hw_shape, valid_shapes)
-            if i == NUM_STAGES - 1:
-                tokens = self.norm(tokens)
-            x = tokens[:, self.extra_tokens(i):]  # the grid's tokens, (B, N, C)
-            x = mask_map(tokens_to_map(x, hw_shape), valid_shapes)  # (B, C, H, W)
+        for i, stage in enumerate(self.stages[:last_stage + 1]):
+            tokens = None  # the previous stage's: its map x is what the stage reads
+            tokens, hw_shape, valid_shapes = stage(x, valid_shapes)
+            x = stage.grid_map(tokens, hw_shape, valid_shapes)  # (B, C, H, W)
             if i in indices:
                 maps.append(x)
         return maps, tokens
@@ -583,20 +612,37 @@ class SOFT(DenseBackbone, Exportable):
                      indices: Sequence[int]) -> List[torch.Tensor]:
         return self.run_stages(x, valid_shapes, indices, last_stage=max(indices))[0]
 
+    def forward_intermediates(self, x: torch.Tensor,
+                              indices: Optional[Union[int, Sequence[int]]] = None,
+                              norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = 'NCHW',
+                              intermediates_only: bool = False,
+                              valid_shapes: Optional[Sequence] = None):
+        """timm's feature API: the maps of ``indices`` (strides 4-32), in one pass.
+
+        Args:
+            x: Images (B, in_channels, H, W).
+            indices: Stages to return (see ``take_indices``). Default: all.
+            norm: Unused (the last stage's map is normalised, as in forward).
+            stop_early: Stop after the last stage asked for; with
+                ``intermediates_only`` it always does. Default: False.
+            output_fmt: ``'NCHW'`` only.
+            intermediates_only: Return the maps alone. Default: False.
+            valid_shapes: Each image's (h, w) in a padded batch. Default: None.
+
+        Returns:
+            The maps, or the last stage's tokens (``forward_features``) and the maps.
+        """
+        shapes, indices = self.check_intermediates_request(x, indices, output_fmt,
+                                                           valid_shapes)
+        last_stage = max(indices) if stop_early or intermediates_only else None
+        maps, tokens = self.run_stages(x, shapes, indices, last_stage)
+        return maps if intermediates_only else (tokens, maps)
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The normalised stage-4 tokens, class token first: (B, 1 + N, C)."""
         self.check_input(x)
         return self.run_stages(x, None)[1]
-
-    def forward_intermediates(self, x: torch.Tensor, indices=None, norm: bool = False,
-                              stop_early: bool = False, output_fmt: str = 'NCHW',
-                              intermediates_only: bool = False, valid_shapes=None):
-        if intermediates_only:
-            return super().forward_intermediates(
-                x, indices, norm, stop_early, output_fmt, True, valid_shapes)
-        shapes = self.check_input(x, valid_shapes)
-        maps, tokens = self.run_stages(x, shapes, take_indices(indices, NUM_STAGES))
-        return tokens, maps
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens (B, 1 + N, C) -> logits (B, num_classes), or features (B, C)."""
@@ -614,30 +660,37 @@ class SOFT(DenseBackbone, Exportable):
 
     def prune_intermediate_layers(self, indices=1, prune_norm: bool = False,
                                   prune_head: bool = True) -> List[int]:
-        """Drops the classifier (``prune_head``); returns the kept indices."""
+        """Drops the stages after the last of ``indices`` and (``prune_head``)
+        the classifier; returns the kept indices."""
+        kept = take_indices(indices, len(self.stages))
+        del self.stages[max(kept) + 1:]
+        self.feature_info = self.feature_info[:max(kept) + 1]
         if prune_head:
             self.reset_classifier(0, '')
-        return take_indices(indices, NUM_STAGES)
+        return kept
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
-        return {'cls_token'} | {f'pos_embeds.{i}' for i in range(NUM_STAGES)}
+        return {name for name, _ in self.named_parameters()
+                if name.endswith(('.pos_embed', '.cls_token'))}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r'^cls_token|^pos_embeds\.0|^patch_embeds\.0',
+        return dict(stem=r'^stages\.0\.(?:patch_embed|pos_embed)',
                     blocks=r'^stages\.(\d+)' if coarse else
-                    [(r'^stages\.(\d+)\.(\d+)', None), (r'^norm', (99999, ))])
+                    [(r'^stages\.(\d+)\.blocks\.(\d+)', None),
+                     (r'^stages\.(\d+)\.', None)])
 
 
 # --- Official checkpoints
 def checkpoint_filter_fn(state_dict: dict, model: SOFT) -> dict:
     """An official SOFT / SOFT++ checkpoint (fudan-zvg/SOFT) in :class:`SOFT`'s layout.
 
-    A converted dict passes as is; ``head.*`` is kept if ``model`` has a classifier.
+    A dict in mmsoft's layout (or an earlier one) passes as is; ``head.*`` is kept
+    if ``model`` has a classifier.
     """
-    from ..checkpoint.soft_official import soft_official_to_mmsoft
-    if 'patch_embeds.0.proj.0.weight' in state_dict:
+    mmsoft_keys = {'stages.0.patch_embed.proj.0.weight', 'patch_embeds.0.proj.0.weight'}
+    if mmsoft_keys & set(state_dict):  # mmsoft's layout or an earlier one
         return state_dict
     converted, _ = soft_official_to_mmsoft(state_dict, variant=model.variant)
     if isinstance(model.head, nn.Linear):

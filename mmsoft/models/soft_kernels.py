@@ -1,140 +1,134 @@
-"""SOFT attention's kernel math.
+"""SOFT attention's kernel math, from the attention down to the products.
 
-Variants of the kernel inverse: ``'soft'``: ``(A + 0.01 I)^-1``; ``'soft++'``:
+The low-rank term ``K1 . middle . (K1^T V)`` (plain and memory-saving), the
+kernel inverse ``middle``: ``'soft'``: ``(A + 0.01 I)^-1``; ``'soft++'``:
 ``pinv(A)``, with ``A = k(L, L)`` the Gaussian kernel of the bottleneck tokens L.
-Solvers: ``'newton'`` (iteration ``V <- 2V - V P V``), ``'newton_closed_form'``
-(the same iterate from one ``eigh``) and ``'exact'``; ``'cholesky'`` is a deprecated
-alias of ``'exact'``. Also float32-accurate matmuls under TF32 and memory-efficient
-autograd functions for ``k(Q, L) . middle . k(Q, L)^T V``.
+Its solvers: ``'newton'`` (iteration ``V <- 2V - V P V``), ``'newton_closed_form'``
+(the same iterate from one ``eigh``) and ``'exact'``. Then the Gaussian kernel,
+float32-accurate matmuls under TF32 and the memory-saving autograd functions.
 """
-import warnings
-import torch
 from itertools import islice
-from torch.utils.checkpoint import checkpoint
 from typing import Callable, Iterator, List, Optional, Tuple
 
-from .layers import (apply_without_autocast, backward_without_autocast, full_precision,
-                     stacklevel_outside_package)
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..deprecations import renamed_solver
 from ..utils.torch_compat import autocast_off, is_compiling
 from ..utils.validation import check_choice
-
-
-# --- Float32 products under TF32
-
-# Clears the 13 low mantissa bits of a float32: what TF32 keeps exactly.
-_TF32_MASK = -(1 << 13)
-
-
-def reduced_precision_matmuls(device: torch.device) -> bool:
-    """Whether float32 matmuls on ``device`` may run in reduced precision (TF32)."""
-    if is_compiling():
-        return device.type == 'cuda'
-    return torch.get_float32_matmul_precision() != 'highest'
-
-
-def split_tf32(tensor: torch.Tensor):
-    """``(high, low)``, ``high + low == tensor``, ``high`` TF32-exact; detached."""
-    tensor = tensor.detach()
-    high = (tensor.view(torch.int32) & _TF32_MASK).view(torch.float32)
-    return high, tensor - high
-
-
-def three_pass_matmul(a: torch.Tensor, b: torch.Tensor, matmul=None) -> torch.Tensor:
-    """``a @ b`` as ``a_hi b_hi + a_hi b_lo + a_lo b_hi``, parts TF32-exact."""
-    matmul = matmul or torch.matmul
-    a_high, a_low = split_tf32(a)
-    b_high, b_low = split_tf32(b)
-    return matmul(a_high, b_high) + (matmul(a_high, b_low) + matmul(a_low, b_high))
-
-
-class _Float32Matmul(torch.autograd.Function):
-    """``a @ b`` and its gradients, each by :func:`three_pass_matmul`."""
-
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return three_pass_matmul(a, b)
-
-    @staticmethod
-    def backward(ctx, grad):
-        a, b = ctx.saved_tensors
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:  # (..., N, K), summed over broadcast dims
-            grad_a = three_pass_matmul(grad, b.transpose(-1, -2)).sum_to_size(a.shape)
-        if ctx.needs_input_grad[1]:  # (..., K, M)
-            grad_b = three_pass_matmul(a.transpose(-1, -2), grad).sum_to_size(b.shape)
-        return grad_a, grad_b
-
-
-def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` (..., N, K) x (..., K, M) accurate to float32 even under TF32."""
-    if a.dtype == torch.float32 and b.dtype == torch.float32 \
-            and reduced_precision_matmuls(a.device):
-        return _Float32Matmul.apply(a, b)
-    return torch.matmul(a, b)
-
-
-# --- Gaussian kernel
-
-def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
-                    float32_products: bool = False) -> torch.Tensor:
-    """Pairwise Gaussian kernel ``exp(x.y - ||x||^2 / 2 - ||y||^2 / 2)``.
-
-    Args:
-        x (Tensor): Shape (..., N, d).
-        y (Tensor): Shape (..., M, d).
-        float32_products (bool): ``x.y`` by :func:`float32_matmul`. Default: False.
-
-    Returns:
-        Tensor: Shape (..., N, M).
-    """
-    y_t = y.transpose(-1, -2)  # (..., d, M)
-    exponent = (float32_matmul(x, y_t) if float32_products
-                else torch.matmul(x, y_t))  # (..., N, M)
-    half_sq_x = 0.5 * x.pow(2).sum(-1, keepdim=True)  # (..., N, 1)
-    half_sq_y = 0.5 * y.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
-    exponent = exponent.sub_(half_sq_x).sub_(half_sq_y)
-    return exponent.exp() if exponent.requires_grad else exponent.exp_()
-
-
-def bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
-    """``A = k(L, L)``: L (..., m, d) -> (..., m, m), float32-accurate."""
-    return gaussian_kernel(bottleneck, bottleneck, float32_products=True)
-
-
-# --- Newton iteration
-
-def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor, num_iters: int
-                    ) -> Iterator[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """Lazily yields ``(V_j, V_j P)`` for ``j < k``, then ``(V_k, None)``."""
-    inverse = alpha * operand  # V_0
-    for _ in range(num_iters):
-        product = float32_matmul(inverse, operand)  # V_j P
-        yield inverse, product
-        inverse = 2 * inverse - float32_matmul(product, inverse)  # V_{j+1}
-    yield inverse, None
-
-
-def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
-                      num_iters: int) -> torch.Tensor:
-    """``V_k`` (..., m, m): k steps of ``V <- 2V - (V P) V`` from ``V_0 = alpha P``."""
-    for inverse, _ in newton_iterates(operand, alpha, num_iters):
-        pass
-    return inverse
-
-
-# --- Kernel inverse: options
+from .functional import (apply_without_autocast, backward_without_autocast,
+                         full_precision)
 
 REGULARISER = 0.01
 VARIANTS = ('soft', 'soft++')
 SOLVERS = ('newton', 'newton_closed_form', 'exact')
-RENAMED_SOLVERS = {'cholesky': 'exact'}
 #: The solver an ONNX graph computes for each solver that ONNX can express.
 EXPORT_SOLVERS = {'newton': 'newton', 'newton_closed_form': 'newton'}
 #: The dtype of the closed form's eigendecomposition.
 EIGH_DTYPE = torch.float64
 #: Device types where ``'newton_closed_form'`` uses ``eigh``; elsewhere it iterates.
 CLOSED_FORM_DEVICES = ('cpu', )
+#: SOFT++ takes the pseudo-inverse of at least this many bottleneck tokens.
+MIN_PSEUDO_INVERSE_TOKENS = 3
+#: Tokens per slice of the chunked product's N x m temporaries in backward.
+BACKWARD_CHUNK = 1024
+#: A Newton iteration ``iterate(P, alpha, k) -> V_k``.
+NewtonIterations = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+# --- The low-rank term of SOFT attention, plain and memory-saving
+def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
+                              values: torch.Tensor, variant: str, solver: str,
+                              newton_iters: int,
+                              query_scale: float = 1.) -> torch.Tensor:
+    """``K1 . (middle . (K1^T V))``: the low-rank part of SOFT attention; its
+    memory-saving twin is :func:`memory_efficient_kernel_attention`.
+
+    ``K1 = k(Q, L)``, ``A = k(L, L)``; ``middle = (A + 0.01 I)^-1`` (``'soft'``) or
+    ``D^-1/2 pinv(A) D^-1/2`` with ``D = diag(A 1)`` (``'soft++'``).
+
+    Args:
+        queries (Tensor): Unscaled queries Q0 (= keys), shape (B, h, N, d).
+        bottleneck (Tensor): Bottleneck tokens L, shape (B, h, m, d).
+        values (Tensor): Values V, shape (B, h, N, d).
+        variant (str): ``'soft'`` or ``'soft++'``.
+        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``.
+        newton_iters (int): Newton iterations.
+        query_scale (float): ``Q = query_scale * Q0``. Default: 1.
+
+    Returns:
+        Tensor: Shape (B, h, N, d).
+    """
+    kernel_a = bottleneck_kernel(bottleneck)  # A = k(L, L): (B, h, m, m)
+    middle = kernel_inverse(kernel_a, variant, solver, newton_iters)  # (B, h, m, m)
+    if variant == 'soft++':
+        # D^-1/2 . middle . D^-1/2, D = diag(A 1)
+        middle = scaled_both_sides(middle, kernel_a.sum(-1).rsqrt())  # (B,h,m,m)
+    query_kernel = gaussian_kernel(queries * query_scale, bottleneck)  # K1: (B,h,N,m)
+    summary = query_kernel.transpose(-1, -2) @ values  # K1^T V: (B, h, m, d)
+    return query_kernel @ (middle @ summary)  # (B, h, N, d)
+
+
+def memory_efficient_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
+                                      values: torch.Tensor, variant: str, solver: str,
+                                      newton_iters: int, query_scale: float = 1.,
+                                      chunk_tokens: Optional[int] = None
+                                      ) -> torch.Tensor:
+    """``K1 . middle . K1^T V``, keeping neither kernel nor Newton iterates.
+
+    ``middle`` inverts ``A = k(L, L)``; ``'soft++'``: ``D^-1/2 pinv(A) D^-1/2``.
+
+    Args:
+        queries (Tensor): Q0, (B, h, N, d); ``Q = query_scale * Q0``.
+        bottleneck (Tensor): L, (B, h, m, d).
+        values (Tensor): V, (B, h, N, d).
+        chunk_tokens (int, optional): Most rows of K1 at a time. Default: all.
+
+    Returns:
+        Tensor: (B, h, N, d).
+    """
+    kernel_a = recomputed_bottleneck_kernel(bottleneck)  # A: (B, h, m, m)
+    middle = kernel_inverse(kernel_a, variant, solver, newton_iters,
+                            recomputed_newton_iterations)  # (B, h, m, m)
+    if variant == 'soft++':
+        # D^-1/2 . middle . D^-1/2, D = diag(A 1): (B, h, m, m)
+        middle = symmetric_scale(middle, kernel_a.sum(-1).rsqrt())
+    tokens = queries.shape[-2]
+    chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
+    return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
+                                  query_scale)
+
+
+# --- Kernel inverse
+def kernel_inverse(mat: torch.Tensor, variant: str = 'soft', solver: str = 'newton',
+                   num_iters: int = 20,
+                   iterate: Optional[NewtonIterations] = None) -> torch.Tensor:
+    """Differentiable ``(A + 0.01 I)^-1`` (``'soft'``) or ``pinv(A)`` (``'soft++'``).
+
+    Args:
+        mat (Tensor): Symmetric A, (B, ..., m, m); B indexes images.
+        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
+        solver (str): One of :data:`SOLVERS`, run as :func:`solver_that_runs`
+            says on ``mat``'s device. Default: ``'newton'``.
+        num_iters (int): Newton steps. Default: 20.
+        iterate (callable, optional): The Newton iteration: :func:`newton_iterations`
+            (None) or :func:`recomputed_newton_iterations`, which keeps only P.
+
+    Returns:
+        Tensor: (B, ..., m, m); float32 for half or bfloat16 ``mat``, else its dtype.
+    """
+    solver = solver_that_runs(solver, mat.device.type)
+    variant = inverse_formula(variant, mat.shape[-1])
+    with autocast_off(mat.device.type):
+        mat = full_precision(mat)
+        if solver == 'exact':
+            return _ExactInverse.apply(mat, variant)
+        with torch.no_grad():
+            alpha = newton_scale(mat, variant)  # a step size: (B, ..., 1, 1)
+        operand = newton_operand(mat, variant)  # P: (B, ..., m, m)
+        if solver == 'newton_closed_form':
+            return newton_closed_form(operand, alpha, num_iters)
+        return (iterate or newton_iterations)(operand, alpha, num_iters)
 
 
 def solver_that_runs(solver: str, device_type: str) -> str:
@@ -144,16 +138,31 @@ def solver_that_runs(solver: str, device_type: str) -> str:
     return solver
 
 
-def canonical_solver(solver: str) -> str:
-    """Name in :data:`SOLVERS` of ``solver``; warns on a deprecated alias."""
-    if solver in RENAMED_SOLVERS:
-        new_name = RENAMED_SOLVERS[solver]
-        warnings.warn(
-            f'solver={solver!r} is deprecated: it is the exact inverse, now '
-            f'spelled solver={new_name!r}.', DeprecationWarning,
-            stacklevel=stacklevel_outside_package())
-        return new_name
+def check_kernel_inverse_options(variant: str, solver: str) -> str:
+    """Validates ``variant`` and ``solver``.
+
+    Returns:
+        str: The solver's name in :data:`SOLVERS`.
+
+    Raises:
+        ValueError: If either is not accepted.
+    """
+    check_choice('variant', variant, VARIANTS)
+    solver = renamed_solver(solver)
+    check_choice('solver', solver, SOLVERS)
     return solver
+
+
+def inverse_formula(variant: str, tokens: int) -> str:
+    """``variant``'s inverse of m tokens: ``'soft'`` also for ``'soft++'``, m < 3."""
+    if variant == 'soft++' and tokens < MIN_PSEUDO_INVERSE_TOKENS:
+        return 'soft'
+    return variant
+
+
+def scaled_both_sides(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``diag(scale) . mat . diag(scale)``: (..., m, m)."""
+    return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
 
 
 def _eye_like(mat: torch.Tensor) -> torch.Tensor:
@@ -168,8 +177,7 @@ def _per_image_max(values: torch.Tensor) -> torch.Tensor:
     return peak.reshape(-1, *([1] * values.dim()))
 
 
-# --- Kernel inverse: Newton operand and starting scale
-
+# --- Newton operand and starting scale
 def newton_operand(mat: torch.Tensor, variant: str) -> torch.Tensor:
     """P: ``A + 0.01 I`` for ``'soft'``, ``A`` for ``'soft++'``; (..., m, m)."""
     if variant == 'soft':
@@ -207,8 +215,72 @@ def newton_scale(mat: torch.Tensor, variant: str) -> torch.Tensor:
     return pseudo_inverse_newton_scale(mat)
 
 
-# --- Kernel inverse: Newton closed form on eigenvalues
+# --- Newton iteration, plain and recomputed in backward
+def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor, num_iters: int
+                    ) -> Iterator[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """Lazily yields ``(V_j, V_j P)`` for ``j < k``, then ``(V_k, None)``."""
+    inverse = alpha * operand  # V_0
+    for _ in range(num_iters):
+        product = float32_matmul(inverse, operand)  # V_j P
+        yield inverse, product
+        inverse = 2 * inverse - float32_matmul(product, inverse)  # V_{j+1}
+    yield inverse, None
 
+
+def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
+                      num_iters: int) -> torch.Tensor:
+    """``V_k`` (..., m, m): k steps of ``V <- 2V - (V P) V`` from ``V_0 = alpha P``."""
+    for inverse, _ in newton_iterates(operand, alpha, num_iters):
+        pass
+    return inverse
+
+
+def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
+                               num_iters: int,
+                               grad_output: torch.Tensor) -> torch.Tensor:
+    """``dL/dP`` of ``V_k = newton_iterations(P, alpha, k)``; ``G = dL/dV_k``.
+
+    With ``W = G_{j+1} V_j^T``: ``G_j = 2 G_{j+1} - W P^T - (V_j P)^T G_{j+1}``,
+    ``dL/dP = alpha G_0 - sum_j V_j^T W``.
+    """
+    # (V_j, V_j P) for j < k; V_k itself is not computed.
+    steps = list(islice(newton_iterates(operand, alpha, num_iters), num_iters))
+    grad = grad_output  # G_k
+    grad_operand = torch.zeros_like(operand)
+    operand_t = operand.transpose(-1, -2)
+    for inverse, product in reversed(steps):
+        weighted = float32_matmul(grad, inverse.transpose(-1, -2))  # W: (..., m, m)
+        grad_operand -= float32_matmul(inverse.transpose(-1, -2), weighted)
+        grad = (2 * grad - float32_matmul(weighted, operand_t)
+                - float32_matmul(product.transpose(-1, -2), grad))  # G_j
+    return grad_operand + alpha * grad
+
+
+class _NewtonIterations(torch.autograd.Function):
+    """``V_k(P)`` keeping only P and alpha; backward recomputes the iterates."""
+
+    @staticmethod
+    def forward(ctx, operand, alpha, num_iters):
+        ctx.save_for_backward(operand, alpha)
+        ctx.num_iters = num_iters
+        return newton_iterations(operand, alpha, num_iters)
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_output):
+        operand, alpha = ctx.saved_tensors
+        return (newton_iterations_backward(operand, alpha, ctx.num_iters,
+                                           grad_output), None, None)
+
+
+def recomputed_newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
+                                 num_iters: int) -> torch.Tensor:
+    """:func:`newton_iterations` keeping only P for backward: (..., m, m)."""
+    alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
+    return apply_without_autocast(_NewtonIterations, operand, alpha, num_iters)
+
+
+# --- Newton closed form on eigenvalues
 def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
                           num_iters: int) -> torch.Tensor:
     """``g_k(l) = (1 - (1 - alpha l^2)^(2^k)) / l``, as ``v <- v (2 - l v)``."""
@@ -313,8 +385,7 @@ def newton_closed_form(operand: torch.Tensor, alpha: torch.Tensor,
     return apply_without_autocast(_NewtonClosedForm, operand, alpha, num_iters)
 
 
-# --- Kernel inverse: exact solvers
-
+# --- Exact solvers
 def cholesky_regularised_inverse(mat: torch.Tensor) -> torch.Tensor:
     """Exact ``(A + 0.01 I)^-1`` by Cholesky: (..., m, m) -> (..., m, m)."""
     factor = torch.linalg.cholesky(newton_operand(mat, 'soft'))
@@ -352,108 +423,31 @@ class _ExactInverse(torch.autograd.Function):
         return grad_mat, None
 
 
-# --- Kernel inverse: entry points
+# --- Gaussian kernel
+def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
+                    float32_products: bool = False) -> torch.Tensor:
+    """Pairwise Gaussian kernel ``exp(x.y - ||x||^2 / 2 - ||y||^2 / 2)``.
 
-#: SOFT++ takes the pseudo-inverse of at least this many bottleneck tokens.
-MIN_PSEUDO_INVERSE_TOKENS = 3
-
-
-def inverse_formula(variant: str, tokens: int) -> str:
-    """``variant``'s inverse of m tokens: ``'soft'`` also for ``'soft++'``, m < 3."""
-    if variant == 'soft++' and tokens < MIN_PSEUDO_INVERSE_TOKENS:
-        return 'soft'
-    return variant
-
-
-def check_kernel_inverse_options(variant: str, solver: str) -> str:
-    """Validates ``variant`` and ``solver``.
+    Args:
+        x (Tensor): Shape (..., N, d).
+        y (Tensor): Shape (..., M, d).
+        float32_products (bool): ``x.y`` by :func:`float32_matmul`. Default: False.
 
     Returns:
-        str: The solver's name in :data:`SOLVERS`.
-
-    Raises:
-        ValueError: If either is not accepted.
+        Tensor: Shape (..., N, M).
     """
-    check_choice('variant', variant, VARIANTS)
-    solver = canonical_solver(solver)
-    check_choice('solver', solver, SOLVERS)
-    return solver
+    y_t = y.transpose(-1, -2)  # (..., d, M)
+    exponent = (float32_matmul(x, y_t) if float32_products
+                else torch.matmul(x, y_t))  # (..., N, M)
+    half_sq_x = 0.5 * x.pow(2).sum(-1, keepdim=True)  # (..., N, 1)
+    half_sq_y = 0.5 * y.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
+    exponent = exponent.sub_(half_sq_x).sub_(half_sq_y)
+    return exponent.exp() if exponent.requires_grad else exponent.exp_()
 
 
-NewtonIterations = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-
-
-def scaled_both_sides(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``diag(scale) . mat . diag(scale)``: (..., m, m)."""
-    return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
-
-
-def solve_kernel_inverse(mat: torch.Tensor, variant: str, solver: str,
-                         num_iters: int, iterate: NewtonIterations) -> torch.Tensor:
-    """:func:`kernel_inverse` with ``iterate(P, alpha, k)`` as the iteration."""
-    variant = inverse_formula(variant, mat.shape[-1])
-    with autocast_off(mat.device.type):
-        mat = full_precision(mat)
-        if solver == 'exact':
-            return _ExactInverse.apply(mat, variant)
-        with torch.no_grad():
-            alpha = newton_scale(mat, variant)  # a step size: (B, ..., 1, 1)
-        operand = newton_operand(mat, variant)  # P: (B, ..., m, m)
-        if solver == 'newton_closed_form':
-            return newton_closed_form(operand, alpha, num_iters)
-        return iterate(operand, alpha, num_iters)
-
-
-# --- Memory-efficient Newton iteration
-
-def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
-                               num_iters: int,
-                               grad_output: torch.Tensor) -> torch.Tensor:
-    """``dL/dP`` of ``V_k = newton_iterations(P, alpha, k)``; ``G = dL/dV_k``.
-
-    With ``W = G_{j+1} V_j^T``: ``G_j = 2 G_{j+1} - W P^T - (V_j P)^T G_{j+1}``,
-    ``dL/dP = alpha G_0 - sum_j V_j^T W``.
-    """
-    # (V_j, V_j P) for j < k; V_k itself is not computed.
-    steps = list(islice(newton_iterates(operand, alpha, num_iters), num_iters))
-    grad = grad_output  # G_k
-    grad_operand = torch.zeros_like(operand)
-    operand_t = operand.transpose(-1, -2)
-    for inverse, product in reversed(steps):
-        weighted = float32_matmul(grad, inverse.transpose(-1, -2))  # W: (..., m, m)
-        grad_operand -= float32_matmul(inverse.transpose(-1, -2), weighted)
-        grad = (2 * grad - float32_matmul(weighted, operand_t)
-                - float32_matmul(product.transpose(-1, -2), grad))  # G_j
-    return grad_operand + alpha * grad
-
-
-class _NewtonIterations(torch.autograd.Function):
-    """``V_k(P)`` keeping only P and alpha; backward recomputes the iterates."""
-
-    @staticmethod
-    def forward(ctx, operand, alpha, num_iters):
-        ctx.save_for_backward(operand, alpha)
-        ctx.num_iters = num_iters
-        return newton_iterations(operand, alpha, num_iters)
-
-    @staticmethod
-    @backward_without_autocast
-    def backward(ctx, grad_output):
-        operand, alpha = ctx.saved_tensors
-        return (newton_iterations_backward(operand, alpha, ctx.num_iters,
-                                           grad_output), None, None)
-
-
-def recomputed_newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
-                                 num_iters: int) -> torch.Tensor:
-    """:func:`newton_iterations` keeping only P for backward: (..., m, m)."""
-    alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
-    return apply_without_autocast(_NewtonIterations, operand, alpha, num_iters)
-
-
-# --- Memory-efficient kernel attention
-
-BACKWARD_CHUNK = 1024  # tokens per slice of backward's N x m temporaries
+def bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
+    """``A = k(L, L)``: L (..., m, d) -> (..., m, m), float32-accurate."""
+    return gaussian_kernel(bottleneck, bottleneck, float32_products=True)
 
 
 def recomputed_bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
@@ -463,8 +457,62 @@ def recomputed_bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
     return checkpoint(bottleneck_kernel, bottleneck, use_reentrant=False)
 
 
-# --- Memory-efficient kernel attention: SOFT++'s symmetric scaling
+# --- Float32 products under TF32
+# Clears the 13 low mantissa bits of a float32: what TF32 keeps exactly.
+_TF32_MASK = -(1 << 13)
 
+
+def reduced_precision_matmuls(device: torch.device) -> bool:
+    """Whether float32 matmuls on ``device`` may run in reduced precision (TF32)."""
+    if is_compiling():
+        return device.type == 'cuda'
+    return torch.get_float32_matmul_precision() != 'highest'
+
+
+def split_tf32(tensor: torch.Tensor):
+    """``(high, low)``, ``high + low == tensor``, ``high`` TF32-exact; detached."""
+    tensor = tensor.detach()
+    high = (tensor.view(torch.int32) & _TF32_MASK).view(torch.float32)
+    return high, tensor - high
+
+
+def three_pass_matmul(a: torch.Tensor, b: torch.Tensor, matmul=None) -> torch.Tensor:
+    """``a @ b`` as ``a_hi b_hi + a_hi b_lo + a_lo b_hi``, parts TF32-exact."""
+    matmul = matmul or torch.matmul
+    a_high, a_low = split_tf32(a)
+    b_high, b_low = split_tf32(b)
+    return matmul(a_high, b_high) + (matmul(a_high, b_low) + matmul(a_low, b_high))
+
+
+class _Float32Matmul(torch.autograd.Function):
+    """``a @ b`` and its gradients, each by :func:`three_pass_matmul`."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return three_pass_matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        """``dA = G B^T``, ``dB = A^T G``, each by three TF32-exact passes."""
+        a, b = ctx.saved_tensors
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:  # (..., N, K), summed over broadcast dims
+            grad_a = three_pass_matmul(grad, b.transpose(-1, -2)).sum_to_size(a.shape)
+        if ctx.needs_input_grad[1]:  # (..., K, M)
+            grad_b = three_pass_matmul(a.transpose(-1, -2), grad).sum_to_size(b.shape)
+        return grad_a, grad_b
+
+
+def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (..., N, K) x (..., K, M) accurate to float32 even under TF32."""
+    if a.dtype == torch.float32 and b.dtype == torch.float32 \
+            and reduced_precision_matmuls(a.device):
+        return _Float32Matmul.apply(a, b)
+    return torch.matmul(a, b)
+
+
+# --- Memory-saving: SOFT++'s symmetric scaling
 class SymmetricScale(torch.autograd.Function):
     """Autograd function of :func:`symmetric_scale`; keeps ``mat`` and ``scale``.
 
@@ -492,8 +540,7 @@ def symmetric_scale(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return apply_without_autocast(SymmetricScale, mat, scale)
 
 
-# --- Memory-efficient kernel attention: chunked K1 . (middle . (K1^T V))
-
+# --- Memory-saving: chunked K1 . (middle . (K1^T V))
 def _chunks(tokens: int, chunk: int) -> List[Tuple[int, int]]:
     return [(start, min(start + chunk, tokens)) for start in range(0, tokens, chunk)]
 
@@ -551,6 +598,12 @@ class ChunkedKernelProduct(torch.autograd.Function):
     @staticmethod
     @backward_without_autocast
     def backward(ctx, grad_out):
+        """With ``S = K1^T V``, ``R = middle S``, ``out = K1 R``, ``G = dL/d out``
+        and ``K1 = exp(E)``, ``E = Q L^T - |Q|^2 / 2 - |L|^2 / 2`` (``Q = s Q0``):
+        ``dR = K1^T G``, ``d middle = dR S^T``, ``dS = middle^T dR``,
+        ``dV = K1 dS``, ``dE = (G R^T + V dS^T) o K1``,
+        ``dQ0 = s (dE L - rowsum(dE) o Q)``, ``dL = dE^T Q - colsum(dE) o L``;
+        K1 is recomputed chunk by chunk."""
         queries, bottleneck, middle, values, summary, right = ctx.saved_tensors
         scale = ctx.query_scale
         tokens = queries.shape[-2]
@@ -608,54 +661,3 @@ def chunked_kernel_product(queries: torch.Tensor, bottleneck: torch.Tensor,
     """
     return apply_without_autocast(ChunkedKernelProduct, queries, bottleneck, middle,
                                   values, chunk, query_scale)
-
-
-def memory_efficient_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
-                                      values: torch.Tensor, variant: str, solver: str,
-                                      newton_iters: int, query_scale: float = 1.,
-                                      chunk_tokens: Optional[int] = None
-                                      ) -> torch.Tensor:
-    """``K1 . middle . K1^T V``, keeping neither kernel nor Newton iterates.
-
-    ``middle`` inverts ``A = k(L, L)``; ``'soft++'``: ``D^-1/2 pinv(A) D^-1/2``.
-
-    Args:
-        queries (Tensor): Q0, (B, h, N, d); ``Q = query_scale * Q0``.
-        bottleneck (Tensor): L, (B, h, m, d).
-        values (Tensor): V, (B, h, N, d).
-        chunk_tokens (int, optional): Most rows of K1 at a time. Default: all.
-
-    Returns:
-        Tensor: (B, h, N, d).
-    """
-    kernel_a = recomputed_bottleneck_kernel(bottleneck)  # A: (B, h, m, m)
-    middle = kernel_inverse(kernel_a, variant, solver, newton_iters,
-                            memory_efficient=True)  # (B, h, m, m)
-    if variant == 'soft++':
-        # D^-1/2 . middle . D^-1/2, D = diag(A 1): (B, h, m, m)
-        middle = symmetric_scale(middle, kernel_a.sum(-1).rsqrt())
-    tokens = queries.shape[-2]
-    chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
-    return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
-                                  query_scale)
-
-
-# --- Kernel inverse: public entry point
-
-
-def kernel_inverse(mat: torch.Tensor, variant: str = 'soft', solver: str = 'newton',
-                   num_iters: int = 20, memory_efficient: bool = False) -> torch.Tensor:
-    """Differentiable ``(A + 0.01 I)^-1`` (``'soft'``) or ``pinv(A)`` (``'soft++'``).
-
-    Args:
-        mat (Tensor): Symmetric A, (B, ..., m, m); B indexes images.
-        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
-        solver (str): One of :data:`SOLVERS`. Default: ``'newton'``.
-        num_iters (int): Newton steps. Default: 20.
-        memory_efficient (bool): Recompute the iterates in backward. Default: False.
-
-    Returns:
-        Tensor: (B, ..., m, m); float32 for half or bfloat16 ``mat``, else its dtype.
-    """
-    iterate = recomputed_newton_iterations if memory_efficient else newton_iterations
-    return solve_kernel_inverse(mat, variant, solver, num_iters, iterate)

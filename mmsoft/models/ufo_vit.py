@@ -10,18 +10,21 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.func import functional_call
 
+from ..deprecations import accepts_renamed_arguments
 from ..utils.torch_compat import autocast_off
 from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indices,
                                 check_positive_float, check_positive_int, resolve_arch)
+from .functional import (ValidShapes, apply_without_autocast, backward_without_autocast,
+                         full_precision, fused_conv_stack, is_recomputing,
+                         layer_norm_input_grad, mask_map, merge_heads, pad_to_grid,
+                         per_distinct_shape, recomputed, recomputes_locally,
+                         scaled_weight_and_bias, split_heads, strided_shapes,
+                         valid_mask)
 from .layers import (GELU, MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
-                     ValidShapes, accept_renamed, accept_renamed_key, batch_norm_once,
-                     drop_path_or_identity, fold_layer_norm, full_precision,
-                     fused_conv_stack, init_transformer_weights, mask_map, merge_heads,
-                     normalize, pad_to_grid, per_distinct_shape, recomputed,
-                     recomputes_locally, scaled_shapes, scaled_weight_and_bias,
-                     split_heads, strided_shapes, take_indices,
-                     takes_memory_efficient_path, tokens_to_map, valid_mask)
+                     drop_path_or_identity, init_transformer_weights, take_indices,
+                     tokens_to_map)
 
 
 # --- Position encoding
@@ -74,6 +77,15 @@ class FourierPositionEncoding(nn.Module):
 
 
 # --- Local patch interaction
+def batch_norm_once(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``; while recomputing (``is_recomputing``), on copies of its
+    buffers, so that its running statistics update once per step."""
+    if not (norm.training and is_recomputing()):
+        return norm(x)
+    buffers = {name: buffer.clone() for name, buffer in norm.named_buffers()}
+    return functional_call(norm, buffers, (x, ))
+
+
 class LocalPatchInteraction(MemoryEfficient, nn.Module):
     """Local patch interaction: ``DWConv -> GELU -> BatchNorm -> DWConv`` on the grid.
 
@@ -112,7 +124,7 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
         the normalised x^, ``normalize``)."""
         batch, _, channels = x.shape
         weight2, bias2 = scaled_weight_and_bias(self.conv2, layer_scale)
-        recompute = takes_memory_efficient_path(self) and recomputes_locally(self.bn)
+        recompute = self.saving_memory() and recomputes_locally(self.bn)
         affine = ()
         if norm is not None and recompute:
             x, affine = normalize(x, norm.eps), (norm.weight, norm.bias)
@@ -137,9 +149,49 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
             grid = torch.addcmul(norm_bias[:, None, None], grid,
                                  norm_weight[:, None, None])
         hidden = self.act(self.conv1(mask_map(grid, valid_shapes)))  # (B, C, H, W)
-        hidden = mask_map(batch_norm_once(self.bn)(hidden), valid_shapes)
+        hidden = mask_map(batch_norm_once(self.bn, hidden), valid_shapes)
         return F.conv2d(hidden, weight2, bias2, padding=self.conv2.padding,
                         groups=self.conv2.groups)  # (B, C, H, W)
+
+
+# --- LayerNorm keeping only its normalised output
+class Normalize(torch.autograd.Function):
+    """Autograd function of ``normalize``."""
+
+    @staticmethod
+    def forward(ctx, x, eps):
+        normalized, _, rstd = torch.native_layer_norm(  # x^, (..., C); (..., 1)
+            x, (x.shape[-1], ), None, None, eps)
+        ctx.save_for_backward(normalized, rstd)
+        return normalized
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad):
+        """``dx = (g - mean(g) - x^ mean(g x^)) / sigma``, ``layer_norm_input_grad``."""
+        normalized, rstd = ctx.saved_tensors
+        return layer_norm_input_grad(grad, normalized, rstd), None
+
+
+def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm without affine, ``x^ = (x - mean) / sqrt(var + eps)`` over the
+    last dimension, keeping its output x^ and 1/sigma for backward instead of x.
+
+    A layer that reads ``norm(x) = gamma x^ + beta`` and keeps its input (a
+    Linear with the affine folded in, ``fold_layer_norm``, or a recomputed
+    function) then shares x^ with it. Returns float32 under autocast, as LayerNorm.
+    """
+    return apply_without_autocast(Normalize, x, eps)
+
+
+def fold_layer_norm(layer: nn.Linear, norm: nn.LayerNorm
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias computing ``layer(norm(x))`` from ``x^``:
+    ``W' = W diag(gamma)`` (C_out, C), ``b' = b + W beta`` (C_out,)."""
+    with autocast_off(layer.weight.device.type):
+        shift = (layer.weight * norm.bias).sum(-1)  # W beta, in full precision
+        weight = layer.weight * norm.weight
+    return weight, shift if layer.bias is None else layer.bias + shift
 
 
 # --- UFO attention
@@ -219,7 +271,8 @@ class UFOAttention(MemoryEfficient, nn.Module):
         (B, N) is False for tokens left out of ``K^T V``; ``norm``: a LayerNorm
         applied to ``x`` first (the memory-efficient path folds its affine into
         the QKV projection and keeps only the normalised x^, ``normalize``)."""
-        if norm is not None and takes_memory_efficient_path(self):
+        saving_memory = self.saving_memory()
+        if norm is not None and saving_memory:
             qkv = F.linear(normalize(x, norm.eps), *fold_layer_norm(self.qkv, norm))
         else:
             qkv = self.qkv(x if norm is None else norm(x))  # (B, N, 3C)
@@ -230,7 +283,7 @@ class UFOAttention(MemoryEfficient, nn.Module):
             keys = keys.masked_fill(~key_mask[:, None, :, None], 0.)
         values = split_heads(values, self.num_heads)  # (B, h, N, d)
         args = (queries, keys, values, self.gamma_q, self.gamma_kv, self.eps)
-        if takes_memory_efficient_path(self):
+        if saving_memory:
             out = recomputed(ufo_attention, *args)
         else:
             out = ufo_attention(*args)  # XNorm(Q) . XNorm(K^T V): (B, h, N, d)
@@ -296,14 +349,11 @@ class UFOBlock(nn.Module):
         x = x + self.drop_path(self.attn(x, key_mask, self.gamma1, norm=self.norm1))
         x = x + self.drop_path(self.lpi(x, hw_shape, valid_shapes, self.gamma2,
                                         norm=self.norm2))
-        mlp_out = self.mlp(x, self.gamma3, norm=self.norm3)[1]
+        mlp_out = self.mlp.forward_normed(x, self.norm3, self.gamma3)[1]
         return x + self.drop_path(mlp_out)
 
 
 # --- Feature pyramid
-NUM_SCALES = 4
-
-
 class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
     """Resamples stride-s maps to strides s/4, s/2, s and 2s, keeping channels.
 
@@ -318,7 +368,7 @@ class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
     def __init__(self, embed_dims: int, out_indices: Sequence[int] = (0, 1, 2, 3)):
         super().__init__()
         check_positive_int('embed_dims', embed_dims)
-        self.out_indices = check_out_indices(out_indices, NUM_SCALES)
+        self.out_indices = check_out_indices(out_indices, NUM_STAGES)
         self.branches = nn.ModuleDict(
             {str(i): self._branch(i, embed_dims) for i in self.out_indices})
 
@@ -343,10 +393,7 @@ class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
         if len(feats) != len(self.out_indices):
             raise ValueError(f'got {len(feats)} maps; expected one per out_indices='
                              f'{self.out_indices}.')
-        if valid_shapes is None:
-            return tuple(self.run_branch(i, feat)
-                         for i, feat in zip(self.out_indices, feats))
-        return tuple(self.masked_branch(i, feat, valid_shapes)
+        return tuple(self.resample(i, feat, valid_shapes)
                      for i, feat in zip(self.out_indices, feats))
 
     def resample(self, scale: int, feat: torch.Tensor,
@@ -364,12 +411,13 @@ class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
             return mask_map(pooled, strided_shapes(valid_shapes, (2, )))
         factor = 2**(2 - scale)
         out = self.run_branch(scale, feat)  # (B, C, factor * H, factor * W)
-        return mask_map(out, scaled_shapes(valid_shapes, factor))
+        upsampled = [(h * factor, w * factor) for h, w in valid_shapes]
+        return mask_map(out, upsampled)
 
     def run_branch(self, scale: int, feat: torch.Tensor) -> torch.Tensor:
         """Branch ``scale`` on ``feat``; x4 fused on the memory-efficient path."""
         branch = self.branches[str(scale)]
-        if scale == 0 and takes_memory_efficient_path(self):
+        if scale == 0 and self.saving_memory():
             return fused_conv_stack(branch, feat)
         return branch(feat)
 
@@ -463,7 +511,9 @@ class UFOViT(DenseBackbone):
     ``arch['lpi_kernel_size']`` (``arch['local_kernel_size']``).
     """
 
-    @accept_renamed(recompute_ffn='recompute_mlp')
+    deprecation_name = 'UFOViT'
+
+    @accepts_renamed_arguments
     def __init__(self,
                  arch: Union[str, dict] = 'small',
                  in_channels: int = 3,
@@ -479,8 +529,6 @@ class UFOViT(DenseBackbone):
                  global_pool: str = ''):
         super().__init__(in_channels, out_indices, num_classes, global_pool, drop_rate,
                          drop_path_rate)
-        if isinstance(arch, dict) and 'lpi_kernel_size' in arch:
-            arch = accept_renamed_key(arch, 'lpi_kernel_size', 'local_kernel_size')
         settings = resolve_arch(arch, ARCH_SETTINGS,
                                 ('embed_dims', 'depth', 'num_heads'), ARCH_DEFAULTS)
         self._check_arch(settings)
@@ -538,10 +586,6 @@ class UFOViT(DenseBackbone):
                         [settings['num_heads']])
         check_mlp_ratio("arch['mlp_ratio']", settings['mlp_ratio'], dims)
 
-    def init_weights(self) -> None:
-        """Initialises every parameter from scratch."""
-        self._init_from_scratch()
-
     def _init_from_scratch(self) -> None:
         """Truncated-normal Linear weights and class token."""
         self.apply(init_transformer_weights)
@@ -550,46 +594,62 @@ class UFOViT(DenseBackbone):
 
     def run_blocks(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],
                    indices: Sequence[int] = (), last_block: Optional[int] = None
-                   ) -> Tuple[List[torch.Tensor], torch.Tensor, Tuple[int, int],
-                              Optional[ValidShapes]]:
-        """Stem and blocks up to ``last_block``: stride-16 maps (B, C, h, w) of
-        ``indices``, last tokens (B, N, C), grid (h, w) and its valid shapes."""
-        batch = x.shape[0]
-        x, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C), N = h * w
-        if valid_shapes is not None:
-            valid_shapes = self.patch_embed.output_shapes(valid_shapes)
-        pos = self.pos_embed(batch, hw_shape, x.device, valid_shapes)  # (B, C, h, w)
-        x = self.pos_drop(x + pos.flatten(2).transpose(1, 2).to(x.dtype))
-        read_after = [self.stage_ends[i] - 1 for i in indices]
-        last_block = self.depth - 1 if last_block is None else last_block
-        maps = []
-        for i, block in enumerate(self.blocks[:last_block + 1]):
-            x = self.run_block(block, x, hw_shape, valid_shapes)  # (B, N, C)
-            if i in read_after:
-                maps.append(tokens_to_map(x, hw_shape))
-        return maps, x, hw_shape, valid_shapes
-
-    def forward_maps(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],
-                     indices: Sequence[int]) -> List[torch.Tensor]:
-        """Maps of outputs ``indices`` (stride 4 * 2**k with ``multi_scale``); raises
-        ``ValueError`` for an output without a pyramid branch."""
+                   ) -> Tuple[List[torch.Tensor], torch.Tensor]:
+        """Stem and blocks up to ``last_block`` (default: all): the maps of
+        ``indices`` (B, C, H_k, W_k), stride 4 * 2**k with ``multi_scale``, else 16,
+        and the last tokens (B, N, C). Raises ``ValueError`` for an output
+        without a pyramid branch."""
         missing = [i for i in indices if self.pyramid is not None
                    and i not in self.pyramid.out_indices]
         if missing:
             raise ValueError(f'outputs {missing} have no pyramid branch; build the '
                              f'model with out_indices including them (it has '
                              f'{self.out_indices}).')
-        maps, _, hw_shape, shapes = self.run_blocks(
-            x, valid_shapes, indices, self.stage_ends[max(indices)] - 1)
-        if self.pyramid is None:
-            return [mask_map(feat, shapes) for feat in maps]
-        return [self.pyramid.resample(i, feat, shapes)
-                for i, feat in zip(indices, maps)]
+        batch = x.shape[0]
+        x, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C), N = h * w
+        if valid_shapes is not None:
+            valid_shapes = self.patch_embed.output_shapes(valid_shapes)
+        pos = self.pos_embed(batch, hw_shape, x.device, valid_shapes)  # (B, C, h, w)
+        x = self.pos_drop(x + pos.flatten(2).transpose(1, 2).to(x.dtype))
+        read_after = {self.stage_ends[i] - 1: i for i in indices}
+        last_block = len(self.blocks) - 1 if last_block is None else last_block
+        maps = []
+        for i, block in enumerate(self.blocks[:last_block + 1]):
+            x = self.run_block(block, x, hw_shape, valid_shapes)  # (B, N, C)
+            if i in read_after:
+                feat = tokens_to_map(x, hw_shape)  # (B, C, h, w)
+                maps.append(mask_map(feat, valid_shapes) if self.pyramid is None else
+                            self.pyramid.resample(read_after[i], feat, valid_shapes))
+        return maps, x
+
+    def forward_maps(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],
+                     indices: Sequence[int]) -> List[torch.Tensor]:
+        return self.run_blocks(x, valid_shapes, indices,
+                               self.stage_ends[max(indices)] - 1)[0]
+
+    def forward_intermediates(self, x: torch.Tensor,
+                              indices: Optional[Union[int, Sequence[int]]] = None,
+                              norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = 'NCHW',
+                              intermediates_only: bool = False,
+                              valid_shapes: Optional[Sequence] = None):
+        """timm's feature API: the maps of ``indices``, in one pass; arguments
+        and returns as :meth:`mmsoft.models.soft.SOFT.forward_intermediates`."""
+        shapes, indices = self.check_intermediates_request(x, indices, output_fmt,
+                                                           valid_shapes)
+        last_block = (self.stage_ends[max(indices)] - 1
+                      if stop_early or intermediates_only else None)
+        maps, tokens = self.run_blocks(x, shapes, indices, last_block)
+        return maps if intermediates_only else (self.class_attention(tokens), maps)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised ``[cls; patches]`` (B, 1 + N, C), or tokens (B, N, C)."""
         self.check_input(x)
-        tokens = self.run_blocks(x, None)[1]  # (B, N, C)
+        return self.class_attention(self.run_blocks(x, None)[1])
+
+    def class_attention(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, N, C) -> normalised ``[cls; patches]`` (B, 1 + N, C) through
+        the class-attention blocks (``global_pool='token'``), else as they are."""
         if self.global_pool != 'token':
             return tokens
         x = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
@@ -612,13 +672,17 @@ class UFOViT(DenseBackbone):
 
     def prune_intermediate_layers(self, indices=1, prune_norm: bool = False,
                                   prune_head: bool = True) -> List[int]:
-        """Drops the classifier parts (``prune_head``); returns the kept indices."""
+        """Drops the blocks after the last output of ``indices`` and
+        (``prune_head``) the classifier parts; returns the kept indices."""
+        kept = take_indices(indices, len(self.feature_info))
+        del self.blocks[self.stage_ends[max(kept)]:]
+        self.feature_info = self.feature_info[:max(kept) + 1]
         if prune_head and self.global_pool == 'token':
             del self.cls_token, self.cls_attn_blocks, self.norm
             self.global_pool = ''
         if prune_head:
             self.reset_classifier(0)
-        return take_indices(indices, NUM_STAGES)
+        return kept
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set:

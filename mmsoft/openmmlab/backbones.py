@@ -152,21 +152,19 @@ class SOFT(OpenMMLabBackbone, soft.SOFT):
 
     def stage_parts(self, stage: int) -> list:
         if stage == 0:
-            return [self.patch_embeds[0]]
-        i = stage - 1
-        parts = [self.patch_embeds[i], self.pos_embeds[i], self.stages[i]]
-        if i == soft.CLASS_TOKEN_STAGE:
-            parts += [self.cls_token, self.norm]
-        return parts
+            return [self.stages[0].patch_embed]
+        return [self.stages[stage - 1]]
 
     def load_pretrained(self, cfg: dict) -> None:
-        grids = {f'pos_embeds.{i}': (tuple(grid), self.extra_tokens(i))
-                 for i, grid in enumerate(self.pos_grids)}
+        grids = {f'stages.{i}.pos_embed': (stage.pos_grid, stage.extra_tokens)
+                 for i, stage in enumerate(self.stages)}
         load_soft_checkpoint(self, cfg['checkpoint'],
                              convert_weights=self.convert_weights,
                              prefix=cfg.get('prefix'),
                              map_location=cfg.get('map_location', 'cpu'),
-                             pos_embed_grids=grids, variant=self.variant)
+                             pos_embed_grids=grids,
+                             resize_pos_embed=soft.resize_pos_embed,
+                             variant=self.variant)
 
 
 class UFOViT(OpenMMLabBackbone, ufo_vit.UFOViT):

@@ -8,9 +8,9 @@ still pass through torch's dispatcher, where :class:`HostSyncCounter` sees
 them: what ``torch.cuda.set_sync_debug_mode('error')`` would flag on a GPU.
 """
 import functools
+import inspect
 import os
 import os.path as osp
-import sys
 import sysconfig
 from collections import Counter
 from typing import List
@@ -73,7 +73,7 @@ def _caller() -> str:
     outside torch and the standard library, as ``file:line`` relative to
     the package when it is mmsoft's, else ``'(outside mmsoft)'`` (mmdet's
     preprocessing that an mmsoft subclass calls is mmdet's)."""
-    frame = sys._getframe(1)
+    frame = inspect.currentframe().f_back
     while frame is not None:
         path = _real_path(frame.f_code.co_filename)
         if not _passes_through(path):

@@ -176,7 +176,7 @@ def _gelu_backward_ignores_gradient_strides() -> bool:
     return not torch.allclose(strided, contiguous)
 
 
-#: Whether mmsoft's GELU (:func:`mmsoft.models.layers.gelu`) hands its
+#: Whether mmsoft's GELU (:func:`mmsoft.models.functional.gelu`) hands its
 #: backward a contiguous gradient: True where torch's kernel gets a strided
 #: one wrong (torch 2.1 on x86 CPUs).
 GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT = _gelu_backward_ignores_gradient_strides()

@@ -54,7 +54,7 @@ def assert_same_as_plain(module, inputs, *args, autocast=None, tolerance=None):
 
 class LayerNormThenMLP(torch.nn.Module):
     """``y + mlp(y)`` with ``y = norm(x)`` (SOFT's post-norm MLP branch), or
-    ``mlp(y)`` alone (the pre-norm one), through ``MLP(..., norm=norm)``."""
+    ``mlp(y)`` alone (the pre-norm one), through ``MLP.forward_normed``."""
 
     def __init__(self, dims: int, hidden: int, residual: bool = True, **mlp_kwargs):
         super().__init__()
@@ -67,5 +67,5 @@ class LayerNormThenMLP(torch.nn.Module):
             self.norm.bias.uniform_(-0.5, 0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, out = self.mlp(x, norm=self.norm)
+        y, out = self.mlp.forward_normed(x, self.norm)
         return y + out if self.residual else out

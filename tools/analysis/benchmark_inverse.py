@@ -22,7 +22,7 @@ import time
 import torch
 
 from mmsoft.models.soft_kernels import gaussian_kernel
-from mmsoft.models.soft_kernels import kernel_inverse
+from mmsoft.models.soft_kernels import kernel_inverse, recomputed_newton_iterations
 from mmsoft.models.soft_kernels import SOLVERS
 
 
@@ -55,7 +55,7 @@ def solver_step(mats, attention, solver, newton_iters, backward):
     """One inverse (and its backward) of ``mats``; returns the inverse."""
     mats = mats.detach().requires_grad_(backward)
     inverse = kernel_inverse(mats, attention, solver, newton_iters,
-                             memory_efficient=True)
+                             recomputed_newton_iterations)
     if backward:
         inverse.sum().backward()
     return inverse.detach()

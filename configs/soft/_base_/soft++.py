@@ -32,7 +32,7 @@ soft_backbone = dict(
 soft_paramwise_cfg = dict(
     norm_decay_mult=0.,
     custom_keys={
-        'pos_embeds': dict(decay_mult=0.),
+        'pos_embed': dict(decay_mult=0.),
         'cls_token': dict(decay_mult=0.),
     })
 
