@@ -206,9 +206,14 @@ def test_a_seed_gives_the_initial_weights_of_55cda50(name, cls, kwargs):
     """Seeded runs (the demo, the FLOP counts of seeded models) start from the
     weights they started from before SOFT's stage modules."""
     record = json.load(open(LAYOUT_55CDA50))
+    # Recorded with the torch of each environment: torch's initialisers
+    # changed between releases.
+    version = '.'.join(torch.__version__.split('+')[0].split('.')[:2])
+    if version not in record['seeded_init_sums']:
+        pytest.skip(f'no initial weights of 55cda50 recorded for torch {version}')
     torch.manual_seed(0)
     model = cls(record['outputs'][name]['arch'], num_classes=5, **kwargs)
-    sums, _ = renamed_state_dict_keys(record['seeded_init_sums'][name],
+    sums, _ = renamed_state_dict_keys(record['seeded_init_sums'][version][name],
                                       model.deprecation_name)
     assert sums == pytest.approx({key: float(value.double().sum())
                                   for key, value in model.state_dict().items()},
