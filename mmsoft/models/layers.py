@@ -55,14 +55,11 @@ class MemoryEfficient:
     """Mixin: a layer with a memory-saving path beside its plain one, switched
     by ``memory_efficient`` (:func:`set_memory_efficient`)."""
 
-    memory_efficient = run_mode('choose_memory_path', True)
+    memory_efficient: bool = True
     #: Whether the memory-efficient implementation also holds less without
     #: autograd (SOFT attention's query-bottleneck kernel, one chunk at a
     #: time); False: inference runs the plain operations.
     saves_memory_in_inference: bool = False
-
-    def choose_memory_path(self, enabled: bool) -> None:
-        """Binds the layer's functions of the memory path chosen (none here)."""
 
     def saving_memory(self) -> bool:
         """Whether this call runs the memory-saving path: chosen, autograd
