@@ -33,9 +33,11 @@ NEWEST_STAMP := $(NEWEST_VENV)/.mmsoft-installed
 STACK_MARKERS ?= openmmlab or frameworks
 FLOOR_MARKERS ?= not mmcv_ops and not torchvision and not frameworks
 NEWEST_MARKERS ?= not openmmlab
-# Where `make test` writes the output of the stack's install and suite while
-# they run in the background (printed when they are done).
+# Where `make test` writes the output of the stack's install and suite, and
+# of the floor's install, while they run in the background (printed when
+# they are done).
 STACK_LOG ?= install-logs/make-test-stack.log
+FLOOR_LOG ?= install-logs/make-test-floor.log
 PYTEST_ARGS ?= --durations=15
 # `make gpu-check` installs nothing: it runs in the active environment's
 # python, which needs torch (a CUDA build), timm for the peers and pytest;
@@ -82,17 +84,27 @@ demo: $(STAMP)
 
 # The stack's install (mmcv's compile) and then its suite run in the
 # background (their output in $(STACK_LOG), printed at the end), at normal
-# priority: they are the longest path. Meanwhile the floor and newest
-# environments install side by side and their suites run at a lower priority
-# (nice), on what the compile leaves of the cores.
+# priority: they are the longest path. Meanwhile the newest environment
+# installs, then its suite runs at a lower priority (nice), on what the
+# compile leaves of the cores, while the floor environment installs (output
+# in $(FLOOR_LOG), printed when done); the floor's suite runs last. The
+# newest and floor installs take turns, not side by side, and each holds at
+# most one large wheel in pip's downloads (tools/install_common.sh): together
+# with the stack, the disk holds the three environments and one download.
+# Before anything starts, the disk is checked for all three.
 test:
-	@status=0; mkdir -p $(dir $(STACK_LOG)); \
+	@bash tools/install_common.sh check-disks test $(VENV):stack $(FLOOR_VENV):floor \
+		$(NEWEST_VENV):newest || exit 1; \
+	status=0; mkdir -p $(dir $(STACK_LOG)) $(dir $(FLOOR_LOG)); \
 	echo "[test] the stack: install and suite in the background (log: $(STACK_LOG))"; \
 	$(MAKE) --no-print-directory test-stack > $(STACK_LOG) 2>&1 & stack=$$!; \
-	if $(MAKE) --no-print-directory -j2 install-floor install-newest; then \
-		nice -n 10 $(MAKE) --no-print-directory test-newest || status=1; \
-		nice -n 10 $(MAKE) --no-print-directory test-floor || status=1; \
-	else status=1; fi; \
+	$(MAKE) --no-print-directory install-newest && newest=1 || { newest=0; status=1; }; \
+	echo "[test] the floor: install in the background (log: $(FLOOR_LOG))"; \
+	$(MAKE) --no-print-directory install-floor > $(FLOOR_LOG) 2>&1 & floor=$$!; \
+	if [ $$newest = 1 ]; then nice -n 10 $(MAKE) --no-print-directory test-newest || status=1; fi; \
+	if wait $$floor; then floor=1; else floor=0; status=1; fi; \
+	echo "[test] the floor's install:"; cat $(FLOOR_LOG); \
+	if [ $$floor = 1 ]; then nice -n 10 $(MAKE) --no-print-directory test-floor || status=1; fi; \
 	wait $$stack || status=1; \
 	echo "[test] the stack's install and suite:"; cat $(STACK_LOG); \
 	exit $$status

@@ -219,6 +219,50 @@ def test_short_disk_space_stops_before_downloading(tmp_path):
                                   tmp_path).returncode == 0
 
 
+def test_disk_check_of_make_test_sums_the_environments_not_yet_installed(tmp_path):
+    """`make test` installs three environments side by side: the disk must
+    hold them together, the installed one (its python imports torch) not
+    counted."""
+    installed = f'{osp.dirname(osp.dirname(sys.executable))}:newest'
+    done = run_installer_function(
+        f'check_disks test {tmp_path}/a:stack {tmp_path}/b:floor {installed}', tmp_path)
+    assert done.returncode == 0, done.stderr
+    stack, floor = (int(run_installer_function(f'env_disk {kind}', tmp_path).stdout.split()[0])
+                    for kind in ('stack', 'floor'))
+    assert f'[test] to install: {tmp_path}/a {tmp_path}/b ({stack + floor} GiB' in done.stdout
+    assert osp.dirname(osp.dirname(sys.executable)) not in done.stdout
+    short = run_installer_function(
+        f'env_disk() {{ echo "100000 1"; }}; check_disks test {tmp_path}/a:stack; '
+        'echo not reached', tmp_path)
+    assert short.returncode == 1 and 'not reached' not in short.stdout
+    assert 'not enough free disk space' in short.stderr
+    unknown = run_installer_function(f'check_disks test {tmp_path}/a:gpu', tmp_path)
+    assert unknown.returncode == 1 and "unknown environment 'gpu'" in unknown.stderr
+
+
+@pytest.mark.parametrize('lock', ['newest.txt', 'stack.txt', 'floor.txt'])
+def test_lock_is_installed_with_one_large_wheel_per_pip_call(lock, tmp_path):
+    """pip keeps its downloads until its call ends: torch, triton and each
+    nvidia-* wheel get a call of their own, every requirement lands in
+    exactly one call, with all its hashes."""
+    path = osp.join(REQUIREMENTS, 'locks', lock)
+    done = run_installer_function(f'split_lock {tmp_path}/parts {path}', tmp_path)
+    assert done.returncode == 0, done.stderr
+    parts = {name: lock_entries(str(tmp_path / 'parts' / name))
+             for name in sorted(os.listdir(tmp_path / 'parts'))}
+    merged = {}
+    for name, entries in parts.items():
+        assert not set(entries) & set(merged), name
+        merged.update(entries)
+    assert merged == lock_entries(path)
+    large = [name for name in merged
+             if name in ('torch', 'triton') or name.startswith('nvidia-')]
+    assert 'torch' in large and len(large) > 5
+    for name in large:
+        assert list(parts[f'2-{name}.txt']) == [name]
+    assert not set(large) & set(parts['1-rest.txt'])
+
+
 def test_unreachable_registry_is_named(tmp_path):
     """An index on a closed loopback port: the installer says so at once."""
     done = run_installer_function(

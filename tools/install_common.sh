@@ -100,6 +100,39 @@ check_disk() {
     fi
 }
 
+# env_disk KIND: the GiB that the environment KIND (stack, floor, newest)
+# holds once installed, and the GiB its install needs meanwhile in $TMPDIR
+# (pip's downloads of one call, mmcv's build): du on x86-64 Linux, rounded
+# up. Most of it is torch's CUDA build and its nvidia-* libraries, the only
+# torch wheels that PyPI has for Linux.
+env_disk() {
+    case "$1" in
+        stack) echo "7 1" ;;   # torch 2.14.1 (CUDA 13), the stack, mmcv's build
+        floor) echo "6 1" ;;   # torch 2.1.2 (CUDA 12.1)
+        newest) echo "6 1" ;;  # torch 2.15.0 (CUDA 13.2)
+        *) echo "env_disk: unknown environment '$1' (stack, floor, newest)" >&2; return 1 ;;
+    esac
+}
+
+# check_disks TAG VENV:KIND...: refuses to start when the disk cannot hold
+# all the environments of the list that are not installed yet (their python
+# does not import torch) together: `make test` installs them side by side.
+check_disks() {
+    local tag="$1"; shift
+    local item venv kind need gib tmp venv_gib=0 tmp_gib=0 missing=()
+    for item in "$@"; do
+        venv="${item%%:*}"; kind="${item#*:}"
+        need=$(env_disk "$kind") || exit 1
+        "$venv/bin/python" -c 'import torch' >/dev/null 2>&1 && continue
+        read -r gib tmp <<<"$need"
+        venv_gib=$((venv_gib + gib)); [ "$tmp" -gt "$tmp_gib" ] && tmp_gib=$tmp
+        missing+=("$venv")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "[$tag] to install: ${missing[*]} ($venv_gib GiB, and $tmp_gib GiB meanwhile in \$TMPDIR)"
+    check_disk "$tag" "$venv_gib" "$tmp_gib" "${missing[0]}"
+}
+
 # check_registry TAG PYTHON: fails at once, saying so, when the package index
 # that pip is configured with cannot be reached.
 check_registry() {
@@ -148,15 +181,45 @@ ensure_venv() {
 
 # install_locked TAG VENV LOCK...: installs exactly what the lock files pin,
 # each file checked against its hash, wheels only (no build runs, so no build
-# tool is resolved from the index).
+# tool is resolved from the index). pip keeps every file it downloads until
+# its call ends: the large wheels (torch, triton and the nvidia-* CUDA
+# libraries, 2 to 3 GB together) therefore install one pip call each, the
+# rest in one call, so that the downloads never hold more than one of them on
+# the disk (split_lock).
 install_locked() {
     local tag="$1" venv="$2"; shift 2
-    local args=() lock
-    for lock in "$@"; do args+=(-r "$lock"); done
+    local parts
+    parts=$(mktemp -d)
+    split_lock "$parts" "$@"
     run_step "$tag" "installing $* (hash-checked wheels)" "$*" \
-        "$venv/bin/python" -m pip install \
-        --disable-pip-version-check --require-hashes --only-binary :all: \
-        --no-deps "${args[@]}"
+        install_parts "$venv" "$parts"
+    rm -rf "$parts"
+}
+
+# split_lock DIR LOCK...: writes the requirements of the lock files into
+# DIR/1-rest.txt and DIR/2-<name>.txt, one file for each large wheel, each
+# requirement with its hashes.
+split_lock() {
+    local dir="$1"; shift
+    mkdir -p "$dir"
+    awk -v dir="$dir" '
+        /^[A-Za-z0-9]/ {
+            name = tolower($1); sub(/[=<>!~;[ ].*$/, "", name)
+            large = name == "torch" || name == "triton" || name ~ /^nvidia-/
+            out = dir "/" (large ? "2-" name : "1-rest") ".txt"
+        }
+        /^[ \t]*#/ || out == "" { next }
+        { print > out }' "$@"
+}
+
+# install_parts VENV DIR: pip installs each requirements file of DIR in turn.
+install_parts() {
+    local venv="$1" dir="$2" part
+    for part in "$dir"/*.txt; do
+        echo "== $(basename "$part" .txt)"
+        "$venv/bin/python" -m pip install --disable-pip-version-check \
+            --require-hashes --only-binary :all: --no-deps -r "$part" || return 1
+    done
 }
 
 # install_editable TAG VENV: mmsoft from the checkout, built with the
@@ -186,3 +249,13 @@ link_package_for_mim() {
     record=$(ls "$site"/mmsoft-*.dist-info/RECORD)
     grep -qx 'mmsoft,,' "$record" || echo 'mmsoft,,' >> "$record"
 }
+
+# Run as a command, `bash tools/install_common.sh check-disks TAG VENV:KIND...`
+# (`make test`) checks the disk for several environments at once.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    set -euo pipefail
+    case "${1:-}" in
+        check-disks) shift; check_disks "$@" ;;
+        *) echo "usage: bash tools/install_common.sh check-disks TAG VENV:KIND..." >&2; exit 2 ;;
+    esac
+fi

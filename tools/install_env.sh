@@ -22,7 +22,7 @@ source tools/install_common.sh
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
     # torch and its nvidia-* wheels, the rest of the stack and mmcv's build.
-    check_disk "$TAG" 8 5 "$VENV"
+    check_disk "$TAG" $(env_disk stack) "$VENV"
 fi
 check_registry "$TAG" python3
 ensure_venv "$VENV" "$TAG"

@@ -17,7 +17,7 @@ TAG=install-floor
 source tools/install_common.sh
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
-    check_disk "$TAG" 6 4 "$VENV"  # torch 2.1.2 and its nvidia-* wheels
+    check_disk "$TAG" $(env_disk floor) "$VENV"
 fi
 check_registry "$TAG" python3
 ensure_venv "$VENV" "$TAG"

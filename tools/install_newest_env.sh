@@ -45,7 +45,7 @@ find_python() {
 }
 
 if [ ! -x "$PY" ]; then
-    check_disk "$TAG" 7 4 "$VENV"  # torch and its nvidia-* wheels
+    check_disk "$TAG" $(env_disk newest) "$VENV"
     BASE_PY=$(find_python) || {
         echo "[$TAG] no Python 3.10 or newer found (wanted CPython $WANTED: python$WANTED" \
              "on PATH or in pyenv's versions)" >&2; exit 1; }
