@@ -660,6 +660,26 @@ def class_attention_pair(dims: int = 32, heads: int = 4, seed: int = 22):
     return timm_block, mm_block
 
 
+@pytest.mark.parametrize('tokens', [1, 16, 35])
+def test_classifier_block_is_xcits_layer(tokens):
+    """The classifier's block (``UFOViT(global_pool='token')``) is XCiT's
+    class-attention layer as ``Xcit`` chains it: the whole output, class
+    token and patch tokens, and the input gradients."""
+    from mmsoft.models.ufo_vit import ClassAttentionBlock
+    timm_block = randomise_(xcit.ClassAttentionBlock(
+        32, 4, qkv_bias=True, norm_layer=XCIT_NORM, eta=1e-5, tokens_norm=False), 29)
+    mm_block = ClassAttentionBlock(32, 4).double().eval()
+    mapping = {key: f'attn.{key}' for key in mm_block.state_dict()
+               if key.split('.')[0] in ('q', 'proj')}
+    mapping.update({f'kv.{p}': (f'attn.k.{p}', f'attn.v.{p}') for p in ('weight', 'bias')})
+    load_mapped(mm_block, timm_block, {**{k: k for k in mm_block.state_dict()}, **mapping})
+    joint = randn(2, 1 + tokens, 32, seed=30)  # (B, 1 + N, C)
+    timm_out, timm_grad = input_grad(timm_block, joint, seed=31)
+    mm_out, mm_grad = input_grad(mm_block, joint, seed=31)
+    assert_close(mm_out, timm_out, f'classifier block vs XCiT (N={tokens})')
+    assert_close(mm_grad, timm_grad, f'classifier block input grad vs XCiT (N={tokens})')
+
+
 @pytest.mark.openmmlab  # mmsoft.pretrain: mmpretrain's block
 @pytest.mark.parametrize('tokens', [1, 16, 35])
 def test_class_attention_matches_xcit(tokens):
