@@ -54,16 +54,19 @@ def _taking_in_chans(model_cls: type, **fixed) -> Callable:
 def _create(model_cls: type, name: str, pretrained: bool = False, fixed: dict = None,
             **kwargs):
     out_indices = kwargs.pop('out_indices', (0, 1, 2, 3))
+    fixed = dict(fixed or {})
     if model_cls is ufo_vit.UFOViT:
-        # The feature pyramid only where its maps are asked for.
+        # The feature pyramid only where its maps are asked for, and only
+        # the branches of those maps (build_model_with_cfg keeps
+        # out_indices for the feature wrapper: the model gets them here).
         multi_scale = kwargs.get('features_only', False)
         kwargs.setdefault('multi_scale', multi_scale)
         kwargs.setdefault('global_pool', 'token')
         if multi_scale:
-            kwargs.setdefault('out_indices', out_indices)
+            fixed.setdefault('out_indices', tuple(out_indices))
     filter_fn = soft.checkpoint_filter_fn if model_cls is soft.SOFT else None
     return build_model_with_cfg(
-        _taking_in_chans(model_cls, **(fixed or {})), name, pretrained,
+        _taking_in_chans(model_cls, **fixed), name, pretrained,
         pretrained_filter_fn=filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
 

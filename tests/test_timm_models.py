@@ -70,6 +70,11 @@ def test_features_only_maps_of_chosen_outputs_match_feature_info(name):
     for channels, reduction, out in zip(info.channels(), info.reduction(), outs):
         assert out.shape == (2, channels, 96 // reduction, 96 // reduction)
         assert not out.isnan().any()
+    # Only what the chosen maps need is built (UFO-ViT's pyramid builds the
+    # branches of out_indices): every parameter gets a gradient, as DDP
+    # without find_unused_parameters requires.
+    sum(out.sum() for out in outs).backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
 
 
 @pytest.mark.parametrize('name', TINY)
