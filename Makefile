@@ -91,10 +91,10 @@ demo: $(STAMP)
 # newest and floor installs take turns, not side by side, and each holds at
 # most one large wheel in pip's downloads (tools/install_common.sh): together
 # with the stack, the disk holds the three environments and one download.
-# Before anything starts, the disk is checked for all three.
+# Before anything starts, the disk is checked for all three and the suites.
 test:
 	@bash tools/install_common.sh check-disks test $(VENV):stack $(FLOOR_VENV):floor \
-		$(NEWEST_VENV):newest || exit 1; \
+		$(NEWEST_VENV):newest .:suites || exit 1; \
 	status=0; mkdir -p $(dir $(STACK_LOG)) $(dir $(FLOOR_LOG)); \
 	echo "[test] the stack: install and suite in the background (log: $(STACK_LOG))"; \
 	$(MAKE) --no-print-directory test-stack > $(STACK_LOG) 2>&1 & stack=$$!; \

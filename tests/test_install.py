@@ -236,6 +236,12 @@ def test_disk_check_of_make_test_sums_the_environments_not_yet_installed(tmp_pat
         'echo not reached', tmp_path)
     assert short.returncode == 1 and 'not reached' not in short.stdout
     assert 'not enough free disk space' in short.stderr
+    # What the suites write is counted even when every environment is there.
+    suites = run_installer_function(
+        f'env_disk() {{ case $1 in suites) echo "0 100000";; *) echo "1 1";; esac; }}; '
+        f'check_disks test {installed} .:suites; echo not reached', tmp_path)
+    assert suites.returncode == 1 and 'not reached' not in suites.stdout
+    assert 'not enough free disk space' in suites.stderr
     unknown = run_installer_function(f'check_disks test {tmp_path}/a:gpu', tmp_path)
     assert unknown.returncode == 1 and "unknown environment 'gpu'" in unknown.stderr
 

@@ -110,27 +110,34 @@ env_disk() {
         stack) echo "7 1" ;;   # torch 2.14.1 (CUDA 13), the stack, mmcv's build
         floor) echo "6 1" ;;   # torch 2.1.2 (CUDA 12.1)
         newest) echo "6 1" ;;  # torch 2.15.0 (CUDA 13.2)
-        *) echo "env_disk: unknown environment '$1' (stack, floor, newest)" >&2; return 1 ;;
+        suites) echo "0 3" ;;  # what the three suites write (tmp_path, work_dirs)
+        *) echo "env_disk: unknown environment '$1' (stack, floor, newest, suites)" >&2; return 1 ;;
     esac
 }
 
 # check_disks TAG VENV:KIND...: refuses to start when the disk cannot hold
 # all the environments of the list that are not installed yet (their python
-# does not import torch) together: `make test` installs them side by side.
+# does not import torch) together, `make test` installing them side by side,
+# and what a `:suites` item says the test suites write.
 check_disks() {
     local tag="$1"; shift
-    local item venv kind need gib tmp venv_gib=0 tmp_gib=0 missing=()
+    local item venv kind need gib tmp venv_gib=0 tmp_gib=0 install_tmp=0 missing=()
     for item in "$@"; do
         venv="${item%%:*}"; kind="${item#*:}"
         need=$(env_disk "$kind") || exit 1
-        "$venv/bin/python" -c 'import torch' >/dev/null 2>&1 && continue
         read -r gib tmp <<<"$need"
-        venv_gib=$((venv_gib + gib)); [ "$tmp" -gt "$tmp_gib" ] && tmp_gib=$tmp
+        if [ "$kind" = suites ]; then  # no environment: counted every time
+            tmp_gib=$((tmp_gib + tmp)); continue
+        fi
+        "$venv/bin/python" -c 'import torch' >/dev/null 2>&1 && continue
+        venv_gib=$((venv_gib + gib)); [ "$tmp" -gt "$install_tmp" ] && install_tmp=$tmp
         missing+=("$venv")
     done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    echo "[$tag] to install: ${missing[*]} ($venv_gib GiB, and $tmp_gib GiB meanwhile in \$TMPDIR)"
-    check_disk "$tag" "$venv_gib" "$tmp_gib" "${missing[0]}"
+    tmp_gib=$((tmp_gib + install_tmp))
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "[$tag] to install: ${missing[*]} ($venv_gib GiB, and $tmp_gib GiB more in \$TMPDIR)"
+    fi
+    check_disk "$tag" "$venv_gib" "$tmp_gib" "${missing[0]:-.}"
 }
 
 # check_registry TAG PYTHON: fails at once, saying so, when the package index
