@@ -220,8 +220,8 @@ def test_short_disk_space_stops_before_downloading(tmp_path):
 
 
 def test_disk_check_of_make_test_sums_the_environments_not_yet_installed(tmp_path):
-    """`make test` installs three environments side by side: the disk must
-    hold them together, the installed one (its python imports torch) not
+    """`make test` keeps three environments: the disk must hold those still
+    to install together, the installed one (its python imports torch) not
     counted."""
     installed = f'{osp.dirname(osp.dirname(sys.executable))}:newest'
     done = run_installer_function(
@@ -267,6 +267,17 @@ def test_lock_is_installed_with_one_large_wheel_per_pip_call(lock, tmp_path):
     for name in large:
         assert list(parts[f'2-{name}.txt']) == [name]
     assert not set(large) & set(parts['1-rest.txt'])
+
+
+def test_lock_with_an_option_line_is_refused_not_split(tmp_path):
+    """An option line has no requirement to go with: refused, naming it."""
+    lock = tmp_path / 'lock.txt'
+    lock.write_text('--extra-index-url https://example.org/simple\n'
+                    'six==1.16.0 \\\n    --hash=sha256:' + '0' * 64 + '\n')
+    done = run_installer_function(f'split_lock {tmp_path}/parts {lock}', tmp_path)
+    assert done.returncode == 1
+    assert '--extra-index-url https://example.org/simple' in done.stderr
+    assert 'not supported' in done.stderr
 
 
 def test_unreachable_registry_is_named(tmp_path):

@@ -103,7 +103,7 @@ check_disk() {
 # env_disk KIND: the GiB that the environment KIND (stack, floor, newest)
 # holds once installed, and the GiB its install needs meanwhile in $TMPDIR
 # (pip's downloads of one call, mmcv's build): du on x86-64 Linux, rounded
-# up. Most of it is torch's CUDA build and its nvidia-* libraries, the only
+# up; `suites`: what the three test suites write. Most of it is torch's CUDA build and its nvidia-* libraries, the only
 # torch wheels that PyPI has for Linux.
 env_disk() {
     case "$1" in
@@ -115,10 +115,16 @@ env_disk() {
     esac
 }
 
+# has_torch VENV: whether the environment VENV is installed as far as its
+# large part goes: its python imports torch.
+has_torch() {
+    "$1/bin/python" -c 'import torch' >/dev/null 2>&1
+}
+
 # check_disks TAG VENV:KIND...: refuses to start when the disk cannot hold
-# all the environments of the list that are not installed yet (their python
-# does not import torch) together, `make test` installing them side by side,
-# and what a `:suites` item says the test suites write.
+# together all the environments of the list that are not installed yet
+# (has_torch), which `make test` installs while the others stay, and what a
+# `:suites` item says the test suites write.
 check_disks() {
     local tag="$1"; shift
     local item venv kind need gib tmp venv_gib=0 tmp_gib=0 install_tmp=0 missing=()
@@ -129,7 +135,7 @@ check_disks() {
         if [ "$kind" = suites ]; then  # no environment: counted every time
             tmp_gib=$((tmp_gib + tmp)); continue
         fi
-        "$venv/bin/python" -c 'import torch' >/dev/null 2>&1 && continue
+        has_torch "$venv" && continue
         venv_gib=$((venv_gib + gib)); [ "$tmp" -gt "$install_tmp" ] && install_tmp=$tmp
         missing+=("$venv")
     done
@@ -214,6 +220,11 @@ split_lock() {
             name = tolower($1); sub(/[=<>!~;[ ].*$/, "", name)
             large = name == "torch" || name == "triton" || name ~ /^nvidia-/
             out = dir "/" (large ? "2-" name : "1-rest") ".txt"
+        }
+        /^-/ {
+            print "split_lock: " FILENAME ": an option line (" $0 ") is not " \
+                  "supported: a lock holds requirements with their hashes only" > "/dev/stderr"
+            exit 1
         }
         /^[ \t]*#/ || out == "" { next }
         { print > out }' "$@"

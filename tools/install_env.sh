@@ -20,7 +20,7 @@ TAG=install
 # shellcheck source=tools/install_common.sh
 source tools/install_common.sh
 
-if ! "$PY" -c "import torch" 2>/dev/null; then
+if ! has_torch "$VENV"; then
     # torch and its nvidia-* wheels, the rest of the stack and mmcv's build.
     check_disk "$TAG" $(env_disk stack) "$VENV"
 fi

@@ -16,7 +16,7 @@ TAG=install-floor
 # shellcheck source=tools/install_common.sh
 source tools/install_common.sh
 
-if ! "$PY" -c "import torch" 2>/dev/null; then
+if ! has_torch "$VENV"; then
     check_disk "$TAG" $(env_disk floor) "$VENV"
 fi
 check_registry "$TAG" python3
