@@ -165,15 +165,16 @@ class BackboneMaps(nn.Module):
         return list(self.backbone(images))
 
 
-def _mmsoft_backbone(name: str, solver: Optional[str]) -> nn.Module:
+def _mmsoft_backbone(name: str, solver: Optional[str], overrides: Dict) -> nn.Module:
     from mmsoft.models import SOFT, UFOViT
     settings = dict(MMSOFT_BACKBONES[name])
     family = settings.pop('family')
     if family == 'ufo-vit':
-        return UFOViT(**settings)
+        return UFOViT(**settings, **overrides)
     settings.update(SOFT_PLUS_PLUS)
     if solver is not None:
         settings['solver'] = solver
+    settings.update(overrides)
     return SOFT(**settings)
 
 
@@ -201,13 +202,15 @@ def _mmdet_backbone(name: str) -> nn.Module:
     return model
 
 
-def build_maps(name: str, solver: Optional[str] = None) -> BackboneMaps:
+def build_maps(name: str, solver: Optional[str] = None, **overrides) -> BackboneMaps:
     """Backbone ``name`` initialised from scratch (seed 0), on the CPU.
 
     Args:
         name (str): One of :data:`BACKBONES`.
         solver (str, optional): The kernel-inverse solver of a SOFT++
             backbone. Default: None (the configs' ``'newton_closed_form'``).
+        **overrides: Further arguments of mmsoft's backbones (e.g.
+            ``memory_efficient=False``); none for the peers.
 
     Raises:
         RuntimeError: When the backbone's framework is not usable here (see
@@ -219,7 +222,11 @@ def build_maps(name: str, solver: Optional[str] = None) -> BackboneMaps:
     torch.manual_seed(0)
     source = source_of(name)
     if source == 'mmsoft':
-        return BackboneMaps(_mmsoft_backbone(name, solver), takes_valid_shapes=True)
+        return BackboneMaps(_mmsoft_backbone(name, solver, overrides),
+                            takes_valid_shapes=True)
+    if overrides:
+        raise ValueError(f'overrides={overrides} are invalid for {name!r}: only '
+                         f"mmsoft's backbones take them.")
     if source == 'timm':
         return BackboneMaps(_timm_backbone(name), takes_valid_shapes=False)
     return BackboneMaps(_mmdet_backbone(name), takes_valid_shapes=False)
