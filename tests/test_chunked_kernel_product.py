@@ -4,8 +4,8 @@ import importlib
 import pytest
 import torch
 
-from mmsoft.models.soft_kernels import gaussian_kernel
-from mmsoft.models.soft_kernels import chunked_kernel_product
+from mmsoft.models.soft_kernels import (chunked_kernel_product, gaussian_kernel,
+                                        kernel_of_operands)
 
 kernel_attention_module = importlib.import_module(
     'mmsoft.models.soft_kernels')
@@ -37,15 +37,16 @@ def test_forward_equals_plain_product(chunk):
 def test_inference_equals_plain_product_and_holds_one_chunk(chunk, monkeypatch):
     kernel_rows = []
 
-    def recorded_kernel(queries, bottleneck, *args, **kwargs):
-        kernel_rows.append(queries.shape[-2])
-        return gaussian_kernel(queries, bottleneck, *args, **kwargs)
+    def recorded_kernel(left, right, *args, **kwargs):
+        kernel_rows.append(left.shape[-2])
+        return kernel_of_operands(left, right, *args, **kwargs)
 
-    monkeypatch.setattr(kernel_attention_module, 'gaussian_kernel', recorded_kernel)
     inputs = random_inputs()
+    expected = plain_product(*inputs)
+    monkeypatch.setattr(kernel_attention_module, 'kernel_of_operands', recorded_kernel)
     with torch.no_grad():
         out = chunked_kernel_product(*inputs, chunk)
-    torch.testing.assert_close(out, plain_product(*inputs))
+    torch.testing.assert_close(out, expected)
     assert kernel_rows and max(kernel_rows) == min(chunk, 37)
 
 

@@ -32,6 +32,9 @@ CLOSED_FORM_DEVICES = ('cpu', )
 MIN_PSEUDO_INVERSE_TOKENS = 3
 #: Tokens per slice of the chunked product's N x m temporaries in backward.
 BACKWARD_CHUNK = 1024
+#: Most tokens per chunk of the chunked product on the CPU: a chunk's
+#: (B, h, c, m) kernel stays in the caches from its product to its use.
+CPU_CHUNK_TOKENS = 512
 #: A Newton iteration ``iterate(P, alpha, k) -> V_k``.
 NewtonIterations = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -95,6 +98,8 @@ def memory_efficient_kernel_attention(queries: torch.Tensor, bottleneck: torch.T
         middle = symmetric_scale(middle, kernel_a.sum(-1).rsqrt())
     tokens = queries.shape[-2]
     chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
+    if queries.device.type == 'cpu':
+        chunk = min(chunk, CPU_CHUNK_TOKENS)
     return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
                                   query_scale)
 
@@ -424,6 +429,41 @@ class _ExactInverse(torch.autograd.Function):
 
 
 # --- Gaussian kernel
+def kernel_operands(x: torch.Tensor, y: torch.Tensor
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Operands whose product is the Gaussian kernel's exponent:
+    ``[x, -|x|^2 / 2, 1] . [y, 1, -|y|^2 / 2]^T = x.y - |x|^2 / 2 - |y|^2 / 2``.
+
+    Args:
+        x (Tensor): Shape (..., N, d).
+        y (Tensor): Shape (..., M, d).
+
+    Returns:
+        tuple[Tensor, Tensor]: Shapes (..., N, d + 2) and (..., M, d + 2).
+    """
+    left = torch.cat((x, -0.5 * x.pow(2).sum(-1, keepdim=True),
+                      torch.ones_like(x[..., :1])), -1)
+    right = torch.cat((y, torch.ones_like(y[..., :1]),
+                       -0.5 * y.pow(2).sum(-1, keepdim=True)), -1)
+    return left, right
+
+
+def kernel_of_operands(left: torch.Tensor, right: torch.Tensor,
+                       float32_products: bool = False) -> torch.Tensor:
+    """``exp(left . right^T)``: one product and an exp in place, (..., N, M).
+
+    Args:
+        left (Tensor): (..., N, d + 2), see :func:`kernel_operands`.
+        right (Tensor): (..., M, d + 2).
+        float32_products (bool): The product by :func:`float32_matmul`.
+            Default: False.
+    """
+    right_t = right.transpose(-1, -2)  # (..., d + 2, M)
+    exponent = (float32_matmul(left, right_t) if float32_products
+                else torch.matmul(left, right_t))  # (..., N, M)
+    return exponent.exp_()
+
+
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
                     float32_products: bool = False) -> torch.Tensor:
     """Pairwise Gaussian kernel ``exp(x.y - ||x||^2 / 2 - ||y||^2 / 2)``.
@@ -431,18 +471,13 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
     Args:
         x (Tensor): Shape (..., N, d).
         y (Tensor): Shape (..., M, d).
-        float32_products (bool): ``x.y`` by :func:`float32_matmul`. Default: False.
+        float32_products (bool): The exponent by :func:`float32_matmul`.
+            Default: False.
 
     Returns:
         Tensor: Shape (..., N, M).
     """
-    y_t = y.transpose(-1, -2)  # (..., d, M)
-    exponent = (float32_matmul(x, y_t) if float32_products
-                else torch.matmul(x, y_t))  # (..., N, M)
-    half_sq_x = 0.5 * x.pow(2).sum(-1, keepdim=True)  # (..., N, 1)
-    half_sq_y = 0.5 * y.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
-    exponent = exponent.sub_(half_sq_x).sub_(half_sq_y)
-    return exponent.exp() if exponent.requires_grad else exponent.exp_()
+    return kernel_of_operands(*kernel_operands(x, y), float32_products)
 
 
 def bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
@@ -545,34 +580,25 @@ def _chunks(tokens: int, chunk: int) -> List[Tuple[int, int]]:
     return [(start, min(start + chunk, tokens)) for start in range(0, tokens, chunk)]
 
 
-def kernel_summary(queries: torch.Tensor, bottleneck: torch.Tensor,
-                   values: torch.Tensor, chunk: int,
-                   query_scale: float = 1.) -> torch.Tensor:
-    """``K1^T V`` chunk by chunk: (B, h, m, d)."""
+def kernel_summary(left: torch.Tensor, right: torch.Tensor, values: torch.Tensor,
+                   chunk: int) -> torch.Tensor:
+    """``K1^T V`` chunk by chunk, ``K1 = exp(left . right^T)``: (B, h, m, d)."""
     summary = None
-    for start, end in _chunks(queries.shape[-2], chunk):
-        kernel = gaussian_kernel(queries[..., start:end, :] * query_scale,
-                                 bottleneck)  # (B, h, c, m)
+    for start, end in _chunks(left.shape[-2], chunk):
+        kernel = kernel_of_operands(left[..., start:end, :], right)  # (B, h, c, m)
         part = kernel.transpose(-1, -2) @ values[..., start:end, :]
         summary = part if summary is None else summary.add_(part)
     return summary
 
 
-def kernel_apply(queries: torch.Tensor, bottleneck: torch.Tensor,
-                 right: torch.Tensor, chunk: int,
-                 query_scale: float = 1.) -> torch.Tensor:
-    """``K1 . right`` chunk by chunk: (B, h, N, d)."""
-    out = queries.new_empty(*queries.shape[:-1], right.shape[-1])
-    for start, end in _chunks(queries.shape[-2], chunk):
-        kernel = gaussian_kernel(queries[..., start:end, :] * query_scale,
-                                 bottleneck)
-        torch.matmul(kernel, right, out=out[..., start:end, :])
+def kernel_apply(left: torch.Tensor, right: torch.Tensor, factor: torch.Tensor,
+                 chunk: int) -> torch.Tensor:
+    """``K1 . factor`` chunk by chunk: (B, h, N, d)."""
+    out = left.new_empty(*left.shape[:-1], factor.shape[-1])
+    for start, end in _chunks(left.shape[-2], chunk):
+        kernel = kernel_of_operands(left[..., start:end, :], right)  # (B, h, c, m)
+        torch.matmul(kernel, factor, out=out[..., start:end, :])
     return out
-
-
-def _with_ones(points: torch.Tensor) -> torch.Tensor:
-    """(..., n, d) -> (..., n, d + 1) with a last column of ones."""
-    return torch.cat((points, torch.ones_like(points[..., :1])), -1)
 
 
 class ChunkedKernelProduct(torch.autograd.Function):
@@ -580,17 +606,18 @@ class ChunkedKernelProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, queries, bottleneck, middle, values, chunk, query_scale):
+        left, right = kernel_operands(queries * query_scale, bottleneck)
         if queries.shape[-2] <= chunk:
             # One chunk: one kernel evaluation serves both products.
-            kernel = gaussian_kernel(queries * query_scale, bottleneck)  # (B,h,N,m)
+            kernel = kernel_of_operands(left, right)  # (B, h, N, m)
             summary = kernel.transpose(-1, -2) @ values  # (B, h, m, d)
-            right = middle @ summary  # (B, h, m, d)
-            out = kernel @ right  # (B, h, N, d)
+            factor = middle @ summary  # (B, h, m, d)
+            out = kernel @ factor  # (B, h, N, d)
         else:
-            summary = kernel_summary(queries, bottleneck, values, chunk, query_scale)
-            right = middle @ summary
-            out = kernel_apply(queries, bottleneck, right, chunk, query_scale)
-        ctx.save_for_backward(queries, bottleneck, middle, values, summary, right)
+            summary = kernel_summary(left, right, values, chunk)
+            factor = middle @ summary
+            out = kernel_apply(left, right, factor, chunk)
+        ctx.save_for_backward(queries, bottleneck, middle, values, summary, factor)
         ctx.chunk = chunk
         ctx.query_scale = query_scale
         return out
@@ -598,49 +625,48 @@ class ChunkedKernelProduct(torch.autograd.Function):
     @staticmethod
     @backward_without_autocast
     def backward(ctx, grad_out):
-        """With ``S = K1^T V``, ``R = middle S``, ``out = K1 R``, ``G = dL/d out``
-        and ``K1 = exp(E)``, ``E = Q L^T - |Q|^2 / 2 - |L|^2 / 2`` (``Q = s Q0``):
-        ``dR = K1^T G``, ``d middle = dR S^T``, ``dS = middle^T dR``,
-        ``dV = K1 dS``, ``dE = (G R^T + V dS^T) o K1``,
-        ``dQ0 = s (dE L - rowsum(dE) o Q)``, ``dL = dE^T Q - colsum(dE) o L``;
-        K1 is recomputed chunk by chunk."""
-        queries, bottleneck, middle, values, summary, right = ctx.saved_tensors
+        """With ``S = K1^T V``, ``R = middle S``, ``out = K1 R``, ``G = dL/d out``,
+        ``K1 = exp(E)``, ``E = A B^T``, ``A = [Q, -|Q|^2 / 2, 1]``,
+        ``B = [L, 1, -|L|^2 / 2]`` (``Q = s Q0``): ``dR = K1^T G``,
+        ``d middle = dR S^T``, ``dS = middle^T dR``, ``dV = K1 dS``,
+        ``dE = (G R^T + V dS^T) o K1``, ``dA = dE B``, ``dB = dE^T A``;
+        ``dQ0 = s (dA_Q - dA_|Q| Q)``, ``dL = dB_L - dB_|L| L``; K1 is
+        recomputed chunk by chunk."""
+        queries, bottleneck, middle, values, summary, factor = ctx.saved_tensors
         scale = ctx.query_scale
-        tokens = queries.shape[-2]
+        scaled = queries * scale  # Q: (B, h, N, d)
+        left, right = kernel_operands(scaled, bottleneck)  # (B, h, N | m, d + 2)
+        tokens, dims = queries.shape[-2:]
         # N x m temporaries in slices of at most BACKWARD_CHUNK tokens.
         step = min(ctx.chunk, BACKWARD_CHUNK)
         # One chunk: its kernel serves both passes, evaluated once.
-        whole_kernel = (gaussian_kernel(queries * scale, bottleneck)
-                        if tokens <= ctx.chunk else None)  # (B, h, N, m)
+        whole_kernel = (kernel_of_operands(left, right) if tokens <= ctx.chunk
+                        else None)  # (B, h, N, m)
         if whole_kernel is None:
-            grad_right = kernel_summary(queries, bottleneck, grad_out, step, scale)
+            grad_factor = kernel_summary(left, right, grad_out, step)
         else:
-            grad_right = whole_kernel.transpose(-1, -2) @ grad_out  # d right
-        grad_middle = grad_right @ summary.transpose(-1, -2)  # (B, h, m, m)
-        grad_summary = middle.transpose(-1, -2) @ grad_right  # (B, h, m, d)
-        grad_queries = torch.empty_like(queries)
+            grad_factor = whole_kernel.transpose(-1, -2) @ grad_out  # dR
+        grad_middle = grad_factor @ summary.transpose(-1, -2)  # (B, h, m, m)
+        grad_summary = middle.transpose(-1, -2) @ grad_factor  # (B, h, m, d)
+        grad_left = torch.empty_like(left)
         grad_values = torch.empty_like(values)
-        dims = queries.shape[-1]
-        # One product gives both dK1 terms: [G, V] [right, d summary]^T.
-        right_and_grad = torch.cat((right, grad_summary), -1)  # (B, h, m, 2d)
-        # [L, 1] and [Q, 1]: the products also give dE's row / column sums.
-        bottleneck_ones = _with_ones(bottleneck)  # (B, h, m, d + 1)
-        bottleneck_grad = torch.zeros_like(bottleneck_ones)  # [dE^T Q, colsum dE]
+        grad_right = torch.zeros_like(right)
+        # One product gives both dK1 terms: [G, V] [R, dS]^T.
+        factors_t = torch.cat((factor, grad_summary), -1).transpose(-1, -2)
         for start, end in _chunks(tokens, step):
-            q = queries[..., start:end, :] * scale  # (B, h, c, d)
-            kernel = (gaussian_kernel(q, bottleneck) if whole_kernel is None
+            kernel = (kernel_of_operands(left[..., start:end, :], right)
+                      if whole_kernel is None
                       else whole_kernel[..., start:end, :])  # (B, h, c, m)
             grad_values[..., start:end, :] = kernel @ grad_summary
             grad_and_values = torch.cat((grad_out[..., start:end, :],
                                          values[..., start:end, :]), -1)  # (B,h,c,2d)
-            grad_kernel = grad_and_values @ right_and_grad.transpose(-1, -2)
-            grad_exponent = grad_kernel.mul_(kernel)  # dE, (B, h, c, m)
-            query_grad = grad_exponent @ bottleneck_ones  # [dE L, rowsum dE]
-            grad_queries[..., start:end, :] = scale * (
-                query_grad[..., :dims] - query_grad[..., dims:] * q)
-            bottleneck_grad += grad_exponent.transpose(-1, -2) @ _with_ones(q)
-        grad_bottleneck = (bottleneck_grad[..., :dims]
-                           - bottleneck_grad[..., dims:] * bottleneck)
+            grad_exponent = (grad_and_values @ factors_t).mul_(kernel)  # dE
+            grad_left[..., start:end, :] = grad_exponent @ right
+            grad_right += grad_exponent.transpose(-1, -2) @ left[..., start:end, :]
+        grad_queries = scale * (grad_left[..., :dims] - grad_left[..., dims:dims + 1]
+                                * scaled)
+        grad_bottleneck = (grad_right[..., :dims]
+                           - grad_right[..., dims + 1:] * bottleneck)
         return grad_queries, grad_bottleneck, grad_middle, grad_values, None, None
 
 
