@@ -57,6 +57,7 @@ the loss is finite, and the predictions' structure and shapes.
 import functools
 import glob
 import importlib.util
+import inspect
 import os
 import os.path as osp
 import re
@@ -506,8 +507,9 @@ def test_relative_links_exist():
 
 
 # ---------------------------------------------------------------- recipes ---
-#: The marker line right before a recipe's ```` ```python ```` block.
-RECIPE_MARKER = re.compile(r'<!-- recipe: ([a-z0-9][a-z0-9-]*) -->')
+#: The kinds of marked ```` ```python ```` blocks: recipes (a training step
+#: and a prediction, on any page) and the README's snippets.
+MARKED_KINDS = ('recipe', 'snippet')
 #: A recipe's line naming its model.
 RECIPE_NAME_LINE = re.compile(r"^NAME = '(\w+)'$", re.M)
 #: The timm names each recipe runs with, and the class each builds.
@@ -522,9 +524,10 @@ class Recipe(NamedTuple):
     page: str  #: the page, relative to the repository
     line: int  #: the page's line number of the first line of code
     code: str
+    kind: str = 'recipe'  #: one of :data:`MARKED_KINDS`
 
     def __str__(self) -> str:
-        return f'{self.page}:{self.line} (recipe {self.name})'
+        return f'{self.page}:{self.line} ({self.kind} {self.name})'
 
 
 class RecipeCheck(NamedTuple):
@@ -533,22 +536,25 @@ class RecipeCheck(NamedTuple):
     check: Callable[[dict], None]  #: asserts on the recipe's variables
 
 
-def parse_recipes(pages: List[str] = PAGES) -> Tuple[Dict[str, Recipe], List[str]]:
-    """The marked recipes of ``pages`` by name, and what is wrong with the
-    markers: a marker not right before a ```` ```python ```` block, a block
-    without its closing fence, a malformed marker, a name used twice."""
+def parse_recipes(pages: List[str] = PAGES, kind: str = 'recipe'
+                  ) -> Tuple[Dict[str, Recipe], List[str]]:
+    """The blocks of ``pages`` marked ``<!-- KIND: NAME -->`` by name, and
+    what is wrong with the markers: a marker not right before a
+    ```` ```python ```` block, a block without its closing fence, a malformed
+    marker, a name used twice."""
+    marker = re.compile(rf'<!-- {kind}: ([a-z0-9][a-z0-9-]*) -->')
     recipes, problems = {}, []
     for path in pages:
         page = osp.relpath(path, REPO)
         with open(path, encoding='utf-8') as f:
             lines = f.read().splitlines()
         for i, line in enumerate(lines):
-            if not line.strip().startswith('<!-- recipe'):
+            if not line.strip().startswith(f'<!-- {kind}'):
                 continue
-            match = RECIPE_MARKER.fullmatch(line.strip())
+            match = marker.fullmatch(line.strip())
             if not match:
                 problems.append(f'{page}:{i + 1}: {line.strip()!r} is not a '
-                                f'recipe marker, <!-- recipe: NAME -->')
+                                f'{kind} marker, <!-- {kind}: NAME -->')
                 continue
             name = match.group(1)
             if i + 1 == len(lines) or lines[i + 1].strip() != '```python':
@@ -562,9 +568,10 @@ def parse_recipes(pages: List[str] = PAGES) -> Tuple[Dict[str, Recipe], List[str
                                 f'closed')
                 continue
             if name in recipes:
-                problems.append(f'{page}:{i + 1}: recipe {name!r} is also at '
+                problems.append(f'{page}:{i + 1}: {kind} {name!r} is also at '
                                 f'{recipes[name]}')
-            recipes[name] = Recipe(name, page, i + 3, '\n'.join(lines[i + 2:end]))
+            recipes[name] = Recipe(name, page, i + 3, '\n'.join(lines[i + 2:end]),
+                                   kind)
     return recipes, problems
 
 
@@ -717,6 +724,11 @@ def test_recipe_parser(tmp_path):
                     '<!-- recipe: one -->\n```python\n```\n')
     recipes, problems = parse_recipes([str(page)])
     assert len(problems) == 1 and "recipe 'one' is also at" in problems[0]
+    page.write_text('<!-- snippet: one -->\n```python\nx = 1\n```\n'
+                    '<!-- recipe: two -->\n```python\n```\n')
+    snippets, problems = parse_recipes([str(page)], 'snippet')
+    assert list(snippets) == ['one'] and not problems
+    assert str(snippets['one']) == f'{snippets["one"].page}:3 (snippet one)'
 
 
 @pytest.mark.frameworks
@@ -767,6 +779,157 @@ def test_recipe_runs(name, model_name):
                  if torch.equal(stepped[id(param)][0], param.detach())]
     assert not unchanged, f'not changed by the step: {unchanged}'
     RECIPES[name].check(variables)
+
+
+# --------------------------------------------------------- README snippets ---
+def _check_timm_features(variables: dict) -> None:
+    """``maps``: SOFT++-tiny's four maps of a 224x224 image, strides 4 to 32."""
+    from mmsoft.models import SOFT
+    assert any(isinstance(m, SOFT) and m.variant == 'soft++'
+               for m in variables['model'].modules())
+    assert [tuple(m.shape) for m in variables['maps']] == [
+        (1, 64, 56, 56), (1, 128, 28, 28), (1, 320, 14, 14), (1, 512, 7, 7)]
+
+
+def _write_official_checkpoint(folder: str) -> None:
+    """A stand-in for the official ``SOFT_Tiny_norm.pth``: random weights in
+    its layout, with its 1000-class head."""
+    import torch
+
+    from tests.helpers import official_soft_reference as ref
+    torch.save(ref.random_official_state_dict(seed=1, num_classes=1000),
+               osp.join(folder, 'SOFT_Tiny_norm.pth'))
+
+
+def _check_official_checkpoint(variables: dict) -> None:
+    """``official`` holds the file's weights: its classifier and stem."""
+    import torch
+    state = torch.load('SOFT_Tiny_norm.pth', weights_only=True)
+    model = variables['official']
+    torch.testing.assert_close(model.head.weight, state['head.weight'], rtol=0, atol=0)
+    stem = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert any(torch.equal(stem.weight, value) for value in state.values()
+               if value.shape == stem.weight.shape)
+
+
+def _check_detr_model(variables: dict) -> None:
+    """``detr``: a DETR on SOFT++-tiny's stride-32 map that predicts."""
+    import torch
+
+    from mmsoft.models import SOFT
+    detr = variables['detr'].eval()
+    assert sum(isinstance(m, SOFT) for m in detr.modules()) == 1
+    with torch.no_grad():
+        outputs = detr(pixel_values=torch.randn(1, 3, 64, 96))
+    config = detr.config
+    assert outputs.logits.shape == (1, config.num_queries, config.num_labels + 1)
+    assert torch.isfinite(outputs.pred_boxes).all()
+
+
+class SnippetCheck(NamedTuple):
+    """How a README snippet runs, and what it must leave."""
+    needs: Tuple[str, ...]  #: modules whose absence skips it
+    check: Callable[[dict], None]  #: asserts on its variables
+    after: Optional[str] = None  #: the snippet it continues
+    downloads: Callable[[str], None] = None  #: writes what it reads into a folder
+
+
+#: The README's Python snippets that run as Python, and what each leaves.
+SNIPPETS = {
+    'timm-features': SnippetCheck(('timm', ), _check_timm_features),
+    'timm-official-checkpoint': SnippetCheck(
+        ('timm', ), _check_official_checkpoint, after='timm-features',
+        downloads=_write_official_checkpoint),
+    'transformers-detr': SnippetCheck(('timm', 'transformers'), _check_detr_model),
+}
+#: The README's config snippet, and the shipped config it must equal but for
+#: the pretrained checkpoint.
+CONFIG_SNIPPET = ('openmmlab-config', 'configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py')
+#: The files a README snippet reads that the reader downloads first, each
+#: named in the paragraph before its block.
+DOWNLOADS = {'timm-official-checkpoint': 'SOFT_Tiny_norm.pth'}
+
+
+def readme_snippets() -> Dict[str, Recipe]:
+    """The README's marked snippets by name (a malformed marker fails)."""
+    snippets, problems = parse_recipes([README], 'snippet')
+    assert not problems, '\n'.join(problems)
+    return snippets
+
+
+def test_every_readme_python_block_runs_in_a_test():
+    """Each ```` ```python ```` block of the README is a snippet that a test
+    runs (:data:`SNIPPETS`, :data:`CONFIG_SNIPPET`) or a recipe; a snippet
+    that reads a download says which, in the paragraph before it."""
+    with open(README, encoding='utf-8') as f:
+        lines = f.read().splitlines()
+    blocks = [i for i, line in enumerate(lines) if line.strip() == '```python']
+    assert blocks, 'the README has no Python block'
+    unmarked = [i + 1 for i in blocks
+                if not re.fullmatch(r'<!-- (recipe|snippet): [a-z0-9-]+ -->',
+                                    lines[i - 1].strip())]
+    assert not unmarked, f'README.md lines {unmarked}: Python blocks no test runs'
+    snippets = readme_snippets()
+    assert set(snippets) == set(SNIPPETS) | {CONFIG_SNIPPET[0]}, sorted(snippets)
+    for name, download in DOWNLOADS.items():
+        start = snippets[name].line - 2
+        before = '\n'.join(lines[max(0, start - 12):start])
+        assert download in before, f'{snippets[name]}: the text before it ' \
+            f'does not say to download {download}'
+
+
+@pytest.mark.frameworks
+@pytest.mark.parametrize('name', list(SNIPPETS))
+def test_readme_snippet_runs(name, tmp_path, monkeypatch):
+    """The snippet, after those it continues, in a fresh folder holding what
+    it downloads: it runs and leaves what :data:`SNIPPETS` expects."""
+    for module in SNIPPETS[name].needs:
+        pytest.importorskip(module)
+    snippets = readme_snippets()
+    chain = [name]
+    while SNIPPETS[chain[0]].after:
+        chain.insert(0, SNIPPETS[chain[0]].after)
+    monkeypatch.chdir(tmp_path)
+    if SNIPPETS[name].downloads:
+        SNIPPETS[name].downloads(str(tmp_path))
+    namespace = {'__name__': f'readme_{name.replace("-", "_")}'}
+    for step in chain:
+        snippet = snippets[step]
+        source = '\n' * (snippet.line - 1) + snippet.code
+        exec(compile(source, README, 'exec'), namespace)
+    SNIPPETS[name].check(namespace)
+
+
+@pytest.mark.openmmlab
+def test_readme_config_is_the_shipped_config():
+    """The README's config builds what the shipped SOFT++-tiny Mask R-CNN
+    config builds (the valid-region preprocessor, AdamW and its parameter
+    groups, mmdet's 1x schedule), but for the pretrained checkpoint."""
+    pytest.importorskip('mmdet')
+    from mmengine.config import Config
+    name, shipped_path = CONFIG_SNIPPET
+    readme = Config.fromstring(readme_snippets()[name].code, '.py')
+    shipped = Config.fromfile(osp.join(REPO, shipped_path))
+    for key in ('init_cfg', 'convert_weights'):
+        shipped.model.backbone.pop(key)
+    # What the README leaves out, the shipped config sets to the defaults.
+    import mmsoft.models
+    import mmsoft.openmmlab
+    defaults = {}
+    for cls in mmsoft.openmmlab.SOFT.__mro__ + mmsoft.models.SOFT.__mro__:
+        for key, parameter in inspect.signature(cls.__init__).parameters.items():
+            if parameter.default is not inspect.Parameter.empty:
+                defaults.setdefault(key, parameter.default)
+    for key in set(shipped.model.backbone) - set(readme.model.backbone):
+        value = shipped.model.backbone[key]
+        assert value == defaults[key] or tuple(value) == tuple(defaults[key]), key
+        readme.model.backbone[key] = shipped.model.backbone[key]
+    assert readme.model.to_dict() == shipped.model.to_dict()
+    for key in ('optim_wrapper', 'param_scheduler', 'train_cfg', 'custom_imports',
+                'train_dataloader', 'default_scope'):
+        assert readme.get(key) == shipped.get(key), key
+    assert readme.model.data_preprocessor.type == 'ValidRegionDetDataPreprocessor'
+    assert readme.optim_wrapper.optimizer.type == 'AdamW'
 
 
 # ----------------------------------------------- the launchers' interpreter ---
