@@ -75,6 +75,10 @@ README = osp.join(REPO, 'README.md')
 #: The pages whose commands and links are checked: the README and the docs.
 PAGES = [README] + sorted(
     glob.glob(osp.join(REPO, 'docs', '**', '*.md'), recursive=True))
+#: The pages whose relative links and repository paths are checked: the
+#: pages, the configs' READMEs and the changelog.
+DOC_PAGES = PAGES + sorted(glob.glob(osp.join(REPO, 'configs', '**', '*.md'),
+                                     recursive=True)) + [osp.join(REPO, 'CHANGELOG.md')]
 QUICK_START = 'Quick start (two commands)'
 LAYOUT_SECTION = 'Where things live'
 VENV = osp.join(REPO, '.venv')
@@ -493,10 +497,11 @@ def test_docs_pages_are_read():
 
 
 def test_relative_links_exist():
-    """Every relative link and image of the README and the docs pages points
-    to a file (and heading) of the repository."""
+    """Every relative link and image of the README, the docs pages, the
+    configs' READMEs and the changelog points to a file (and heading) of the
+    repository."""
     broken = []
-    for page in PAGES:
+    for page in DOC_PAGES:
         for target in links(page):
             if is_external(target):
                 continue
@@ -504,6 +509,74 @@ def test_relative_links_exist():
             if why:
                 broken.append(f'{osp.relpath(page, REPO)}: ({target}) {why}')
     assert not broken, 'broken links:\n' + '\n'.join(broken)
+
+
+#: The repository's top-level folders and files, which a path in a page's
+#: inline code starts with.
+TOP_LEVEL = ('.ci', 'configs', 'docs', 'mmsoft', 'requirements', 'tests', 'tools',
+             'CHANGELOG.md', 'LICENSE', 'Makefile', 'README.md', 'model-index.yml',
+             'setup.cfg', 'setup.py')
+
+
+def repository_paths(path: str) -> List[str]:
+    """The paths a page names in inline code (outside code blocks) that
+    start with a top-level entry of the repository, or with ``../`` or
+    ``/``; another project's paths (``mmdet's `configs/pvt/```) and, under a
+    top-level entry, placeholders (``<name>``, ``*``, ``...``, an upper-case
+    part such as ``DATE_WHAT.yml``) excepted."""
+    with open(path, encoding='utf-8') as f:
+        text = _without_code_blocks(f.read())
+    out = []
+    for match in re.finditer(r'`([^`\s]+)`', text):
+        span = match.group(1).split('::')[0].split('#')[0]
+        if re.search(r"'s (?:own )?$", text[max(0, match.start() - 12):match.start()]):
+            continue
+        if not (span.split('/')[0] in TOP_LEVEL or span.startswith(('../', '/'))):
+            continue
+        if not span.startswith(('../', '/')) and (
+                re.search(r'[<>*]|\.\.\.', span) or any(
+                    re.fullmatch(r'[A-Z][A-Z0-9_]*', part.split('.')[0])
+                    for part in span.split('/'))):
+            continue
+        out.append(span)
+    return out
+
+
+def test_repository_paths_exist():
+    """Every repository path the README, the docs pages, the configs'
+    READMEs and the changelog name in inline code exists, inside the
+    repository."""
+    missing = []
+    for page in DOC_PAGES:
+        for span in repository_paths(page):
+            base = osp.dirname(page) if span.startswith('../') else REPO
+            resolved = osp.normpath(osp.join(base, span.lstrip('/')))
+            if span.startswith('/') or not resolved.startswith(REPO + os.sep) or \
+                    not osp.exists(resolved):
+                missing.append(f'{osp.relpath(page, REPO)}: `{span}`')
+    assert not missing, 'paths that are not in the repository:\n' + '\n'.join(missing)
+    assert 'mmsoft/models/soft.py' in repository_paths(README)
+
+
+def test_repository_paths_are_read(tmp_path):
+    page = tmp_path / 'page.md'
+    page.write_text("`tools/train.py`, `../shared/X_Y.md`, `/work/env`, mmdet's "
+                    "`configs/pvt/`, timm's own `tests/test_models.py`, "
+                    "`docs/records/DATE_WHAT.yml`, `configs/<name>.py`, `work_dirs/x`\n"
+                    "```bash\n`tools/none.py`\n```\n")
+    assert repository_paths(str(page)) == ['tools/train.py', '../shared/X_Y.md',
+                                           '/work/env']
+
+
+def test_every_lock_file_is_described():
+    """The "Lock files" section of Get started names each file of
+    ``requirements/locks/``."""
+    with open(osp.join(REPO, 'docs', 'get_started.md'), encoding='utf-8') as f:
+        section = f.read().split('### Lock files', 1)[1].split('\n#', 1)[0]
+    locks = sorted(osp.basename(p) for p in
+                   glob.glob(osp.join(REPO, 'requirements', 'locks', '*.txt')))
+    assert len(locks) >= 6, locks
+    assert [name for name in locks if f'`{name}`' not in section] == []
 
 
 # ---------------------------------------------------------------- recipes ---
