@@ -899,6 +899,16 @@ def _check_detr_model(variables: dict) -> None:
     assert torch.isfinite(outputs.pred_boxes).all()
 
 
+def _check_onnx_export(variables: dict) -> None:
+    """The file exists, and onnxruntime computed the eager model's four maps at
+    both sizes."""
+    assert osp.isfile('soft_plus_plus_tiny.onnx')
+    results = variables['results']
+    assert [result['shape'] for result in results] == [(224, 224), (256, 320)]
+    for result in results:
+        assert len(result['maps']) == 4 and result['relative'] < 1e-4, result
+
+
 class SnippetCheck(NamedTuple):
     """How a README snippet runs, and what it must leave."""
     needs: Tuple[str, ...]  #: modules whose absence skips it
@@ -907,13 +917,17 @@ class SnippetCheck(NamedTuple):
     downloads: Callable[[str], None] = None  #: writes what it reads into a folder
 
 
-#: The README's Python snippets that run as Python, and what each leaves.
+#: The pages whose marked snippets run (``<!-- snippet: NAME -->``): every
+#: Python block of the README is one, or a recipe.
+SNIPPET_PAGES = [README, osp.join(REPO, 'docs', 'deployment.md')]
+#: The snippets that run as Python, and what each leaves.
 SNIPPETS = {
     'timm-features': SnippetCheck(('timm', ), _check_timm_features),
     'timm-official-checkpoint': SnippetCheck(
         ('timm', ), _check_official_checkpoint, after='timm-features',
         downloads=_write_official_checkpoint),
     'transformers-detr': SnippetCheck(('timm', 'transformers'), _check_detr_model),
+    'onnx-timm': SnippetCheck(('timm', 'onnx', 'onnxruntime'), _check_onnx_export),
 }
 #: The README's config snippet, and the shipped config it must equal but for
 #: the pretrained checkpoint.
@@ -924,8 +938,9 @@ DOWNLOADS = {'timm-official-checkpoint': 'SOFT_Tiny_norm.pth'}
 
 
 def readme_snippets() -> Dict[str, Recipe]:
-    """The README's marked snippets by name (a malformed marker fails)."""
-    snippets, problems = parse_recipes([README], 'snippet')
+    """The marked snippets of :data:`SNIPPET_PAGES` by name (a malformed
+    marker fails)."""
+    snippets, problems = parse_recipes(SNIPPET_PAGES, 'snippet')
     assert not problems, '\n'.join(problems)
     return snippets
 
@@ -969,7 +984,7 @@ def test_readme_snippet_runs(name, tmp_path, monkeypatch):
     for step in chain:
         snippet = snippets[step]
         source = '\n' * (snippet.line - 1) + snippet.code
-        exec(compile(source, README, 'exec'), namespace)
+        exec(compile(source, osp.join(REPO, snippet.page), 'exec'), namespace)
     SNIPPETS[name].check(namespace)
 
 
