@@ -18,7 +18,9 @@ Checks, on every page:
 
 - every relative link (``[text](path)``, ``![alt](path)``, ``<img src>``)
   outside code blocks names a file or folder of the repository, and its
-  ``#anchor``, if any, a heading of the Markdown page it points to;
+  ``#anchor``, if any, a heading of the Markdown page it points to; every
+  repository path in inline code exists, inside the repository (these two
+  on the configs' READMEs and the changelog too);
 - every script and file under ``tools/``, ``configs/`` and ``requirements/``
   that a command names exists, placeholders excepted;
 - every ``make`` target a command names is a rule of the Makefile;
@@ -42,6 +44,13 @@ Checks, on every page:
   config;
 - the table of "Where things live" names existing paths and every package
   of ``mmsoft``.
+
+*Snippets* are the ```` ```python ```` blocks right after a marker line
+``<!-- snippet: NAME -->``: every Python block of the README is one (or a
+recipe), and each runs in a test where its framework is installed
+(:data:`SNIPPETS`; one that reads a download gets a stand-in, and the text
+before it names the file), or, the config, is compared with the shipped
+config it stands for.
 
 *Recipes* are the fenced ```` ```python ```` blocks right after a marker
 line ``<!-- recipe: NAME -->`` (an HTML comment, invisible on the rendered
