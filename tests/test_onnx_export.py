@@ -191,5 +191,5 @@ def test_outputs_are_flattened_in_order():
     a, b, c = torch.zeros(1), torch.ones(2), torch.full((3, ), 2.)
     flat = onnx_export.output_tensors({'x': a, 'y': [b, (c, )]})
     assert len(flat) == 3 and all(x is y for x, y in zip(flat, (a, b, c)))
-    with pytest.raises(TypeError, match='a model output of type str cannot be exported'):
+    with pytest.raises(TypeError, match='output of type str cannot be exported'):
         onnx_export.output_tensors([a, 'text'])

@@ -940,7 +940,8 @@ SNIPPETS = {
 }
 #: The README's config snippet, and the shipped config it must equal but for
 #: the pretrained checkpoint.
-CONFIG_SNIPPET = ('openmmlab-config', 'configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py')
+CONFIG_SNIPPET = ('openmmlab-config',
+                  'configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py')
 #: The files a README snippet reads that the reader downloads first, each
 #: named in the paragraph before its block.
 DOWNLOADS = {'timm-official-checkpoint': 'SOFT_Tiny_norm.pth'}

@@ -114,10 +114,6 @@ def normalise(value: str) -> str:
     return ' '.join(value.split())
 
 
-def _parse_date(text: str) -> datetime.date:
-    return datetime.date.fromisoformat(str(text))
-
-
 def load_records(folder: str = RECORDS) -> Tuple[Dict[str, Record], List[str]]:
     """The records of ``folder`` by name, and what is wrong with them."""
     records, problems = {}, []
@@ -140,7 +136,8 @@ def load_records(folder: str = RECORDS) -> Tuple[Dict[str, Record], List[str]]:
                                 f'as a quoted string, as the pages write it')
                 continue
             figures[fact] = tuple(normalise(s) for s in spellings)
-        date = _parse_date(data['date']) if kind == 'measured' else None
+        date = (datetime.date.fromisoformat(str(data['date']))
+                if kind == 'measured' else None)
         commit = str(data['commit']) if data.get('commit') else None
         records[name] = Record(name, date, figures, commit)
     return records, problems
@@ -326,8 +323,8 @@ def unquoted_figures(files: Sequence[str], mentions: List[Mention],
                     continue
                 if not any(start <= match.start() and match.end() <= end
                            for start, end in spans):
-                    problems.append(f'{path}:{line}: {match.group()!r} in '
-                                    f'"...{text[max(0, match.start() - 60):match.end() + 20]}..."')
+                    near = text[max(0, match.start() - 60):match.end() + 20]
+                    problems.append(f'{path}:{line}: {match.group()!r} in "...{near}..."')
     return problems
 
 
@@ -340,6 +337,7 @@ def unused_phrasings(facts: Dict[str, Fact], mentions: List[Mention]) -> List[st
 
 
 def headline_files(root: str = REPO) -> List[str]:
+    """The files of :data:`EVERY_FIGURE_QUOTED`."""
     return scanned_files(EVERY_FIGURE_QUOTED, root)
 
 
@@ -421,8 +419,9 @@ def test_metafiles_paper_results_are_the_published_records(registry):
         for result in model['Metadata'].get('Paper Results', []):
             for metric, value in result['Metrics'].items():
                 fact = published_fact(model, metric)
-                assert published.get(fact) == normalise(str(value)), \
-                    f'{metafile}: {model["Name"]} {metric} {value}; {fact}: {published.get(fact)}'
+                assert published.get(fact) == normalise(str(value)), (
+                    f'{metafile}: {model["Name"]} {metric} {value}; '
+                    f'{fact}: {published.get(fact)}')
                 checked += 1
     assert checked >= 10, checked
 
@@ -457,8 +456,9 @@ def test_config_readmes_published_columns_are_the_published_records(registry):
                 paper = [m for r in model['Metadata'].get('Paper Results', [])
                          for m in r['Metrics']]
                 expected = published.get(fact) if metric in paper else '–'
-                assert normalise(cell) == expected, \
-                    f'{osp.relpath(path, REPO)}: {config.group(1)} {column} {cell}; {fact}: {expected}'
+                assert normalise(cell) == expected, (
+                    f'{osp.relpath(path, REPO)}: {config.group(1)} {column} {cell}; '
+                    f'{fact}: {expected}')
                 checked += 1
     assert checked >= 20, checked
 
@@ -481,8 +481,10 @@ def test_the_checks_bite(tmp_path):
         "figures: {x.time: '1 min 2 s', x.score: '0.300'}\n")
     (folder / 'b.yml').write_text(
         measured + "date: 2026-12-03\nfigures: {x.score: '0.400'}\n")
-    (folder / 'c.yml').write_text(measured + 'date: 2026-12-03\nfigures: {x.time: 0.5}\n')
-    (folder / 'd.yml').write_text("what: w\ndate: 2026-12-03\nfigures: {x.score: '0.1'}\n")
+    (folder / 'c.yml').write_text(
+        measured + 'date: 2026-12-03\nfigures: {x.time: 0.5}\n')
+    (folder / 'd.yml').write_text(
+        "what: w\ndate: 2026-12-03\nfigures: {x.score: '0.1'}\n")
     (tmp_path / 'page.md').write_text(
         'It took 1 min 2 s on 4 December, at `abc1234`.\n\n'
         'It took 1 min 3 s on 4 December.\n\n'
@@ -496,7 +498,8 @@ def test_the_checks_bite(tmp_path):
     assert sorted(records) == ['a', 'b', 'c']
     assert len(problems) == 2, problems
     assert "c.yml: x.time: 0.5; write each figure as a quoted string" in problems[0]
-    assert "d.yml: a measured record needs ['machine', 'torch', 'command']" in problems[1]
+    assert "d.yml: a measured record needs ['machine', 'torch', 'command']" \
+        in problems[1]
     mentions = find_mentions(facts, ['page.md'], str(tmp_path))
     problems = check_mentions(facts, records, mentions)
     assert [p.split(':')[1] for p in problems] == ['3', '5', '7', '15'], problems
