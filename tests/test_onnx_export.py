@@ -162,3 +162,34 @@ def test_tool_names_the_solver_it_cannot_export(tmp_path):
         run_tool([DET_CONFIG, '--out', str(out), '--cfg-options',
                   'model.backbone.arch.depths=[1,1,1,1]'])
     assert not out.exists()
+
+
+@pytest.mark.frameworks
+@pytest.mark.parametrize('kwargs,ranks', [
+    (dict(num_classes=10), [2]),  # a classifier: one (B, 10) tensor
+    (dict(features_only=True, out_indices=(1, 3)), [4, 4]),  # a list of maps
+])
+def test_timm_model_exports_and_matches_in_onnxruntime(kwargs, ranks, tmp_path):
+    """``export_onnx`` takes a model made by ``timm.create_model``; its graph
+    follows the input size and computes what the eager model computes."""
+    timm = pytest.importorskip('timm')
+    torch.manual_seed(0)
+    model = timm.create_model('soft_plus_plus_tiny', **kwargs).eval()
+    path = str(tmp_path / 'timm.onnx')
+    names = onnx_export.export_onnx(model, path, TRACE_SHAPE)
+    assert names == [f'out{i}' for i in range(len(ranks))]
+    onnx_export.check_onnx_file(path)
+    session = onnx_export.onnxruntime_session(path, threads=1)
+    results = onnx_export.verify_onnx(model, session, VERIFY_SHAPES, batch=2)
+    for result in results:
+        assert [len(m['shape']) for m in result['maps']] == ranks
+        assert all(m['shape'][0] == 2 for m in result['maps'])  # dynamic batch
+        assert result['relative'] < TOLERANCE, result
+
+
+def test_outputs_are_flattened_in_order():
+    a, b, c = torch.zeros(1), torch.ones(2), torch.full((3, ), 2.)
+    flat = onnx_export.output_tensors({'x': a, 'y': [b, (c, )]})
+    assert len(flat) == 3 and all(x is y for x, y in zip(flat, (a, b, c)))
+    with pytest.raises(TypeError, match='output of type str cannot be exported'):
+        onnx_export.output_tensors([a, 'text'])

@@ -191,3 +191,37 @@ def test_makefile_marker_expressions_name_registered_markers_in_use():
         assert names <= registered, f'{variable}: {names - registered} not in setup.cfg'
         for name in names:
             assert f'mark.{name}' in sources, f'{variable}: no test is marked {name}'
+
+
+#: The section titles of the Apache License 2.0's terms, in order.
+APACHE_SECTIONS = ('Definitions', 'Grant of Copyright License',
+                   'Grant of Patent License', 'Redistribution',
+                   'Submission of Contributions', 'Trademarks',
+                   'Disclaimer of Warranty', 'Limitation of Liability',
+                   'Accepting Warranty or Additional Liability')
+
+
+def test_license_file_is_the_license_setup_cfg_names():
+    """setup.cfg's ``license`` is Apache-2.0, its ``license_files`` is
+    LICENSE, and LICENSE holds that license's whole text."""
+    config = configparser.ConfigParser()
+    config.read(osp.join(REPO, 'setup.cfg'))
+    metadata = config['metadata']
+    assert metadata['license'] == 'Apache-2.0'
+    assert metadata['license_files'].split() == ['LICENSE']
+    with open(osp.join(REPO, 'LICENSE')) as file:
+        text = file.read()
+    assert re.match(r'\s*Apache License\s+Version 2\.0, January 2004\s', text)
+    titles = re.findall(r'^\s+(\d)\. ([A-Z][\w ]+?)\.', text, re.MULTILINE)
+    assert titles == [(str(i), title) for i, title in
+                      enumerate(APACHE_SECTIONS, 1)], titles
+    assert 'END OF TERMS AND CONDITIONS' in text
+    assert len(text.split()) > 1500  # the whole text, not a notice
+
+
+def test_changelog_starts_with_what_comes_next():
+    """CHANGELOG.md's first section is the coming release or the version the
+    package declares."""
+    with open(osp.join(REPO, 'CHANGELOG.md')) as file:
+        headings = re.findall(r'^## (.+)$', file.read(), re.MULTILINE)
+    assert headings and headings[0] in ('Unreleased', mmsoft.__version__), headings

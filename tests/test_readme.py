@@ -18,7 +18,9 @@ Checks, on every page:
 
 - every relative link (``[text](path)``, ``![alt](path)``, ``<img src>``)
   outside code blocks names a file or folder of the repository, and its
-  ``#anchor``, if any, a heading of the Markdown page it points to;
+  ``#anchor``, if any, a heading of the Markdown page it points to; every
+  repository path in inline code exists, inside the repository (these two
+  on the configs' READMEs and the changelog too);
 - every script and file under ``tools/``, ``configs/`` and ``requirements/``
   that a command names exists, placeholders excepted;
 - every ``make`` target a command names is a rule of the Makefile;
@@ -43,6 +45,13 @@ Checks, on every page:
 - the table of "Where things live" names existing paths and every package
   of ``mmsoft``.
 
+*Snippets* are the ```` ```python ```` blocks right after a marker line
+``<!-- snippet: NAME -->``: every Python block of the README is one (or a
+recipe), and each runs in a test where its framework is installed
+(:data:`SNIPPETS`; one that reads a download gets a stand-in, and the text
+before it names the file), or, the config, is compared with the shipped
+config it stands for.
+
 *Recipes* are the fenced ```` ```python ```` blocks right after a marker
 line ``<!-- recipe: NAME -->`` (an HTML comment, invisible on the rendered
 page). :data:`RECIPES` names every recipe the pages must have: one that is
@@ -57,6 +66,7 @@ the loss is finite, and the predictions' structure and shapes.
 import functools
 import glob
 import importlib.util
+import inspect
 import os
 import os.path as osp
 import re
@@ -74,6 +84,10 @@ README = osp.join(REPO, 'README.md')
 #: The pages whose commands and links are checked: the README and the docs.
 PAGES = [README] + sorted(
     glob.glob(osp.join(REPO, 'docs', '**', '*.md'), recursive=True))
+#: The pages whose relative links and repository paths are checked: the
+#: pages, the configs' READMEs and the changelog.
+DOC_PAGES = PAGES + sorted(glob.glob(osp.join(REPO, 'configs', '**', '*.md'),
+                                     recursive=True)) + [osp.join(REPO, 'CHANGELOG.md')]
 QUICK_START = 'Quick start (two commands)'
 LAYOUT_SECTION = 'Where things live'
 VENV = osp.join(REPO, '.venv')
@@ -492,10 +506,11 @@ def test_docs_pages_are_read():
 
 
 def test_relative_links_exist():
-    """Every relative link and image of the README and the docs pages points
-    to a file (and heading) of the repository."""
+    """Every relative link and image of the README, the docs pages, the
+    configs' READMEs and the changelog points to a file (and heading) of the
+    repository."""
     broken = []
-    for page in PAGES:
+    for page in DOC_PAGES:
         for target in links(page):
             if is_external(target):
                 continue
@@ -505,9 +520,78 @@ def test_relative_links_exist():
     assert not broken, 'broken links:\n' + '\n'.join(broken)
 
 
+#: The repository's top-level folders and files, which a path in a page's
+#: inline code starts with.
+TOP_LEVEL = ('.ci', 'configs', 'docs', 'mmsoft', 'requirements', 'tests', 'tools',
+             'CHANGELOG.md', 'LICENSE', 'Makefile', 'README.md', 'model-index.yml',
+             'setup.cfg', 'setup.py')
+
+
+def repository_paths(path: str) -> List[str]:
+    """The paths a page names in inline code (outside code blocks) that
+    start with a top-level entry of the repository, or with ``../`` or
+    ``/``; another project's paths (``mmdet's `configs/pvt/```) and, under a
+    top-level entry, placeholders (``<name>``, ``*``, ``...``, an upper-case
+    part such as ``DATE_WHAT.yml``) excepted."""
+    with open(path, encoding='utf-8') as f:
+        text = _without_code_blocks(f.read())
+    out = []
+    for match in re.finditer(r'`([^`\s]+)`', text):
+        span = match.group(1).split('::')[0].split('#')[0]
+        if re.search(r"'s (?:own )?$", text[max(0, match.start() - 12):match.start()]):
+            continue
+        if not (span.split('/')[0] in TOP_LEVEL or span.startswith(('../', '/'))):
+            continue
+        if not span.startswith(('../', '/')) and (
+                re.search(r'[<>*]|\.\.\.', span) or any(
+                    re.fullmatch(r'[A-Z][A-Z0-9_]*', part.split('.')[0])
+                    for part in span.split('/'))):
+            continue
+        out.append(span)
+    return out
+
+
+def test_repository_paths_exist():
+    """Every repository path the README, the docs pages, the configs'
+    READMEs and the changelog name in inline code exists, inside the
+    repository."""
+    missing = []
+    for page in DOC_PAGES:
+        for span in repository_paths(page):
+            base = osp.dirname(page) if span.startswith('../') else REPO
+            resolved = osp.normpath(osp.join(base, span.lstrip('/')))
+            if span.startswith('/') or not resolved.startswith(REPO + os.sep) or \
+                    not osp.exists(resolved):
+                missing.append(f'{osp.relpath(page, REPO)}: `{span}`')
+    assert not missing, 'paths that are not in the repository:\n' + '\n'.join(missing)
+    assert 'mmsoft/models/soft.py' in repository_paths(README)
+
+
+def test_repository_paths_are_read(tmp_path):
+    page = tmp_path / 'page.md'
+    page.write_text("`tools/train.py`, `../shared/X_Y.md`, `/work/env`, mmdet's "
+                    "`configs/pvt/`, timm's own `tests/test_models.py`, "
+                    "`docs/records/DATE_WHAT.yml`, `configs/<name>.py`, `work_dirs/x`\n"
+                    "```bash\n`tools/none.py`\n```\n")
+    assert repository_paths(str(page)) == ['tools/train.py', '../shared/X_Y.md',
+                                           '/work/env']
+
+
+def test_every_lock_file_is_described():
+    """The "Lock files" section of Get started names each file of
+    ``requirements/locks/``."""
+    with open(osp.join(REPO, 'docs', 'get_started.md'), encoding='utf-8') as f:
+        section = f.read().split('### Lock files', 1)[1].split('\n#', 1)[0]
+    locks = sorted(osp.basename(p) for p in
+                   glob.glob(osp.join(REPO, 'requirements', 'locks', '*.txt')))
+    assert len(locks) >= 6, locks
+    assert [name for name in locks if f'`{name}`' not in section] == []
+
+
 # ---------------------------------------------------------------- recipes ---
-#: The marker line right before a recipe's ```` ```python ```` block.
-RECIPE_MARKER = re.compile(r'<!-- recipe: ([a-z0-9][a-z0-9-]*) -->')
+#: The kinds of marked ```` ```python ```` blocks: recipes (a training step
+#: and a prediction, on any page) and the README's snippets.
+MARKED_KINDS = ('recipe', 'snippet')
 #: A recipe's line naming its model.
 RECIPE_NAME_LINE = re.compile(r"^NAME = '(\w+)'$", re.M)
 #: The timm names each recipe runs with, and the class each builds.
@@ -522,9 +606,10 @@ class Recipe(NamedTuple):
     page: str  #: the page, relative to the repository
     line: int  #: the page's line number of the first line of code
     code: str
+    kind: str = 'recipe'  #: one of :data:`MARKED_KINDS`
 
     def __str__(self) -> str:
-        return f'{self.page}:{self.line} (recipe {self.name})'
+        return f'{self.page}:{self.line} ({self.kind} {self.name})'
 
 
 class RecipeCheck(NamedTuple):
@@ -533,22 +618,25 @@ class RecipeCheck(NamedTuple):
     check: Callable[[dict], None]  #: asserts on the recipe's variables
 
 
-def parse_recipes(pages: List[str] = PAGES) -> Tuple[Dict[str, Recipe], List[str]]:
-    """The marked recipes of ``pages`` by name, and what is wrong with the
-    markers: a marker not right before a ```` ```python ```` block, a block
-    without its closing fence, a malformed marker, a name used twice."""
+def parse_recipes(pages: List[str] = PAGES, kind: str = 'recipe'
+                  ) -> Tuple[Dict[str, Recipe], List[str]]:
+    """The blocks of ``pages`` marked ``<!-- KIND: NAME -->`` by name, and
+    what is wrong with the markers: a marker not right before a
+    ```` ```python ```` block, a block without its closing fence, a malformed
+    marker, a name used twice."""
+    marker = re.compile(rf'<!-- {kind}: ([a-z0-9][a-z0-9-]*) -->')
     recipes, problems = {}, []
     for path in pages:
         page = osp.relpath(path, REPO)
         with open(path, encoding='utf-8') as f:
             lines = f.read().splitlines()
         for i, line in enumerate(lines):
-            if not line.strip().startswith('<!-- recipe'):
+            if not line.strip().startswith(f'<!-- {kind}'):
                 continue
-            match = RECIPE_MARKER.fullmatch(line.strip())
+            match = marker.fullmatch(line.strip())
             if not match:
                 problems.append(f'{page}:{i + 1}: {line.strip()!r} is not a '
-                                f'recipe marker, <!-- recipe: NAME -->')
+                                f'{kind} marker, <!-- {kind}: NAME -->')
                 continue
             name = match.group(1)
             if i + 1 == len(lines) or lines[i + 1].strip() != '```python':
@@ -562,9 +650,10 @@ def parse_recipes(pages: List[str] = PAGES) -> Tuple[Dict[str, Recipe], List[str
                                 f'closed')
                 continue
             if name in recipes:
-                problems.append(f'{page}:{i + 1}: recipe {name!r} is also at '
+                problems.append(f'{page}:{i + 1}: {kind} {name!r} is also at '
                                 f'{recipes[name]}')
-            recipes[name] = Recipe(name, page, i + 3, '\n'.join(lines[i + 2:end]))
+            recipes[name] = Recipe(name, page, i + 3, '\n'.join(lines[i + 2:end]),
+                                   kind)
     return recipes, problems
 
 
@@ -717,6 +806,11 @@ def test_recipe_parser(tmp_path):
                     '<!-- recipe: one -->\n```python\n```\n')
     recipes, problems = parse_recipes([str(page)])
     assert len(problems) == 1 and "recipe 'one' is also at" in problems[0]
+    page.write_text('<!-- snippet: one -->\n```python\nx = 1\n```\n'
+                    '<!-- recipe: two -->\n```python\n```\n')
+    snippets, problems = parse_recipes([str(page)], 'snippet')
+    assert list(snippets) == ['one'] and not problems
+    assert str(snippets['one']) == f'{snippets["one"].page}:3 (snippet one)'
 
 
 @pytest.mark.frameworks
@@ -767,6 +861,173 @@ def test_recipe_runs(name, model_name):
                  if torch.equal(stepped[id(param)][0], param.detach())]
     assert not unchanged, f'not changed by the step: {unchanged}'
     RECIPES[name].check(variables)
+
+
+# --------------------------------------------------------- README snippets ---
+def _check_timm_features(variables: dict) -> None:
+    """``maps``: SOFT++-tiny's four maps of a 224x224 image, strides 4 to 32."""
+    from mmsoft.models import SOFT
+    assert any(isinstance(m, SOFT) and m.variant == 'soft++'
+               for m in variables['model'].modules())
+    assert [tuple(m.shape) for m in variables['maps']] == [
+        (1, 64, 56, 56), (1, 128, 28, 28), (1, 320, 14, 14), (1, 512, 7, 7)]
+
+
+def _write_official_checkpoint(folder: str) -> None:
+    """A stand-in for the official ``SOFT_Tiny_norm.pth``: random weights in
+    its layout, with its 1000-class head."""
+    import torch
+
+    from tests.helpers import official_soft_reference as ref
+    torch.save(ref.random_official_state_dict(seed=1, num_classes=1000),
+               osp.join(folder, 'SOFT_Tiny_norm.pth'))
+
+
+def _check_official_checkpoint(variables: dict) -> None:
+    """``official`` holds the file's weights: its classifier and stem."""
+    import torch
+    state = torch.load('SOFT_Tiny_norm.pth', weights_only=True)
+    model = variables['official']
+    torch.testing.assert_close(model.head.weight, state['head.weight'], rtol=0, atol=0)
+    stem = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert any(torch.equal(stem.weight, value) for value in state.values()
+               if value.shape == stem.weight.shape)
+
+
+def _check_detr_model(variables: dict) -> None:
+    """``detr``: a DETR on SOFT++-tiny's stride-32 map that predicts."""
+    import torch
+
+    from mmsoft.models import SOFT
+    detr = variables['detr'].eval()
+    assert sum(isinstance(m, SOFT) for m in detr.modules()) == 1
+    with torch.no_grad():
+        outputs = detr(pixel_values=torch.randn(1, 3, 64, 96))
+    config = detr.config
+    assert outputs.logits.shape == (1, config.num_queries, config.num_labels + 1)
+    assert torch.isfinite(outputs.pred_boxes).all()
+
+
+def _check_onnx_export(variables: dict) -> None:
+    """The file exists, and onnxruntime computed the eager model's four maps at
+    both sizes."""
+    assert osp.isfile('soft_plus_plus_tiny.onnx')
+    results = variables['results']
+    assert [result['shape'] for result in results] == [(224, 224), (256, 320)]
+    for result in results:
+        assert len(result['maps']) == 4 and result['relative'] < 1e-4, result
+
+
+class SnippetCheck(NamedTuple):
+    """How a README snippet runs, and what it must leave."""
+    needs: Tuple[str, ...]  #: modules whose absence skips it
+    check: Callable[[dict], None]  #: asserts on its variables
+    after: Optional[str] = None  #: the snippet it continues
+    downloads: Callable[[str], None] = None  #: writes what it reads into a folder
+
+
+#: The pages whose marked snippets run (``<!-- snippet: NAME -->``): every
+#: Python block of the README is one, or a recipe.
+SNIPPET_PAGES = [README, osp.join(REPO, 'docs', 'deployment.md')]
+#: The snippets that run as Python, and what each leaves.
+SNIPPETS = {
+    'timm-features': SnippetCheck(('timm', ), _check_timm_features),
+    'timm-official-checkpoint': SnippetCheck(
+        ('timm', ), _check_official_checkpoint, after='timm-features',
+        downloads=_write_official_checkpoint),
+    'transformers-detr': SnippetCheck(('timm', 'transformers'), _check_detr_model),
+    'onnx-timm': SnippetCheck(('timm', 'onnx', 'onnxruntime'), _check_onnx_export),
+}
+#: The README's config snippet, and the shipped config it must equal but for
+#: the pretrained checkpoint.
+CONFIG_SNIPPET = ('openmmlab-config',
+                  'configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py')
+#: The files a README snippet reads that the reader downloads first, each
+#: named in the paragraph before its block.
+DOWNLOADS = {'timm-official-checkpoint': 'SOFT_Tiny_norm.pth'}
+
+
+def readme_snippets() -> Dict[str, Recipe]:
+    """The marked snippets of :data:`SNIPPET_PAGES` by name (a malformed
+    marker fails)."""
+    snippets, problems = parse_recipes(SNIPPET_PAGES, 'snippet')
+    assert not problems, '\n'.join(problems)
+    return snippets
+
+
+def test_every_readme_python_block_runs_in_a_test():
+    """Each ```` ```python ```` block of the README is a snippet that a test
+    runs (:data:`SNIPPETS`, :data:`CONFIG_SNIPPET`) or a recipe; a snippet
+    that reads a download says which, in the paragraph before it."""
+    with open(README, encoding='utf-8') as f:
+        lines = f.read().splitlines()
+    blocks = [i for i, line in enumerate(lines) if line.strip() == '```python']
+    assert blocks, 'the README has no Python block'
+    unmarked = [i + 1 for i in blocks
+                if not re.fullmatch(r'<!-- (recipe|snippet): [a-z0-9-]+ -->',
+                                    lines[i - 1].strip())]
+    assert not unmarked, f'README.md lines {unmarked}: Python blocks no test runs'
+    snippets = readme_snippets()
+    assert set(snippets) == set(SNIPPETS) | {CONFIG_SNIPPET[0]}, sorted(snippets)
+    for name, download in DOWNLOADS.items():
+        start = snippets[name].line - 2
+        before = '\n'.join(lines[max(0, start - 12):start])
+        assert download in before, f'{snippets[name]}: the text before it ' \
+            f'does not say to download {download}'
+
+
+@pytest.mark.frameworks
+@pytest.mark.parametrize('name', list(SNIPPETS))
+def test_readme_snippet_runs(name, tmp_path, monkeypatch):
+    """The snippet, after those it continues, in a fresh folder holding what
+    it downloads: it runs and leaves what :data:`SNIPPETS` expects."""
+    for module in SNIPPETS[name].needs:
+        pytest.importorskip(module)
+    snippets = readme_snippets()
+    chain = [name]
+    while SNIPPETS[chain[0]].after:
+        chain.insert(0, SNIPPETS[chain[0]].after)
+    monkeypatch.chdir(tmp_path)
+    if SNIPPETS[name].downloads:
+        SNIPPETS[name].downloads(str(tmp_path))
+    namespace = {'__name__': f'readme_{name.replace("-", "_")}'}
+    for step in chain:
+        snippet = snippets[step]
+        source = '\n' * (snippet.line - 1) + snippet.code
+        exec(compile(source, osp.join(REPO, snippet.page), 'exec'), namespace)
+    SNIPPETS[name].check(namespace)
+
+
+@pytest.mark.openmmlab
+def test_readme_config_is_the_shipped_config():
+    """The README's config builds what the shipped SOFT++-tiny Mask R-CNN
+    config builds (the valid-region preprocessor, AdamW and its parameter
+    groups, mmdet's 1x schedule), but for the pretrained checkpoint."""
+    pytest.importorskip('mmdet')
+    from mmengine.config import Config
+    name, shipped_path = CONFIG_SNIPPET
+    readme = Config.fromstring(readme_snippets()[name].code, '.py')
+    shipped = Config.fromfile(osp.join(REPO, shipped_path))
+    for key in ('init_cfg', 'convert_weights'):
+        shipped.model.backbone.pop(key)
+    # What the README leaves out, the shipped config sets to the defaults.
+    import mmsoft.models
+    import mmsoft.openmmlab
+    defaults = {}
+    for cls in mmsoft.openmmlab.SOFT.__mro__ + mmsoft.models.SOFT.__mro__:
+        for key, parameter in inspect.signature(cls.__init__).parameters.items():
+            if parameter.default is not inspect.Parameter.empty:
+                defaults.setdefault(key, parameter.default)
+    for key in set(shipped.model.backbone) - set(readme.model.backbone):
+        value = shipped.model.backbone[key]
+        assert value == defaults[key] or tuple(value) == tuple(defaults[key]), key
+        readme.model.backbone[key] = shipped.model.backbone[key]
+    assert readme.model.to_dict() == shipped.model.to_dict()
+    for key in ('optim_wrapper', 'param_scheduler', 'train_cfg', 'custom_imports',
+                'train_dataloader', 'default_scope'):
+        assert readme.get(key) == shipped.get(key), key
+    assert readme.model.data_preprocessor.type == 'ValidRegionDetDataPreprocessor'
+    assert readme.optim_wrapper.optimizer.type == 'AdamW'
 
 
 # ----------------------------------------------- the launchers' interpreter ---

@@ -1,6 +1,7 @@
 # Mask R-CNN with a SOFT backbone on the generated shapes dataset
 # (python tools/generate_demo_data.py coco -> data/demo_coco/), trained from
-# scratch on a 2-core CPU in about 10 minutes. mmdet's Mask R-CNN (R-50-FPN,
+# scratch on a 2-core CPU in minutes (the whole `make demo` took 5 min 9 s on
+# 3 December; docs/get_started.md has every run). mmdet's Mask R-CNN (R-50-FPN,
 # 1x) is inherited; only the data, the image size, the widths, the anchor
 # scale (objects of 16-96 pixels) and the schedule change.
 #

@@ -1,6 +1,7 @@
 # UperNet with a SOFT-tiny backbone on the generated ADE20K-layout shapes
 # dataset (python tools/generate_demo_data.py ade -> data/demo_ade/), trained
-# from scratch on a 2-core CPU in about 10 minutes. mmseg's UperNet (R-50,
+# from scratch on a 2-core CPU in minutes (10 min 00 s for the whole training
+# run on 29 November, docs/get_started.md). mmseg's UperNet (R-50,
 # ADE20K, 80k) is inherited; only the data (5 classes: background and 4
 # shapes, ADE20K's reduce_zero_label encoding), the image size, BN instead of
 # SyncBN, the widths, the loss weights and the schedule change. The backbone

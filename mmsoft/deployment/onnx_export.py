@@ -1,6 +1,10 @@
-"""ONNX export of the backbones (optionally with the neck) and onnxruntime runs.
+"""ONNX export of any image model, and onnxruntime runs.
 
-What is exported is the function PyTorch computes, in operators ONNX has:
+:func:`export_onnx` takes any module that maps an image batch (B, 3, H, W)
+to tensors: a timm model (a classifier or ``features_only``), mmsoft's
+plain models, an OpenMMLab backbone, or a config's backbone and neck
+(:func:`build_feature_model`). What is exported is the function PyTorch
+computes, in operators ONNX has:
 the export formulation of the model's
 :class:`~mmsoft.models.soft.Exportable` modules, which
 :func:`export_formulation` switches on while it exports:
@@ -27,7 +31,8 @@ import tempfile
 import time
 import warnings
 from collections import defaultdict
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import torch
 import torch.nn as nn
@@ -238,11 +243,55 @@ def check_input_shape(name: str, shape: Sequence[int]) -> Tuple[int, int]:
     return shape
 
 
-def dynamic_axes(num_outputs: int) -> Dict[str, Dict[int, str]]:
-    """Batch, height and width of the input and of every output, dynamic."""
+def output_tensors(outputs) -> Tuple[torch.Tensor, ...]:
+    """A model's outputs as a flat tuple of tensors.
+
+    Args:
+        outputs: A tensor, or a tuple, list or mapping (its values in order;
+            a transformers ``ModelOutput`` too) of them, nested or not.
+
+    Raises:
+        TypeError: Anything else, naming its type.
+    """
+    if isinstance(outputs, torch.Tensor):
+        return (outputs, )
+    if isinstance(outputs, Mapping):
+        outputs = list(outputs.values())
+    if isinstance(outputs, (list, tuple)):
+        return tuple(tensor for item in outputs for tensor in output_tensors(item))
+    raise TypeError(f'a model output of type {type(outputs).__name__} cannot be '
+                    f'exported; expected a tensor, or a tuple, list or mapping of '
+                    f'tensors.')
+
+
+class FlatOutputs(nn.Module):
+    """A model whose outputs are returned as a flat tuple of tensors
+    (:func:`output_tensors`), as ONNX's graph outputs are.
+
+    Args:
+        model (nn.Module): Maps (B, 3, H, W) images to tensors.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.training = model.training  # the exporter reads the mode here
+
+    def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """(B, 3, H, W) -> the model's output tensors."""
+        return output_tensors(self.model(images))
+
+
+def dynamic_axes(ranks: Sequence[int]) -> Dict[str, Dict[int, str]]:
+    """Batch, height and width of the input, dynamic; of every output its
+    batch, and its height and width (a 4-D map) or tokens (3-D)."""
     axes = {INPUT_NAME: {0: 'batch', 2: 'height', 3: 'width'}}
-    for i in range(num_outputs):
-        axes[f'out{i}'] = {0: 'batch', 2: f'height{i}', 3: f'width{i}'}
+    for i, rank in enumerate(ranks):
+        axes[f'out{i}'] = {0: 'batch'}
+        if rank == 4:
+            axes[f'out{i}'].update({2: f'height{i}', 3: f'width{i}'})
+        elif rank == 3:
+            axes[f'out{i}'][1] = f'tokens{i}'
     return axes
 
 
@@ -251,6 +300,9 @@ def export_onnx(model: nn.Module, path: str,
                 opset: int = DEFAULT_OPSET) -> List[str]:
     """Exports ``model`` to ``path`` with dynamic batch, height and width.
 
+    ``model`` is any module that maps images (B, 3, H, W) to a tensor, or to
+    a tuple, list or mapping of tensors; the graph's outputs are those
+    tensors in order (:func:`output_tensors`), ``out0``, ``out1``, ...
     The trace is taken on one random (1, 3, H, W) image of ``sample_shape``
     in :func:`export_formulation`. The graph's sizes follow the input, so the
     sample size does not matter; the tracer's warnings about Python values
@@ -258,7 +310,7 @@ def export_onnx(model: nn.Module, path: str,
     :func:`verify_onnx` is what shows the graph right at other sizes.
 
     Args:
-        model (nn.Module): Maps (B, 3, H, W) to a tuple of maps; eval mode.
+        model (nn.Module): Maps (B, 3, H, W) images to tensors; eval mode.
         path (str): Output ``.onnx`` file (its folder is created).
         sample_shape (tuple[int, int]): (H, W) of the traced image.
             Default: (224, 224).
@@ -269,23 +321,25 @@ def export_onnx(model: nn.Module, path: str,
 
     Raises:
         ValueError: Bad ``sample_shape``, or a layer ONNX cannot express.
+        TypeError: An output that is not made of tensors.
     """
     sample_shape = check_input_shape('sample_shape', sample_shape)
     images = torch.randn(1, 3, *sample_shape)
     check_exportable(model)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    flat = FlatOutputs(model)
     with export_formulation(model), torch.no_grad():
-        num_outputs = len(model(images))
-        names = [f'out{i}' for i in range(num_outputs)]
+        ranks = [output.dim() for output in flat(images)]
+        names = [f'out{i}' for i in range(len(ranks))]
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
             warnings.simplefilter('ignore', DeprecationWarning)
             # The TorchScript exporter: the default before torch 2.9, the only
             # one before 2.5 (which has no ``dynamo`` argument).
             exporter = dict(dynamo=False) if onnx_export_takes_dynamo() else {}
-            torch.onnx.export(model, (images, ), path, **exporter,
+            torch.onnx.export(flat, (images, ), path, **exporter,
                               input_names=[INPUT_NAME], output_names=names,
-                              dynamic_axes=dynamic_axes(num_outputs),
+                              dynamic_axes=dynamic_axes(ranks),
                               opset_version=opset, do_constant_folding=True)
     return names
 
@@ -386,7 +440,8 @@ def verify_onnx(model: nn.Module, session, shapes: Sequence[Tuple[int, int]],
     solver), not the exported one: this compares the functions.
 
     Args:
-        model (nn.Module): The eager model, eval mode.
+        model (nn.Module): The eager model, eval mode; its outputs are
+            compared as :func:`output_tensors` flattens them.
         session (onnxruntime.InferenceSession): Its exported graph.
         shapes (Sequence[tuple[int, int]]): (H, W) sizes to run.
         batch (int): Images per run. Default: 1.
@@ -402,7 +457,7 @@ def verify_onnx(model: nn.Module, session, shapes: Sequence[Tuple[int, int]],
         shape = check_input_shape('shapes', shape)
         images = torch.randn(batch, 3, *shape, generator=generator)
         with torch.no_grad():
-            reference = model(images)
+            reference = output_tensors(model(images))
         maps = compare_outputs(reference, run_onnxruntime(session, images))
         results.append(dict(shape=shape, maps=maps,
                             relative=max(m['relative'] for m in maps)))
