@@ -19,7 +19,6 @@ from mmsoft.models.layers import MLP, ConvPatchEmbed
 from mmsoft.models.ufo_vit import FeaturePyramidAdapter
 from mmsoft.models.ufo_vit import UFOBlock
 from mmsoft.models.layers import set_memory_efficient
-from mmsoft.models.soft_kernels import symmetric_scale
 from mmsoft.models.functional import fusable
 
 from tests.helpers.plain_autograd import (TOLERANCE, assert_same_as_plain,
@@ -67,14 +66,6 @@ def test_randomise_affine_reaches_every_scale():
                if name.rsplit('.', 1)[-1].startswith('gamma'))
     with pytest.raises(ValueError, match='module=Linear has no scale to randomise'):
         randomise_affine(nn.Linear(3, 4))
-
-
-def test_symmetric_scale_gradcheck():
-    generator = torch.Generator().manual_seed(0)
-    mat = torch.randn(2, 3, 5, 5, generator=generator, dtype=torch.float64)
-    scale = torch.rand(2, 3, 5, generator=generator, dtype=torch.float64) + 0.5
-    assert torch.autograd.gradcheck(
-        symmetric_scale, (mat.requires_grad_(), scale.requires_grad_()))
 
 
 class _WrittenOutUFOBlock(nn.Module):

@@ -174,8 +174,11 @@ class ConvPatchEmbed(MemoryEfficient, nn.Module):
         Args:
             valid_shapes: Each image's (h, w); output zero outside. Default: None.
         """
+        # Channels-last: the convolutions run faster in it, and the tokens
+        # (B, H' W', C_out) are the output map itself.
+        x = x.contiguous(memory_format=torch.channels_last)
         stack = fused_conv_stack if self.saving_memory() else conv_stack
-        x = stack(self.proj, x, valid_shapes)  # (B, C_out, H', W')
+        x = stack(self.proj, x, valid_shapes)  # (B, C_out, H', W'), channels-last
         hw_shape = tuple(x.shape[-2:])
         return x.flatten(2).transpose(1, 2), hw_shape
 
@@ -190,6 +193,11 @@ def init_transformer_weights(module: nn.Module) -> None:
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
+
+
+def tokens_as_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
+    """Tokens (B, H * W, C) as a channels-last map (B, C, H, W), a view."""
+    return tokens.transpose(1, 2).unflatten(2, tuple(hw_shape))
 
 
 def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:

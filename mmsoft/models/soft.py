@@ -25,7 +25,8 @@ from .functional import (ValidShapes, contiguous_gradient, full_precision, gelu,
                          run_block, split_heads, valid_mask)
 from .layers import (MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
                      drop_path_or_identity, init_transformer_weights, run_mode,
-                     switch_modules, take_indices, tokens_to_map)
+                     switch_modules, take_indices, tokens_as_map,
+                     tokens_to_map)
 from .soft_kernels import (EXPORT_SOLVERS, check_kernel_inverse_options,
                            low_rank_kernel_attention, memory_efficient_kernel_attention)
 
@@ -69,16 +70,10 @@ def cap_bottleneck_grid(grid: torch.Tensor, max_tokens: Optional[int]) -> torch.
 
 
 # --- Valid regions of one image
-def tokens_of_region(tokens: torch.Tensor, hw_shape: Sequence[int],
-                     shape: Tuple[int, int]) -> torch.Tensor:
-    """Tokens (..., H * W, C) -> those of the top-left (h, w): (..., h * w, C)."""
-    grid = tokens.unflatten(-2, tuple(hw_shape))  # (..., H, W, C)
-    return grid[..., :shape[0], :shape[1], :].flatten(-3, -2)
-
-
 def region_tokens_to_grid(tokens: torch.Tensor, shape: Tuple[int, int],
                           hw_shape: Sequence[int]) -> torch.Tensor:
-    """Inverse of ``tokens_of_region``: (..., h * w, C) -> (..., H * W, C)."""
+    """Tokens (..., h * w, C) of a top-left (h, w) region -> (..., H * W, C) of the
+    (H, W) grid, zero outside the region."""
     grid = tokens.unflatten(-2, tuple(shape)).movedim(-1, -3)  # (..., C, h, w)
     return pad_to_grid(grid, hw_shape).flatten(-2).transpose(-1, -2)
 
@@ -170,13 +165,13 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
         return contiguous_gradient(gelu(self.bottleneck_norm(bottleneck)))  # L
 
     def global_term(self, query_map: torch.Tensor,
-                    values: torch.Tensor) -> torch.Tensor:
-        """``K1 . middle . (K1^T V)`` of one grid in full precision: Q0 map
-        (B, h * d, H, W), V (B, h, H * W, d) -> (B, h, H * W, d)."""
+                    value_map: torch.Tensor) -> torch.Tensor:
+        """``K1 . middle . (K1^T V)`` of one grid in full precision: Q0 and V
+        maps (B, h * d, H, W) -> (B, h, H * W, d)."""
         scale = self.head_dims**-0.25  # Q = scale * Q0
         bottleneck = self.bottleneck_tokens(query_map, scale)  # L: (B, h, m, d)
-        query_tokens = query_map.flatten(2).transpose(1, 2)  # (B, N, C)
-        queries = split_heads(query_tokens, self.num_heads)  # Q0: (B, h, N, d)
+        queries = map_heads(query_map, self.num_heads)  # Q0: (B, h, N, d)
+        values = map_heads(value_map, self.num_heads)  # V: (B, h, N, d)
         kernel_attention = (self.memory_efficient_attention if self.saving_memory()
                             else low_rank_kernel_attention)
         with autocast_off(query_map.device.type):
@@ -185,16 +180,14 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
                                     self.solver_to_run, self.newton_iters,
                                     query_scale=scale)
 
-    def global_term_per_image(self, query_map: torch.Tensor, values: torch.Tensor,
+    def global_term_per_image(self, query_map: torch.Tensor, value_map: torch.Tensor,
                               valid_shapes: ValidShapes) -> torch.Tensor:
         """:meth:`global_term` of each image's valid region alone; zero outside it."""
         hw_shape = query_map.shape[-2:]
         outs = []
         for index, (height, width) in enumerate(valid_shapes):
-            region_map = query_map[index:index + 1, :, :height, :width]
-            region_values = tokens_of_region(values[index:index + 1], hw_shape,
-                                             (height, width))  # (1, h, n, d)
-            out = self.global_term(region_map, region_values)  # (1, h, n, d)
+            region = (slice(index, index + 1), slice(None), slice(height), slice(width))
+            out = self.global_term(query_map[region], value_map[region])  # (1, h, n, d)
             outs.append(region_tokens_to_grid(out, (height, width), hw_shape))
         return torch.cat(outs)
 
@@ -209,21 +202,37 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
         """Tokens (B, N, C) on the (H, W) grid ``hw_shape`` -> (B, N, C); with
         ``valid_shapes``, each image attends within its own (h, w) region only
         (the outputs outside it are meaningless)."""
-        batch, tokens, channels = x.shape
-        query_tokens = self.q_proj(x)  # Q0: (B, N, C)
-        value_tokens = self.v_proj(x)  # V: (B, N, C)
-        # (B, N, C) is a channels-last (B, C, H, W) map: the convolutions need no copy.
-        query_map = query_tokens.transpose(1, 2).view(batch, channels, *hw_shape)
-        value_map = value_tokens.transpose(1, 2).view(batch, channels, *hw_shape)
-        values = split_heads(value_tokens, self.num_heads)  # (B, h, N, d)
+        batch, _, channels = x.shape
+        # Q0 and V projected straight into NCHW maps, the convolutions' layout.
+        query_map = linear_to_map(x, self.q_proj, hw_shape)  # Q0: (B, C, H, W)
+        value_map = linear_to_map(x, self.v_proj, hw_shape)  # V: (B, C, H, W)
         if valid_shapes is None:
-            out = self.global_term(query_map, values)  # (B, h, N, d)
+            out = self.global_term(query_map, value_map)  # (B, h, N, d)
         else:
-            out = self.global_term_per_image(query_map, values, valid_shapes)
+            out = self.global_term_per_image(query_map, value_map, valid_shapes)
         local = self.local_term(mask_map(value_map, valid_shapes))  # (B, C, H, W)
-        local = local.flatten(2).transpose(1, 2)  # (B, N, C)
-        out = local + merge_heads(out.to(local.dtype))  # (B, N, C)
-        return self.out_proj(out)
+        out = merge_heads(out.to(local.dtype)) + local.flatten(2).transpose(1, 2)
+        return self.out_proj(out)  # (B, N, C)
+
+
+def linear_to_map(x: torch.Tensor, layer: nn.Linear, hw_shape) -> torch.Tensor:
+    """``layer`` on tokens (B, N, C_in), computed as ``W x^T + b`` into a
+    contiguous NCHW map (B, C_out, H, W)."""
+    batch, tokens, _ = x.shape
+    weight = layer.weight.expand(batch, -1, -1)  # (B, C_out, C_in)
+    if layer.bias is None:
+        out = torch.bmm(weight, x.transpose(1, 2))  # (B, C_out, N)
+    else:
+        out = torch.baddbmm(layer.bias[:, None].expand(batch, -1, tokens), weight,
+                            x.transpose(1, 2))
+    return out.view(batch, -1, *hw_shape)
+
+
+def map_heads(feature_map: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """A map (B, h * d, H, W) as heads of tokens (B, h, H * W, d), a view."""
+    batch, channels = feature_map.shape[:2]
+    heads = feature_map.reshape(batch, num_heads, channels // num_heads, -1)
+    return heads.transpose(-1, -2)
 
 
 # --- Blocks
@@ -434,12 +443,6 @@ class SoftStage(Exportable, nn.Module):
                                checkpointing=self.grad_checkpointing and self.training)
         return self.norm(tokens), hw_shape, valid_shapes
 
-    def grid_map(self, tokens: torch.Tensor, hw_shape: Tuple[int, int],
-                 valid_shapes: Optional[ValidShapes]) -> torch.Tensor:
-        """The grid's tokens as a map (B, C, H, W), zero outside ``valid_shapes``."""
-        grid_tokens = tokens[:, self.extra_tokens:]  # (B, N, C)
-        return mask_map(tokens_to_map(grid_tokens, hw_shape), valid_shapes)
-
 
 # --- Model
 ARCH_SETTINGS = {
@@ -601,11 +604,11 @@ class SOFT(DenseBackbone):
         last_stage = len(self.stages) - 1 if last_stage is None else last_stage
         maps = []
         for i, stage in enumerate(self.stages[:last_stage + 1]):
-            tokens = None  # the previous stage's: its map x is what the stage reads
             tokens, hw_shape, valid_shapes = stage(x, valid_shapes)
-            x = stage.grid_map(tokens, hw_shape, valid_shapes)  # (B, C, H, W)
-            if i in indices:
-                maps.append(x)
+            grid = tokens[:, stage.extra_tokens:]  # (B, N, C)
+            if i in indices:  # contiguous NCHW, zero outside the valid regions
+                maps.append(mask_map(tokens_to_map(grid, hw_shape), valid_shapes))
+            x = tokens_as_map(grid, hw_shape)  # the next stage's input, a view
         return maps, tokens
 
     def forward_maps(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],

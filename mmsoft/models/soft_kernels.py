@@ -11,7 +11,6 @@ from itertools import islice
 from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from ..deprecations import renamed_solver
 from ..utils.torch_compat import autocast_off, is_compiling
@@ -62,11 +61,7 @@ def low_rank_kernel_attention(queries: torch.Tensor, bottleneck: torch.Tensor,
     Returns:
         Tensor: Shape (B, h, N, d).
     """
-    kernel_a = bottleneck_kernel(bottleneck)  # A = k(L, L): (B, h, m, m)
-    middle = kernel_inverse(kernel_a, variant, solver, newton_iters)  # (B, h, m, m)
-    if variant == 'soft++':
-        # D^-1/2 . middle . D^-1/2, D = diag(A 1)
-        middle = scaled_both_sides(middle, kernel_a.sum(-1).rsqrt())  # (B,h,m,m)
+    middle = middle_matrix(bottleneck, variant, solver, newton_iters)  # (B, h, m, m)
     query_kernel = gaussian_kernel(queries * query_scale, bottleneck)  # K1: (B,h,N,m)
     summary = query_kernel.transpose(-1, -2) @ values  # K1^T V: (B, h, m, d)
     return query_kernel @ (middle @ summary)  # (B, h, N, d)
@@ -90,18 +85,27 @@ def memory_efficient_kernel_attention(queries: torch.Tensor, bottleneck: torch.T
     Returns:
         Tensor: (B, h, N, d).
     """
-    kernel_a = recomputed_bottleneck_kernel(bottleneck)  # A: (B, h, m, m)
-    middle = kernel_inverse(kernel_a, variant, solver, newton_iters,
-                            recomputed_newton_iterations)  # (B, h, m, m)
-    if variant == 'soft++':
-        # D^-1/2 . middle . D^-1/2, D = diag(A 1): (B, h, m, m)
-        middle = symmetric_scale(middle, kernel_a.sum(-1).rsqrt())
+    middle = middle_matrix(bottleneck, variant, solver, newton_iters,
+                           recomputed_newton_iterations)  # (B, h, m, m)
     tokens = queries.shape[-2]
     chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
     if queries.device.type == 'cpu':
         chunk = min(chunk, CPU_CHUNK_TOKENS)
     return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
                                   query_scale)
+
+
+def middle_matrix(bottleneck: torch.Tensor, variant: str, solver: str,
+                  newton_iters: int,
+                  iterate: Optional[NewtonIterations] = None) -> torch.Tensor:
+    """``middle = (A + 0.01 I)^-1`` (``'soft'``) or ``D^-1/2 pinv(A) D^-1/2``
+    (``'soft++'``), ``A = k(L, L)``, ``D = diag(A 1)``: L (B, h, m, d) ->
+    (B, h, m, m); ``iterate`` as :func:`kernel_inverse`'s."""
+    kernel_a = bottleneck_kernel(bottleneck)  # A: (B, h, m, m)
+    middle = kernel_inverse(kernel_a, variant, solver, newton_iters, iterate)
+    if variant == 'soft++':
+        middle = scaled_both_sides(middle, kernel_a.sum(-1).rsqrt())
+    return middle
 
 
 # --- Kernel inverse
@@ -200,14 +204,19 @@ def pseudo_inverse_newton_scale(mat: torch.Tensor,
                                 max_halvings: int = 10) -> torch.Tensor:
     """SOFT++'s ``alpha = 2 / (max row sum)^2``, per image (B, 1, ..., 1, 1).
 
-    Halved while ``max colsum |I - alpha A^2| > 1.01``, at most ``max_halvings`` times.
+    Halved while ``max colsum |I - alpha A^2| > 1.01``, at most ``max_halvings``
+    times. A's entries are non-negative (a Gaussian kernel), so are those of
+    ``S = A^2``, and column j's sum is ``|1 - alpha S_jj| + alpha (c_j - S_jj)``
+    with ``c = A (A 1)`` and ``S_jj = sum_k A_jk^2``: no m x m product is formed.
     """
-    eye = _eye_like(mat)
-    square = mat @ mat  # (B, ..., m, m)
-    alpha = 2 / _per_image_max(mat.sum(-1)).pow(2)  # (B, 1, ..., 1)
+    row_sums = mat.sum(-1)  # A 1: (B, ..., m)
+    column_sums = (mat @ row_sums.unsqueeze(-1)).squeeze(-1)  # c: (B, ..., m)
+    diagonal = mat.pow(2).sum(-1)  # S_jj: (B, ..., m)
+    alpha = 2 / _per_image_max(row_sums).pow(2)  # (B, 1, ..., 1)
     # All rounds run; an image whose residual is small keeps its alpha.
     for _ in range(max_halvings):
-        residual = (eye - alpha * square).abs().sum(-2)  # (B, ..., m)
+        step = alpha.squeeze(-1)  # (B, 1, ..., 1), one dim less
+        residual = (1 - step * diagonal).abs() + step * (column_sums - diagonal)
         too_large = _per_image_max(residual) > 1.01  # (B, 1, ..., 1)
         alpha = torch.where(too_large, alpha * 0.5, alpha)
     return alpha
@@ -485,13 +494,6 @@ def bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
     return gaussian_kernel(bottleneck, bottleneck, float32_products=True)
 
 
-def recomputed_bottleneck_kernel(bottleneck: torch.Tensor) -> torch.Tensor:
-    """``A = k(L, L)`` recomputed in backward: (B, h, m, d) -> (B, h, m, m)."""
-    if not torch.is_grad_enabled():
-        return bottleneck_kernel(bottleneck)  # nothing to keep
-    return checkpoint(bottleneck_kernel, bottleneck, use_reentrant=False)
-
-
 # --- Float32 products under TF32
 # Clears the 13 low mantissa bits of a float32: what TF32 keeps exactly.
 _TF32_MASK = -(1 << 13)
@@ -545,34 +547,6 @@ def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             and reduced_precision_matmuls(a.device):
         return _Float32Matmul.apply(a, b)
     return torch.matmul(a, b)
-
-
-# --- Memory-saving: SOFT++'s symmetric scaling
-class SymmetricScale(torch.autograd.Function):
-    """Autograd function of :func:`symmetric_scale`; keeps ``mat`` and ``scale``.
-
-    ``d mat = G o (s s^T)``, ``d s = (G o mat) s + (G o mat)^T s``.
-    """
-
-    @staticmethod
-    def forward(ctx, mat, scale):
-        ctx.save_for_backward(mat, scale)
-        return scaled_both_sides(mat, scale)
-
-    @staticmethod
-    @backward_without_autocast
-    def backward(ctx, grad_out):
-        mat, scale = ctx.saved_tensors
-        weighted = grad_out * mat  # (..., m, m)
-        column = scale.unsqueeze(-1)  # (..., m, 1)
-        grad_mat = scaled_both_sides(grad_out, scale)
-        grad_scale = weighted @ column + weighted.transpose(-1, -2) @ column
-        return grad_mat, grad_scale.squeeze(-1)
-
-
-def symmetric_scale(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``diag(s) . mat . diag(s)``, (..., m, m), keeping no m x m intermediate."""
-    return apply_without_autocast(SymmetricScale, mat, scale)
 
 
 # --- Memory-saving: chunked K1 . (middle . (K1^T V))

@@ -18,7 +18,10 @@ built), each item one of
   autograd path (``memory_efficient = False`` on them alone);
 - ``root:PATH``: mmsoft imported from another checkout at PATH (for
   before/after comparisons of the code);
-- ``backbone:NAME``: another backbone than ``--backbone`` (a peer, say).
+- ``backbone:NAME``: another backbone than ``--backbone`` (a peer, say);
+- ``use:DOTTED=DOTTED``: the function of the second dotted name in place of
+  the first, in every module of mmsoft that refers to it (the plain twin of a
+  memory-saving function, say).
 
 Prints and appends to ``--out`` (JSON lines) each variant's median wall
 time and process CPU time (less disturbed by other work on a shared
@@ -62,13 +65,15 @@ def parse_variant(text: str) -> Tuple[str, Dict]:
     if not sep or not label:
         raise ValueError(f'variant {text!r} is invalid; expected LABEL=ITEM,... '
                          f'(LABEL= for the backbone as built).')
-    spec = dict(kwargs={}, plain=[], root=None, backbone=None)
+    spec = dict(kwargs={}, plain=[], root=None, backbone=None, use=[])
     for item in filter(None, items.split(',')):
         if item.startswith('backbone:'):
             spec['backbone'] = item[9:]
             if spec['backbone'] not in BACKBONES:
                 raise ValueError(f'backbone:{spec["backbone"]} in variant {text!r} is '
                                  f'not known; expected one of {BACKBONES}.')
+        elif item.startswith('use:') and '=' in item:
+            spec['use'].append(item[4:].split('=', 1))
         elif item.startswith('plain:'):
             spec['plain'] += [name for name in item[6:].split('/') if name]
         elif item.startswith('root:'):
@@ -81,8 +86,8 @@ def parse_variant(text: str) -> Tuple[str, Dict]:
                 spec['kwargs'][key] = value
         else:
             raise ValueError(f'item {item!r} of variant {text!r} is invalid; expected '
-                             f"key=value, 'plain:Class/Class', 'root:PATH' or "
-                             f"'backbone:NAME'.")
+                             f"key=value, 'plain:Class/Class', 'root:PATH', 'backbone:NAME' "
+                             f"or 'use:DOTTED=DOTTED'.")
     return label, spec
 
 
@@ -117,6 +122,9 @@ def parse_args(argv=None):
 def build_variant(backbone: str, spec: Dict, device):
     """The backbone of ``spec`` on ``device``."""
     from mmsoft_analysis.gpu_backbones import build_maps
+    from mmsoft_analysis.op_profile import resolve, replace_references
+    for original, replacement in spec.get('use', []):
+        replace_references(original, resolve(replacement)[2])
     backbone = spec.get('backbone') or backbone
     model = build_maps(backbone, **spec['kwargs'])
     plain = set(spec['plain'])

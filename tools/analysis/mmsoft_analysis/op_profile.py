@@ -83,6 +83,7 @@ ATTENTION_PARTS: Dict[str, str] = {
 #: Functions and methods (dotted names) -> region; their callers' references
 #: are wrapped too.
 FUNCTION_REGIONS: Dict[str, str] = {
+    'mmsoft.models.layers.MLP.forward_normed': 'MLP',
     'mmsoft.models.soft.SoftAttention.bottleneck_tokens': 'bottleneck pooling',
     'mmsoft.models.soft.SoftAttention.local_term': 'local convolution',
     'mmsoft.models.soft.SoftStage.position_embeddings': 'position embedding',
@@ -91,7 +92,6 @@ FUNCTION_REGIONS: Dict[str, str] = {
     'mmsoft.models.soft_kernels.kernel_operands': 'Gaussian kernel',
     'mmsoft.models.soft_kernels.kernel_inverse': 'kernel inverse',
     'mmsoft.models.soft_kernels.scaled_both_sides': 'kernel inverse',
-    'mmsoft.models.soft_kernels.symmetric_scale': 'kernel inverse',
     'mmsoft.models.soft_kernels.low_rank_kernel_attention': 'kernel products',
     'mmsoft.models.soft_kernels.chunked_kernel_product': 'kernel products',
     'mmsoft.models.ufo_vit.ufo_attention': 'XNorm attention',
@@ -251,7 +251,7 @@ def operator_flops(event) -> int:
 
 
 # --- Regions: hooks and wrappers
-def _resolve(dotted: str) -> Tuple[object, str, Callable]:
+def resolve(dotted: str) -> Tuple[object, str, Callable]:
     """(owner, attribute, function) of ``module.function`` or
     ``module.Class.method``."""
     parts = dotted.split('.')
@@ -270,7 +270,29 @@ def check_function_regions(table: Dict[str, str] = FUNCTION_REGIONS) -> None:
     """Raises ``ImportError`` or ``AttributeError`` for a name of ``table``
     that does not resolve."""
     for dotted in table:
-        _resolve(dotted)
+        resolve(dotted)
+
+
+def replace_references(dotted: str, replacement: Callable
+                       ) -> List[Tuple[object, str, Callable]]:
+    """Puts ``replacement`` in place of the function or method ``dotted``, and
+    of every reference to that function in ``mmsoft``'s modules.
+
+    Returns:
+        list: ``(owner, attribute, original)`` of each replaced reference, to
+        put back with ``setattr``.
+    """
+    owner, attribute, function = resolve(dotted)
+    owners = [(owner, attribute)]
+    if not isinstance(owner, type):  # a module's function: its importers too
+        owners += [(module, key) for name, module in list(sys.modules.items())
+                   if name.startswith('mmsoft') and module is not owner
+                   for key, value in list(vars(module).items()) if value is function]
+    replaced = []
+    for target, key in owners:
+        replaced.append((target, key, getattr(target, key)))
+        setattr(target, key, replacement)
+    return replaced
 
 
 def _wrapped(function: Callable, region: str) -> Callable:
@@ -318,19 +340,11 @@ def profile_regions(model: nn.Module) -> Iterator[None]:
     missing = []
     for dotted, region in FUNCTION_REGIONS.items():
         try:
-            owner, attribute, function = _resolve(dotted)
+            _, _, function = resolve(dotted)
         except (ImportError, AttributeError):
             missing.append(dotted)  # an older mmsoft: the region stays unnamed
             continue
-        wrapper = _wrapped(function, region)
-        owners = [(owner, attribute)]
-        if not isinstance(owner, type):  # also the references of other modules
-            owners += [(module, key) for module_name, module in list(sys.modules.items())
-                       if module_name.startswith('mmsoft') and module is not owner
-                       for key, value in list(vars(module).items()) if value is function]
-        for target, key in owners:
-            patched.append((target, key, getattr(target, key)))
-            setattr(target, key, wrapper)
+        patched += replace_references(dotted, _wrapped(function, region))
     if missing:
         print(f'op_profile: no region for {", ".join(missing)} (not in this mmsoft)',
               file=sys.stderr)
