@@ -16,9 +16,12 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from .models import soft, ufo_vit
+from .models.layers import take_indices
 
 SOFT_SIZES = ('tiny', 'small', 'medium', 'large', 'huge')
 UFO_VIT_SIZES = ('tiny', 'small', 'medium', 'base')
+#: Feature maps of every model (strides 4, 8, 16, 32).
+NUM_OUTPUTS = 4
 #: timm name prefix -> SOFT variant.
 SOFT_NAMES = {'soft': 'soft', 'soft_plus_plus': 'soft++'}
 
@@ -54,16 +57,23 @@ def _taking_in_chans(model_cls: type, **fixed) -> Callable:
 def _create(model_cls: type, name: str, pretrained: bool = False, fixed: dict = None,
             **kwargs):
     out_indices = kwargs.pop('out_indices', (0, 1, 2, 3))
+    output_stride = kwargs.pop('output_stride', None)
+    if output_stride not in (None, 32):
+        raise ValueError(f'output_stride={output_stride!r} is not supported by '
+                         f'{name}, which has no dilated mode; expected 32 (the '
+                         f'default) or None.')
     fixed = dict(fixed or {})
     if model_cls is ufo_vit.UFOViT:
         # The feature pyramid only where its maps are asked for, and only
         # the branches of those maps (build_model_with_cfg keeps
-        # out_indices for the feature wrapper: the model gets them here).
+        # out_indices for the feature wrapper: the model gets them here,
+        # resolved as the wrapper resolves them: an int n is the last n).
         multi_scale = kwargs.get('features_only', False)
         kwargs.setdefault('multi_scale', multi_scale)
         kwargs.setdefault('global_pool', 'token')
         if multi_scale:
-            fixed.setdefault('out_indices', tuple(out_indices))
+            fixed.setdefault('out_indices',
+                             tuple(take_indices(out_indices, NUM_OUTPUTS)))
     filter_fn = soft.checkpoint_filter_fn if model_cls is soft.SOFT else None
     return build_model_with_cfg(
         _taking_in_chans(model_cls, **fixed), name, pretrained,
