@@ -118,6 +118,15 @@ def test_output_stride_other_than_32_is_refused(name):
         assert model.feature_info.reduction() == [4, 8, 16, 32]
 
 
+@pytest.mark.parametrize('name', TINY)
+def test_torch_jit_script_is_refused_with_the_routes_that_work(name):
+    for model in (timm.create_model(name, device='meta'),
+                  timm.create_model(name, features_only=True, device='meta')):
+        with pytest.raises(RuntimeError, match='cannot be scripted with torch.jit.'
+                                               'script; export it with torch.export'):
+            torch.jit.script(model)
+
+
 def test_unknown_intermediate_index_is_refused():
     model = timm.create_model('soft_tiny')
     with pytest.raises(ValueError, match=r'indices=\[0, 4\] is invalid'):
