@@ -13,10 +13,14 @@ from typing import Callable
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import (build_model_with_cfg, generate_default_cfgs, register_model,
+                         register_notrace_function, register_notrace_module)
+from timm.models._features import FeatureGetterNet  # not exported by timm.models
 
 from .models import soft, ufo_vit
-from .models.layers import take_indices
+from .models.functional import mask_map
+from .models.layers import ConvPatchEmbed, take_indices, tokens_to_map
+from .utils.validation import check_image_batch
 
 SOFT_SIZES = ('tiny', 'small', 'medium', 'large', 'huge')
 UFO_VIT_SIZES = ('tiny', 'small', 'medium', 'base')
@@ -24,6 +28,27 @@ UFO_VIT_SIZES = ('tiny', 'small', 'medium', 'base')
 NUM_OUTPUTS = 4
 #: timm name prefix -> SOFT variant.
 SOFT_NAMES = {'soft': 'soft', 'soft_plus_plus': 'soft++'}
+
+
+# Leaves of torch.fx's symbolic trace, as timm's FX feature extraction runs it
+# (torchvision's create_feature_extractor with timm's lists): each is one
+# graph node. Inside them, input checks and grids of Python ints steer control
+# flow, and the memory-saving autograd functions read the device and autocast
+# state, none of which a symbolic trace can follow.
+for _function in (check_image_batch, tokens_to_map, mask_map):
+    register_notrace_function(_function)
+for _module in (ConvPatchEmbed, soft.SoftStage, ufo_vit.FourierPositionEncoding,
+                ufo_vit.UFOBlock, ufo_vit.ClassAttentionBlock):
+    register_notrace_module(_module)
+del _function, _module
+
+
+class CheckpointingFeatureGetterNet(FeatureGetterNet):
+    """timm's ``'getter'`` feature wrapper (``forward_intermediates``) with
+    ``set_grad_checkpointing``, as timm's hook and list wrappers have it."""
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.model.set_grad_checkpointing(enable)
 
 
 def _cfg(first_conv: str, **kwargs) -> dict:
@@ -78,7 +103,8 @@ def _create(model_cls: type, name: str, pretrained: bool = False, fixed: dict = 
     return build_model_with_cfg(
         _taking_in_chans(model_cls, **fixed), name, pretrained,
         pretrained_filter_fn=filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
+        feature_cfg=dict(out_indices=out_indices,
+                         feature_cls=CheckpointingFeatureGetterNet), **kwargs)
 
 
 def _soft(prefix: str, size: str, pretrained: bool, kwargs: dict):
