@@ -1,0 +1,60 @@
+"""Peers' own test files on mmsoft's names: timm's model tests.
+
+Each peer's tests run on every mmsoft name they are collected for, but for
+the entries of its lists below, each a test's name and why
+(:mod:`tests.vendor.peer_tests`). A test dropped otherwise fails the run.
+Where a peer's package is missing (the floor environment) its files are not
+collected.
+"""
+import importlib.util
+import os.path as osp
+
+import pytest
+
+from .peer_tests import Peer, PeerSelection
+
+HERE = osp.dirname(osp.abspath(__file__))
+
+
+def _has(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+HAS_TIMM = _has('timm')
+# The peers' vendored trees are imported by mmsoft's subclasses, not collected.
+collect_ignore = ['transformers/tests', 'smp/tests']
+collect_ignore += [] if HAS_TIMM else ['timm']
+
+if HAS_TIMM:
+    import mmsoft.timm_models  # registers the names before test_models.py lists them
+    NAMES = tuple(sorted(mmsoft.timm_models.default_cfgs))
+else:
+    NAMES = ()
+
+TIMM = Peer(
+    directory=osp.join(HERE, 'timm'), files=('test_models.py', ), names=NAMES,
+    # mmsoft's models are in NON_STD_FILTERS and their module in FEAT_INTER_FILTERS;
+    # where GITHUB_ACTIONS is set, timm's EXCLUDE_FILTERS leaves *huge* out.
+    required=('test_model_forward', 'test_model_backward',
+              'test_model_default_cfgs_non_std', 'test_model_forward_intermediates',
+              'test_model_forward_intermediates_features'),
+    tiny_only={
+        'test_prune_intermediate_layers_contract':
+            'prunes at each of the 4 outputs and trains each pruned copy, the slowest '
+            'test of a tiny model; the larger sizes stack the same stages',
+        'test_model_forward_fx':
+            'a trace of each larger size adds seconds; its leaves (SoftStage, '
+            'UFOBlock, ...) are the tiny sizes\' classes',
+        'test_model_backward_fx':
+            'as test_model_forward_fx',
+        'test_features_only_grad_checkpointing_backward':
+            'added for the tiny names (README.md); every size checkpoints in '
+            'test_model_forward',
+    })
+
+PEERS = [peer for peer, present in ((TIMM, HAS_TIMM), ) if present]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.has_plugin('mmsoft-peer-tests'):
+        config.pluginmanager.register(PeerSelection(PEERS), 'mmsoft-peer-tests')
