@@ -1,4 +1,5 @@
-"""Peers' own test files on mmsoft's names: timm's model tests.
+"""Peers' own test files on mmsoft's names: timm's model tests and
+transformers' backbone tests.
 
 Each peer's tests run on every mmsoft name they are collected for, but for
 the entries of its lists below, each a test's name and why
@@ -11,7 +12,7 @@ import os.path as osp
 
 import pytest
 
-from .peer_tests import Peer, PeerSelection
+from .peer_tests import TINY_NAMES, Peer, PeerSelection
 
 HERE = osp.dirname(osp.abspath(__file__))
 
@@ -21,9 +22,11 @@ def _has(package: str) -> bool:
 
 
 HAS_TIMM = _has('timm')
+HAS_TRANSFORMERS = HAS_TIMM and _has('transformers')
 # The peers' vendored trees are imported by mmsoft's subclasses, not collected.
 collect_ignore = ['transformers/tests', 'smp/tests']
 collect_ignore += [] if HAS_TIMM else ['timm']
+collect_ignore += [] if HAS_TRANSFORMERS else ['transformers']
 
 if HAS_TIMM:
     import mmsoft.timm_models  # registers the names before test_models.py lists them
@@ -52,7 +55,46 @@ TIMM = Peer(
             'test_model_forward',
     })
 
-PEERS = [peer for peer, present in ((TIMM, HAS_TIMM), ) if present]
+TRANSFORMERS = Peer(
+    directory=osp.join(HERE, 'transformers'),
+    files=('tests/test_backbone_common.py',
+           'tests/models/timm_backbone/test_modeling_timm_backbone.py'),
+    names=TINY_NAMES,
+    required=('test_backbone_stage_selection', 'test_create_from_modified_config',
+              'test_load_timm_backbone_from_config'),
+    dropped={
+        'test_config':
+            'runs ConfigTester (tests/test_configuration_common.py), not vendored: it '
+            'imports tests/utils/, which the 5.25.0 sdist does not ship; it checks '
+            'TimmBackboneConfig alone',
+        'test_batching_equivalence':
+            'runs ModelTesterMixin\'s test (tests/test_modeling_common.py), not '
+            'vendored: it imports tests/generation/ and tests/exporters/, which the '
+            '5.25.0 sdist does not ship',
+        'test_retain_grad_hidden_states_attentions':
+            'calls ModelTesterMixin\'s _prepare_for_class, not vendored (as '
+            'test_batching_equivalence)',
+    },
+    skipped={
+        'test_timm_transformer_backbone_equivalence':
+            'needs the Hub: loads resnet18 and microsoft/resnet-18 pretrained',
+        'test_load_timm_backbone_from_checkpoint':
+            'needs the Hub: a backbone name without backbone_config makes '
+            'transformers 5.x ask the Hub for the repo resnet18',
+        'test_load_timm_backbone_with_kwargs':
+            'needs the Hub: as test_load_timm_backbone_from_checkpoint',
+    },
+    xfailed={
+        'test_backbone_outputs': (
+            IndexError,
+            'output_hidden_states=True: TimmBackbone widens the return_layers of '
+            'timm\'s hook wrappers to every stage; timm\'s forward_intermediates '
+            'wrapper (FeatureGetterNet, mmsoft\'s) has none, so hidden_states holds '
+            'the out_indices maps only (huggingface/transformers#30307)'),
+    })
+
+PEERS = [peer for peer, present in ((TIMM, HAS_TIMM), (TRANSFORMERS, HAS_TRANSFORMERS))
+         if present]
 
 
 def pytest_configure(config: pytest.Config) -> None:
