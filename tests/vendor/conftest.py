@@ -1,5 +1,5 @@
-"""Peers' own test files on mmsoft's names: timm's model tests and
-transformers' backbone tests.
+"""Peers' own test files on mmsoft's names: timm's model tests, transformers'
+backbone tests and segmentation-models-pytorch's encoder and model tests.
 
 Each peer's tests run on every mmsoft name they are collected for, but for
 the entries of its lists below, each a test's name and why
@@ -23,10 +23,12 @@ def _has(package: str) -> bool:
 
 HAS_TIMM = _has('timm')
 HAS_TRANSFORMERS = HAS_TIMM and _has('transformers')
+HAS_SMP = HAS_TIMM and _has('segmentation_models_pytorch')
 # The peers' vendored trees are imported by mmsoft's subclasses, not collected.
 collect_ignore = ['transformers/tests', 'smp/tests']
 collect_ignore += [] if HAS_TIMM else ['timm']
 collect_ignore += [] if HAS_TRANSFORMERS else ['transformers']
+collect_ignore += [] if HAS_SMP else ['smp']
 
 if HAS_TIMM:
     import mmsoft.timm_models  # registers the names before test_models.py lists them
@@ -93,8 +95,27 @@ TRANSFORMERS = Peer(
             'the out_indices maps only (huggingface/transformers#30307)'),
     })
 
-PEERS = [peer for peer, present in ((TIMM, HAS_TIMM), (TRANSFORMERS, HAS_TRANSFORMERS))
-         if present]
+SMP = Peer(
+    directory=osp.join(HERE, 'smp'),
+    files=('tests/encoders/base.py', 'tests/models/base.py'),
+    names=('soft_plus_plus_tiny', 'ufo_vit_tiny'),
+    required=('test_in_channels', 'test_depth', 'test_dilated', 'test_compile',
+              'test_torch_export', 'test_torch_script', 'test_save_load_with_hub_mixin',
+              'test_any_resolution', 'test_classification_head'),
+    dropped={
+        'tests/models/base.py::test_compile':
+            'on the encoders only (tests/encoders/base.py): UPerNet\'s compiles the '
+            'same encoder inside smp\'s decoder, seconds more a name',
+        'tests/models/base.py::test_torch_export':
+            'on the encoders only, as test_compile',
+    },
+    skipped={
+        'test_preserve_forward_output':
+            'needs the Hub: smp-test-models\' checkpoints (and RUN_SLOW)',
+    })
+
+PEERS = [peer for peer, present in ((TIMM, HAS_TIMM), (TRANSFORMERS, HAS_TRANSFORMERS),
+                                    (SMP, HAS_SMP)) if present]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -4,7 +4,7 @@ import torch
 import segmentation_models_pytorch as smp
 
 from functools import lru_cache
-from tests.utils import (
+from ..utils import (  # mmsoft: relative (tests/vendor/smp/tests/ is not `tests`)
     default_device,
     check_run_test_on_diff_or_main,
     requires_torch_greater_or_equal,

@@ -9,7 +9,7 @@ from huggingface_hub import hf_hub_download
 import torch
 import segmentation_models_pytorch as smp
 
-from tests.utils import (
+from ..utils import (  # mmsoft: relative (tests/vendor/smp/tests/ is not `tests`)
     has_timm_test_models,
     default_device,
     slow_test,
@@ -67,7 +67,8 @@ class BaseModelTester(unittest.TestCase):
 
     @lru_cache
     def get_default_model(self):
-        model = smp.create_model(self.model_type, self.test_encoder_name)
+        model = smp.create_model(self.model_type, self.test_encoder_name,
+                                 encoder_weights=None)  # mmsoft: no download
         model = model.to(default_device)
         return model
 
@@ -106,6 +107,7 @@ class BaseModelTester(unittest.TestCase):
             smp.create_model(
                 arch=self.model_type,
                 encoder_name=self.test_encoder_name,
+                encoder_weights=None,  # mmsoft: no download
                 encoder_depth=depth,
                 in_channels=in_channels,
                 classes=classes,
@@ -127,6 +129,7 @@ class BaseModelTester(unittest.TestCase):
         model = smp.create_model(
             arch=self.model_type,
             encoder_name=self.test_encoder_name,
+            encoder_weights=None,  # mmsoft: no download
             aux_params={
                 "pooling": "avg",
                 "classes": 10,
