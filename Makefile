@@ -14,7 +14,7 @@
 #   `torchvision` or `frameworks`, the floor of the range;
 # - test-stack, .venv/ (the OpenMMLab stack: torch 2.14.1, mmcv with its
 #   compiled ops, transformers 4.51): the tests marked `openmmlab` or
-#   `frameworks`, but for timm's own model tests (tests/vendor/timm/).
+#   `frameworks`, but for the peers' own tests (tests/vendor/).
 # The stack's install (mmcv's compile, minutes) and suite run in the
 # background while the other two environments install and their suites run.
 # Every suite runs even when another failed; the status is a failure if any
@@ -109,8 +109,9 @@ test:
 	echo "[test] the stack's install and suite:"; cat $(STACK_LOG); \
 	exit $$status
 
-# timm's own model tests (tests/vendor/) run in the newest environment, whose
-# timm is the stack's: not again here.
+# The peers' own tests (tests/vendor/) run in the newest environment, whose
+# releases they come from (the stack's timm is the same, its transformers
+# 4.51): not here.
 test-stack: $(STAMP)
 	$(PYTHON) -m pytest tests --ignore=tests/vendor -m "$(STACK_MARKERS)" $(PYTEST_ARGS)
 

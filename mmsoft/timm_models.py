@@ -13,14 +13,42 @@ from typing import Callable
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import (build_model_with_cfg, generate_default_cfgs, register_model,
+                         register_notrace_function, register_notrace_module)
+from timm.models._features import FeatureGetterNet  # not exported by timm.models
 
 from .models import soft, ufo_vit
+from .models.functional import mask_map
+from .models.layers import ConvPatchEmbed, take_indices, tokens_to_map
+from .utils.validation import check_image_batch
 
 SOFT_SIZES = ('tiny', 'small', 'medium', 'large', 'huge')
 UFO_VIT_SIZES = ('tiny', 'small', 'medium', 'base')
+#: Feature maps of every model (strides 4, 8, 16, 32).
+NUM_OUTPUTS = 4
 #: timm name prefix -> SOFT variant.
 SOFT_NAMES = {'soft': 'soft', 'soft_plus_plus': 'soft++'}
+
+
+# Leaves of torch.fx's symbolic trace, as timm's FX feature extraction runs it
+# (torchvision's create_feature_extractor with timm's lists): each is one
+# graph node. Inside them, input checks and grids of Python ints steer control
+# flow, and the memory-saving autograd functions read the device and autocast
+# state, none of which a symbolic trace can follow.
+for _function in (check_image_batch, tokens_to_map, mask_map):
+    register_notrace_function(_function)
+for _module in (ConvPatchEmbed, soft.SoftStage, ufo_vit.FourierPositionEncoding,
+                ufo_vit.UFOBlock, ufo_vit.ClassAttentionBlock):
+    register_notrace_module(_module)
+del _function, _module
+
+
+class CheckpointingFeatureGetterNet(FeatureGetterNet):
+    """timm's ``'getter'`` feature wrapper (``forward_intermediates``) with
+    ``set_grad_checkpointing``, as timm's hook and list wrappers have it."""
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.model.set_grad_checkpointing(enable)
 
 
 def _cfg(first_conv: str, **kwargs) -> dict:
@@ -54,21 +82,29 @@ def _taking_in_chans(model_cls: type, **fixed) -> Callable:
 def _create(model_cls: type, name: str, pretrained: bool = False, fixed: dict = None,
             **kwargs):
     out_indices = kwargs.pop('out_indices', (0, 1, 2, 3))
+    output_stride = kwargs.pop('output_stride', None)
+    if output_stride not in (None, 32):
+        raise ValueError(f'output_stride={output_stride!r} is not supported by '
+                         f'{name}, which has no dilated mode; expected 32 (the '
+                         f'default) or None.')
     fixed = dict(fixed or {})
     if model_cls is ufo_vit.UFOViT:
         # The feature pyramid only where its maps are asked for, and only
         # the branches of those maps (build_model_with_cfg keeps
-        # out_indices for the feature wrapper: the model gets them here).
+        # out_indices for the feature wrapper: the model gets them here,
+        # resolved as the wrapper resolves them: an int n is the last n).
         multi_scale = kwargs.get('features_only', False)
         kwargs.setdefault('multi_scale', multi_scale)
         kwargs.setdefault('global_pool', 'token')
         if multi_scale:
-            fixed.setdefault('out_indices', tuple(out_indices))
+            fixed.setdefault('out_indices',
+                             tuple(take_indices(out_indices, NUM_OUTPUTS)))
     filter_fn = soft.checkpoint_filter_fn if model_cls is soft.SOFT else None
     return build_model_with_cfg(
         _taking_in_chans(model_cls, **fixed), name, pretrained,
         pretrained_filter_fn=filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
+        feature_cfg=dict(out_indices=out_indices,
+                         feature_cls=CheckpointingFeatureGetterNet), **kwargs)
 
 
 def _soft(prefix: str, size: str, pretrained: bool, kwargs: dict):

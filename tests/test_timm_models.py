@@ -91,6 +91,42 @@ def test_forward_intermediates_at_feature_info_strides(name):
     assert [m.shape[1] for m in last_two] == info.channels()[2:]
 
 
+@pytest.mark.parametrize('name', TINY)
+def test_out_indices_follow_timm_negative_and_last_n(name):
+    """``(-2, -1)`` and ``2`` (the last two) are ``(2, 3)``, as for every timm
+    model; transformers' TimmBackboneConfig defaults to ``(-1,)``."""
+    def maps(out_indices):
+        torch.manual_seed(0)
+        model = timm.create_model(name, features_only=True, out_indices=out_indices)
+        assert model.feature_info.reduction() == [16, 32]
+        with torch.no_grad():
+            return model.eval()(images())
+    expected = maps((2, 3))
+    for out_indices in ((-2, -1), (2, -1), 2):
+        torch.testing.assert_close(maps(out_indices), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_output_stride_other_than_32_is_refused(name):
+    message = (rf'output_stride=16 is not supported by {name}, which has no dilated '
+               r'mode; expected 32')
+    with pytest.raises(ValueError, match=message):
+        timm.create_model(name, features_only=True, output_stride=16)
+    for output_stride in (32, None):
+        model = timm.create_model(name, features_only=True, output_stride=output_stride,
+                                  device='meta')
+        assert model.feature_info.reduction() == [4, 8, 16, 32]
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_torch_jit_script_is_refused_with_the_routes_that_work(name):
+    for model in (timm.create_model(name, device='meta'),
+                  timm.create_model(name, features_only=True, device='meta')):
+        with pytest.raises(RuntimeError, match='cannot be scripted with torch.jit.'
+                                               'script; export it with torch.export'):
+            torch.jit.script(model)
+
+
 def test_unknown_intermediate_index_is_refused():
     model = timm.create_model('soft_tiny')
     with pytest.raises(ValueError, match=r'indices=\[0, 4\] is invalid'):

@@ -9,11 +9,25 @@ import torch
 
 transformers = pytest.importorskip('transformers')
 pytest.importorskip('timm')
-import mmsoft  # noqa: E402,F401  (registers the models with timm)
+import mmsoft.timm_models  # noqa: E402  (registers the models with timm)
 
 pytestmark = [pytest.mark.torchvision, pytest.mark.frameworks]
 
 NAMES = ['soft_plus_plus_tiny', 'ufo_vit_tiny']
+
+
+@pytest.mark.parametrize('name', sorted(mmsoft.timm_models.default_cfgs))
+def test_default_config_gives_the_last_map(name):
+    """transformers' default ``out_indices=(-1,)`` on every name, built and run
+    on the meta device (shapes only; the tiny names run for real in
+    transformers' own tests, tests/vendor/transformers)."""
+    from transformers import TimmBackbone, TimmBackboneConfig
+    with torch.device('meta'):
+        backbone = TimmBackbone(TimmBackboneConfig(backbone=name,
+                                                   use_pretrained_backbone=False))
+        maps = backbone(torch.empty(2, 3, 64, 96)).feature_maps
+    assert backbone.out_indices == [3]
+    assert [tuple(m.shape) for m in maps] == [(2, backbone.channels[0], 2, 3)]
 
 
 @pytest.mark.parametrize('name', NAMES)

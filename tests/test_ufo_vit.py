@@ -167,6 +167,8 @@ def test_feature_pyramid_adapter_shapes():
     assert shapes == [(2, 8, 12, 20), (2, 8, 6, 10), (2, 8, 3, 5), (2, 8, 2, 3)]
     partial = FeaturePyramidAdapter(8, out_indices=(1, 3))
     assert sorted(partial.branches.keys()) == ['1', '3']
+    # Negative indices count from the end, as in timm.
+    assert FeaturePyramidAdapter(8, out_indices=(-1, 1)).out_indices == (1, 3)
     with pytest.raises(ValueError, match='expected one per out_indices'):
         partial(feats)
 
@@ -332,7 +334,9 @@ def test_docs_table_shows_each_arch():
      r"arch\['mlp_ratio'\]=0 is invalid"),
     (dict(arch=dict(embed_dims=32, depth=4)), r"lacks the keys \['num_heads'\]"),
     (dict(out_indices=(0, 4)), r'out_indices=\(0, 4\) is invalid'),
-    (dict(out_indices=(-1, )), r'out_indices=\(-1,\) is invalid'),
+    (dict(out_indices=(-5, )), r'out_indices=\(-5,\) is invalid; expected distinct '
+                               r'integers in \[-4, 3\]'),
+    (dict(out_indices=(3, -1)), r'out_indices=\(3, -1\) names an output twice'),
     (dict(frozen_stages=5), r'frozen_stages=5 is out of range'),
     (dict(drop_path_rate=1.5), r'drop_path_rate=1.5 is invalid'),
     (dict(layer_scale_init_value=0), r'layer_scale_init_value=0 is invalid'),

@@ -291,6 +291,17 @@ class DenseBackbone(nn.Module):
         return nn.Linear(self.num_features, num_classes, device=reference.device,
                          dtype=reference.dtype).train(self.training)
 
+    def __prepare_scriptable__(self):
+        """Refuses ``torch.jit.script``, which calls this first.
+
+        Raises:
+            RuntimeError: Always; TorchScript cannot compile the memory-saving
+                autograd functions and the run-mode checks.
+        """
+        raise RuntimeError(f'{type(self).__name__} cannot be scripted with '
+                           f'torch.jit.script; export it with torch.export (or ONNX), '
+                           f'or compile it with torch.compile.')
+
     def init_weights(self) -> None:
         """Initialises every parameter from scratch (``_init_from_scratch``)."""
         self._init_from_scratch()

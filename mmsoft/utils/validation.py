@@ -52,18 +52,22 @@ def check_lengths(arch: dict, keys: Sequence[str], length: int) -> None:
 
 
 def check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int]:
-    """Validates ``out_indices`` and returns them as a sorted tuple."""
+    """Validates ``out_indices`` and returns them as a sorted tuple of
+    non-negative indices; negative ones count from the end, as in timm."""
     if isinstance(out_indices, int):
         out_indices = (out_indices, )
     out_indices = tuple(out_indices)
     if not out_indices or any(
-            not isinstance(i, int) or not 0 <= i < num_outputs
-            for i in out_indices):
+            isinstance(i, bool) or not isinstance(i, int)
+            or not -num_outputs <= i < num_outputs for i in out_indices):
         raise ValueError(f'out_indices={out_indices!r} is invalid; expected '
-                         f'distinct integers in [0, {num_outputs - 1}].')
-    if len(set(out_indices)) != len(out_indices):
-        raise ValueError(f'out_indices={out_indices!r} has repeated entries.')
-    return tuple(sorted(out_indices))
+                         f'distinct integers in [{-num_outputs}, {num_outputs - 1}] '
+                         f'(negative ones count from the end).')
+    resolved = tuple(sorted(i % num_outputs for i in out_indices))
+    if len(set(resolved)) != len(resolved):
+        raise ValueError(f'out_indices={out_indices!r} names an output twice '
+                         f'(resolved: {resolved}).')
+    return resolved
 
 
 def check_frozen_stages(frozen_stages: int, num_stages: int) -> None:

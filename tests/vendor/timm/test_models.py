@@ -98,6 +98,10 @@ EXCLUDE_JIT_FILTERS = [
     # gemma4_vit shares NaFlex's ``Union[Tensor, Dict[str, Tensor]]`` forward signature,
     # which TorchScript cannot narrow (``Unknown type name 'dict'``).
     'gemma4_vit*',
+    # mmsoft: SOFT, SOFT++ and UFO-ViT refuse torch.jit.script (a RuntimeError): TorchScript
+    # cannot compile their memory-saving autograd functions and run-mode checks; torch.export
+    # (strict), ONNX and torch.compile are their routes.
+    'soft_*', 'ufo_vit_*',
 ]
 
 TARGET_FWD_SIZE = MAX_FWD_SIZE = 384
@@ -597,7 +601,10 @@ def test_gcvit_batch_consistency():
 
 
 @pytest.mark.base
-@pytest.mark.parametrize('model_name', ['resnet18', 'resnet50d', 'convnext_atto'])
+@pytest.mark.parametrize('model_name', [
+    'resnet18', 'resnet50d', 'convnext_atto',
+    'soft_tiny', 'soft_plus_plus_tiny', 'ufo_vit_tiny',  # mmsoft: one of each family
+])
 def test_features_only_grad_checkpointing_backward(model_name):
     # backbones built with features_only=True are trained with gradient checkpointing in detection/segmentation
     # pipelines; backward must work and give the same gradients as without checkpointing
