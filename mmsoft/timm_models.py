@@ -19,7 +19,7 @@ from timm.models._features import FeatureGetterNet  # not exported by timm.model
 
 from .models import soft, ufo_vit
 from .models.functional import mask_map
-from .models.layers import ConvPatchEmbed, take_indices, tokens_to_map
+from .models.layers import ConvPatchEmbed, take_indices, tokens_as_map, tokens_to_map
 from .utils.validation import check_image_batch
 
 SOFT_SIZES = ('tiny', 'small', 'medium', 'large', 'huge')
@@ -35,7 +35,7 @@ SOFT_NAMES = {'soft': 'soft', 'soft_plus_plus': 'soft++'}
 # graph node. Inside them, input checks and grids of Python ints steer control
 # flow, and the memory-saving autograd functions read the device and autocast
 # state, none of which a symbolic trace can follow.
-for _function in (check_image_batch, tokens_to_map, mask_map):
+for _function in (check_image_batch, tokens_as_map, tokens_to_map, mask_map):
     register_notrace_function(_function)
 for _module in (ConvPatchEmbed, soft.SoftStage, ufo_vit.FourierPositionEncoding,
                 ufo_vit.UFOBlock, ufo_vit.ClassAttentionBlock):

@@ -65,10 +65,13 @@ def test_autocast_forward_and_backward(make_backbone, dtype):
 
 @pytest.mark.parametrize('make_backbone', BACKBONES)
 def test_image_alone_equals_image_in_batch(make_backbone):
+    """In full float32: cuDNN's TF32 convolutions (on by default) round
+    differently for other batch sizes, and SOFT's kernel inverse magnifies
+    rounding at random initialisation."""
     torch.manual_seed(0)
     model = make_backbone().to(DEVICE).eval()
     images = torch.randn(3, 3, 224, 288, device=DEVICE)
-    with torch.no_grad():
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         batched = feature_maps(model, images)
         alone = feature_maps(model, images[1:2])
     for got, expected in zip(alone, batched):

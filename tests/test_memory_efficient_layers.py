@@ -302,16 +302,16 @@ def test_plain_path_without_gradient_and_with_dropout(monkeypatch):
 
 
 def test_memory_efficient_path_follows_the_switch_outside_tracers():
-    """The switch on and autograd recording, or under ``torch.no_grad`` for
-    the layers that save memory in inference too (SOFT attention); never
-    while ``torch.jit.trace`` records (tracers see the plain ops)."""
+    """The switch on and autograd recording: inference (``torch.no_grad``)
+    runs the plain path, SOFT attention's too; never while
+    ``torch.jit.trace`` records (tracers see the plain ops)."""
     mlp = MLP(8, 32)
     attention = SoftAttention(16, 2, 2, 3)
     assert mlp.saving_memory()
     assert attention.saving_memory()
     with torch.no_grad():
         assert not mlp.saving_memory()
-        assert attention.saving_memory()
+        assert not attention.saving_memory()
     assert not set_memory_efficient(MLP(8, 32), False).saving_memory()
     decisions = []
 

@@ -87,21 +87,36 @@ def backward_without_autocast(backward: Callable) -> Callable:
 
 # --- Gradient layout
 class ContiguousGradient(torch.autograd.Function):
-    """Identity whose backward makes the gradient contiguous."""
+    """Identity whose backward makes the gradient contiguous in the given
+    memory format."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, tensor: torch.Tensor,
+                memory_format: torch.memory_format) -> torch.Tensor:
+        ctx.memory_format = memory_format
         return tensor.view_as(tensor)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad.contiguous()
+    def backward(ctx, grad: torch.Tensor):
+        return grad.contiguous(memory_format=ctx.memory_format), None
 
 
-def contiguous_gradient(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as a view whose gradient is made contiguous in backward."""
+def memory_format_of(tensor: torch.Tensor) -> torch.memory_format:
+    """``torch.channels_last`` for a channels-last 4-d tensor, else
+    ``torch.contiguous_format``."""
+    if (tensor.dim() == 4 and not tensor.is_contiguous()
+            and tensor.is_contiguous(memory_format=torch.channels_last)):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def contiguous_gradient(tensor: torch.Tensor,
+                        memory_format: torch.memory_format = torch.contiguous_format
+                        ) -> torch.Tensor:
+    """``tensor`` as a view whose gradient is made contiguous (in
+    ``memory_format``) in backward."""
     if tensor.requires_grad and not records_forward_only():
-        return ContiguousGradient.apply(tensor)
+        return ContiguousGradient.apply(tensor, memory_format)
     return tensor
 
 
@@ -249,10 +264,11 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 # --- GELU
 def gelu(tensor: torch.Tensor) -> torch.Tensor:
-    """Exact ``F.gelu``, with a contiguous gradient where torch needs it."""
+    """Exact ``F.gelu``; where torch needs it, its backward gets a gradient
+    laid out as its input (contiguous, or channels-last)."""
     out = F.gelu(tensor)
     if GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT:
-        out = contiguous_gradient(out)
+        out = contiguous_gradient(out, memory_format_of(tensor))
     return out
 
 

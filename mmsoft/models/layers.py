@@ -15,8 +15,8 @@ from ..utils.validation import (check_choice, check_image_batch, check_out_indic
                                 check_positive_int, check_rate)
 from .functional import (ValidShapes, check_valid_shapes, conv_stack,
                          contiguous_gradient, fused_conv_stack, gelu, is_tracing,
-                         layer_norm_mlp, recomputed_mlp, run_block,
-                         scaled_weight_and_bias, strided_shapes)
+                         layer_norm_mlp, memory_format_of, recomputed_mlp,
+                         run_block, scaled_weight_and_bias, strided_shapes)
 
 
 # --- Run-mode switches
@@ -56,16 +56,13 @@ class MemoryEfficient:
     by ``memory_efficient`` (:func:`set_memory_efficient`)."""
 
     memory_efficient: bool = True
-    #: Whether the memory-efficient implementation also holds less without
-    #: autograd (SOFT attention's query-bottleneck kernel, one chunk at a
-    #: time); False: inference runs the plain operations.
-    saves_memory_in_inference: bool = False
 
     def saving_memory(self) -> bool:
         """Whether this call runs the memory-saving path: chosen, autograd
-        records (or the layer saves in inference too) and no tracer records."""
-        return (self.memory_efficient and not is_tracing()
-                and (torch.is_grad_enabled() or self.saves_memory_in_inference))
+        records (inference runs the plain path, which is faster) and no tracer
+        records."""
+        return (self.memory_efficient and torch.is_grad_enabled()
+                and not is_tracing())
 
 
 def set_memory_efficient(model: nn.Module, enabled: bool) -> nn.Module:
@@ -179,6 +176,9 @@ class ConvPatchEmbed(MemoryEfficient, nn.Module):
         x = x.contiguous(memory_format=torch.channels_last)
         stack = fused_conv_stack if self.saving_memory() else conv_stack
         x = stack(self.proj, x, valid_shapes)  # (B, C_out, H', W'), channels-last
+        # The gradient laid out as the map: CPU batch-norm backward gets a
+        # gradient in another layout than its input wrong.
+        x = contiguous_gradient(x, memory_format_of(x))
         hw_shape = tuple(x.shape[-2:])
         return x.flatten(2).transpose(1, 2), hw_shape
 

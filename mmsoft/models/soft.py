@@ -104,8 +104,6 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
             ``variant`` or ``solver``.
     """
 
-    saves_memory_in_inference = True
-
     @accepts_renamed_arguments
     def __init__(self,
                  embed_dims: int,
