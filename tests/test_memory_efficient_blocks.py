@@ -16,7 +16,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mmsoft_analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.openmmlab import SOFT, UFOViT
 from mmsoft.models.layers import MLP, ConvPatchEmbed
-from mmsoft.models.ufo_vit import FeaturePyramidAdapter
 from mmsoft.models.ufo_vit import UFOBlock
 from mmsoft.models.layers import set_memory_efficient
 from mmsoft.models.functional import fusable
@@ -176,24 +175,6 @@ def test_conv_stem_with_sync_batchnorm_runs_plainly():
     stem.proj[1] = nn.SyncBatchNorm(8)
     assert not fusable(list(stem.proj), 1)
     assert fusable(list(stem.proj), 4)
-
-
-def test_pyramid_upsampling_branch_equals_plain():
-    torch.manual_seed(0)
-    pyramid = randomise_affine(FeaturePyramidAdapter(8, out_indices=(0, ))).double()
-    feat = torch.randn(2, 8, 3, 4, dtype=torch.float64)
-    assert_same_as_plain(_SingleOutput(pyramid), [feat])
-
-
-class _SingleOutput(nn.Module):
-    """The first map of a module that returns a tuple, for the helpers above."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, x):
-        return self.module([x])[0]
 
 
 class _SummedBackbone(nn.Module):

@@ -17,7 +17,7 @@ from ..utils.torch_compat import autocast_off
 from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indices,
                                 check_positive_float, check_positive_int, resolve_arch)
 from .functional import (ValidShapes, apply_without_autocast, backward_without_autocast,
-                         full_precision, fused_conv_stack, is_recomputing,
+                         full_precision, is_recomputing,
                          layer_norm_input_grad, mask_map, merge_heads, pad_to_grid,
                          per_distinct_shape, recomputed, recomputes_locally,
                          scaled_weight_and_bias, split_heads, strided_shapes,
@@ -354,7 +354,7 @@ class UFOBlock(nn.Module):
 
 
 # --- Feature pyramid
-class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
+class FeaturePyramidAdapter(nn.Module):
     """Resamples stride-s maps to strides s/4, s/2, s and 2s, keeping channels.
 
     Branches: 0 ``ConvT(2, 2) -> BN -> GELU -> ConvT(2, 2)`` (x4), 1 ``ConvT(2, 2)``
@@ -415,11 +415,8 @@ class FeaturePyramidAdapter(MemoryEfficient, nn.Module):
         return mask_map(out, upsampled)
 
     def run_branch(self, scale: int, feat: torch.Tensor) -> torch.Tensor:
-        """Branch ``scale`` on ``feat``; x4 fused on the memory-efficient path."""
-        branch = self.branches[str(scale)]
-        if scale == 0 and self.saving_memory():
-            return fused_conv_stack(branch, feat)
-        return branch(feat)
+        """Branch ``scale`` on ``feat``."""
+        return self.branches[str(scale)](feat)
 
 
 # --- Architecture settings

@@ -21,7 +21,11 @@ built), each item one of
 - ``backbone:NAME``: another backbone than ``--backbone`` (a peer, say);
 - ``use:DOTTED=DOTTED``: the function of the second dotted name in place of
   the first, in every module of mmsoft that refers to it (the plain twin of a
-  memory-saving function, say).
+  memory-saving function, say);
+- ``checkpointing``: block-level gradient checkpointing on
+  (``set_grad_checkpointing``);
+- ``compile``: the model through ``torch.compile`` (compiled in the
+  warm-up calls).
 
 Prints and appends to ``--out`` (JSON lines) each variant's median wall
 time and process CPU time (less disturbed by other work on a shared
@@ -65,9 +69,12 @@ def parse_variant(text: str) -> Tuple[str, Dict]:
     if not sep or not label:
         raise ValueError(f'variant {text!r} is invalid; expected LABEL=ITEM,... '
                          f'(LABEL= for the backbone as built).')
-    spec = dict(kwargs={}, plain=[], root=None, backbone=None, use=[])
+    spec = dict(kwargs={}, plain=[], root=None, backbone=None, use=[],
+                checkpointing=False, compile=False)
     for item in filter(None, items.split(',')):
-        if item.startswith('backbone:'):
+        if item in ('checkpointing', 'compile'):
+            spec[item] = True
+        elif item.startswith('backbone:'):
             spec['backbone'] = item[9:]
             if spec['backbone'] not in BACKBONES:
                 raise ValueError(f'backbone:{spec["backbone"]} in variant {text!r} is '
@@ -86,8 +93,8 @@ def parse_variant(text: str) -> Tuple[str, Dict]:
                 spec['kwargs'][key] = value
         else:
             raise ValueError(f'item {item!r} of variant {text!r} is invalid; expected '
-                             f"key=value, 'plain:Class/Class', 'root:PATH', 'backbone:NAME' "
-                             f"or 'use:DOTTED=DOTTED'.")
+                             f"key=value, 'plain:Class/Class', 'root:PATH', 'backbone:NAME', "
+                             f"'use:DOTTED=DOTTED', 'checkpointing' or 'compile'.")
     return label, spec
 
 
@@ -137,6 +144,8 @@ def build_variant(backbone: str, spec: Dict, device):
     if missing:
         raise ValueError(f'plain:{"/".join(sorted(missing))} names no module of '
                          f'{backbone}.')
+    if spec.get('checkpointing'):
+        model.backbone.set_grad_checkpointing(True)
     return model.to(device)
 
 
@@ -158,6 +167,8 @@ def run_worker(args) -> None:
     model = build_variant(args.backbone, spec, device)
     backward = args.mode == 'train'
     model.train(backward)
+    if spec.get('compile'):
+        model = torch.compile(model)
     torch.manual_seed(0)
     images = torch.randn(args.batch, 3, *parse_size(args.size), device=device)
     step = lambda: run_once(model, images, backward)  # noqa: E731

@@ -23,7 +23,6 @@ Example::
 """
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys

@@ -53,7 +53,9 @@ MODULE_REGIONS: Dict[str, str] = {
     # attention
     'SoftAttention': 'attention (other)',
     'GlobalSoftmaxAttention': 'softmax attention',
-    'UFOAttention': 'attention (other)',
+    # UFO-ViT's QKV and output projections run inside the module (its XNorm
+    # attention is a function region of its own)
+    'UFOAttention': 'attention projections',
     'WindowAttention': 'softmax attention',
     'Attention': 'softmax attention',
     'XCA': 'softmax attention',
@@ -84,6 +86,7 @@ ATTENTION_PARTS: Dict[str, str] = {
 #: are wrapped too.
 FUNCTION_REGIONS: Dict[str, str] = {
     'mmsoft.models.layers.MLP.forward_normed': 'MLP',
+    'mmsoft.models.soft.linear_to_map': 'attention projections',
     'mmsoft.models.soft.SoftAttention.bottleneck_tokens': 'bottleneck pooling',
     'mmsoft.models.soft.SoftAttention.local_term': 'local convolution',
     'mmsoft.models.soft.SoftStage.position_embeddings': 'position embedding',
@@ -95,6 +98,7 @@ FUNCTION_REGIONS: Dict[str, str] = {
     'mmsoft.models.soft_kernels.low_rank_kernel_attention': 'kernel products',
     'mmsoft.models.soft_kernels.chunked_kernel_product': 'kernel products',
     'mmsoft.models.ufo_vit.ufo_attention': 'XNorm attention',
+    'mmsoft.models.ufo_vit.FeaturePyramidAdapter.resample': 'feature pyramid',
     'mmsoft.models.layers.tokens_to_map': 'stage outputs',
 }
 #: Regions in the order tables and plots list them.
