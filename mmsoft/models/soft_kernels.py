@@ -31,8 +31,9 @@ CLOSED_FORM_DEVICES = ('cpu', )
 MIN_PSEUDO_INVERSE_TOKENS = 3
 #: Tokens per slice of the chunked product's N x m temporaries in backward.
 BACKWARD_CHUNK = 1024
-#: Most tokens per chunk of the chunked product on the CPU: a chunk's
-#: (B, h, c, m) kernel stays in the caches from its product to its use.
+#: Most tokens per chunk of the chunked product on the CPU, where it
+#: chunks at all: a chunk's (B, h, c, m) kernel stays in the caches from its
+#: product to its use.
 CPU_CHUNK_TOKENS = 512
 #: A Newton iteration ``iterate(P, alpha, k) -> V_k``.
 NewtonIterations = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -89,7 +90,8 @@ def memory_efficient_kernel_attention(queries: torch.Tensor, bottleneck: torch.T
                            recomputed_newton_iterations)  # (B, h, m, m)
     tokens = queries.shape[-2]
     chunk = tokens if chunk_tokens is None else min(chunk_tokens, tokens)
-    if queries.device.type == 'cpu':
+    if chunk < tokens and queries.device.type == 'cpu':
+        # Evaluated twice anyway: in chunks the caches hold.
         chunk = min(chunk, CPU_CHUNK_TOKENS)
     return chunked_kernel_product(queries, bottleneck, middle, values, chunk,
                                   query_scale)
