@@ -4,7 +4,7 @@ mmengine's :class:`~mmengine.analysis.FlopAnalyzer` counts one multiply-add
 as one FLOP and only knows matmul/linear/conv/norm/pool-like operators. The
 handles below count, with the same convention, the rest of what mmsoft's
 models compute: the Gaussian kernel's exponentials and distance terms, the
-norms of XNorm, the softmax attention of SOFT's last stage
+projections SOFT computes straight into maps (``baddbmm``), the norms of XNorm, the softmax attention of SOFT's last stage
 (``scaled_dot_product_attention``) and SOFT's kernel inverses that run as
 one autograd function (the closed form and the exact solvers; the Newton
 iteration is traced step by step). A matrix product of (a x b) by (b x c) is
@@ -22,13 +22,13 @@ ELEMENTWISE_OPS = (
     'aten::exp', 'aten::exp_', 'aten::rsqrt', 'aten::sqrt', 'aten::mul',
     'aten::mul_', 'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_',
     'aten::div', 'aten::div_', 'aten::pow', 'aten::neg', 'aten::clamp_min',
-    'aten::reciprocal', 'aten::abs')
+    'aten::reciprocal', 'aten::abs', 'aten::rsub')
 # No arithmetic (allocation), or activations, which mmengine and fvcore leave
 # out for every model alike.
 NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
                    'aten::eye', 'aten::where', 'aten::repeat',
                    'aten::repeat_interleave', 'aten::gelu', 'aten::silu',
-                   'aten::relu', 'aten::relu_')
+                   'aten::relu', 'aten::relu_', 'aten::unflatten')
 REDUCTION_OPS = ('aten::sum', 'aten::amax', 'aten::linalg_vector_norm', 'aten::norm',
                  'aten::frobenius_norm', 'aten::mean')
 
@@ -43,6 +43,13 @@ def reduction_flops(inputs: List[Any], outputs: List[Any]) -> int:
     """One FLOP per input element."""
     shape = get_shape(inputs[0])
     return prod(shape) if shape is not None else 0
+
+
+def baddbmm_flops(inputs: List[Any], outputs: List[Any]) -> int:
+    """``input + batch1 @ batch2``: the product's multiply-adds, as mmengine
+    counts ``addmm``'s."""
+    batch1, batch2 = get_shape(inputs[1]), get_shape(inputs[2])
+    return prod(batch1) * batch2[-1]
 
 
 def sdpa_flops(inputs: List[Any], outputs: List[Any]) -> int:
@@ -106,6 +113,7 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
     handles.update({op: reduction_flops for op in REDUCTION_OPS})
     handles.update({op: None for op in NOT_COUNTED_OPS})
     handles['aten::scaled_dot_product_attention'] = sdpa_flops
+    handles['aten::baddbmm'] = baddbmm_flops
     settings = {(m.variant, m.solver) for m in model.modules()
                 if isinstance(m, SoftAttention) and m.solver != 'newton'}
     if len(settings) > 1:
