@@ -151,3 +151,16 @@ def test_profile_backbone_writes_its_report(tmp_path):
     assert record['meta']['matmul_flops_per_s'] > 1e8
     report = (tmp_path / 'profile.md').read_text()
     assert '| Gaussian kernel |' in report and 'soft++-tiny' in report
+
+
+def test_flops_of_fused_attention_with_few_keys():
+    """N queries on M keys: 4 N M d forward and twice that backward, whatever
+    the order of the backward's operands."""
+    from torch.profiler import profile
+    query = torch.randn(1, 2, 40, 8, requires_grad=True)
+    keys = torch.randn(1, 2, 7, 8, requires_grad=True)
+    values = torch.randn(1, 2, 7, 8, requires_grad=True)
+    with profile(record_shapes=True) as prof:
+        torch.nn.functional.scaled_dot_product_attention(query, keys, values).sum().backward()
+    flops = attribute(prof.events())['classes']['fused attention']['flops']
+    assert flops == 3 * 4 * 2 * 40 * 7 * 8

@@ -163,15 +163,21 @@ def _table(header: List[str], rows: List[List[str]]) -> List[str]:
     return lines
 
 
+def _machine(meta: Dict) -> str:
+    if meta['device'].startswith('cuda'):
+        return meta['device_name']
+    return f"{meta['device_name']}, {meta['threads']} thread(s)"
+
+
 def write_markdown(path: Path, results: List[Dict], meta: Dict) -> None:
     rate = meta['matmul_flops_per_s']
-    lines = [f"# Profile: {meta['device_name']}, {meta['threads']} thread(s), "
-             f"torch {meta['torch']}, {meta['date']}", '',
+    lines = [f"# Profile: {_machine(meta)}, torch {meta['torch']}, {meta['date']}", '',
              f"Command: `{meta['command']}`. Matmul rate here: "
              f'{rate / 1e9:.1f} GFLOP/s (float32, 2048^3, best of 5). Times: '
              'median of the unprofiled calls; shares: of one profiled call. '
              'FLOPs: matrix products, convolutions and fused attention, '
-             '2 per multiply-add.', '']
+             '2 per multiply-add.' + (f" {meta['note']}" if meta.get('note') else ''),
+             '']
     rows = summary_rows(results, rate)
     lines += ['## Time against FLOPs', '']
     lines += _table(
@@ -237,14 +243,14 @@ def write_plot(path: Path, results: List[Dict], meta: Dict) -> None:
                 flop_left += flop_width
         axis.set_yticks(range(len(cases)), [case['backbone'] for case in cases])
         axis.invert_yaxis()
-        axis.set_xlabel('ms (upper bar: measured; lower bar: its FLOPs at the '
-                        f'matmul rate, {rate / 1e9:.0f} GFLOP/s)')
+        axis.set_xlabel('ms (thick bar: measured; thin bar: the time of its FLOPs at '
+                        f'the matmul rate, {rate / 1e9:.0f} GFLOP/s)')
         axis.set_title(f'{mode}, {size}')
     handles, labels = axes[0, 0].get_legend_handles_labels()
     figure.legend(handles, labels, loc='lower center', ncol=4, fontsize=8,
                   bbox_to_anchor=(0.5, 0.0))
-    figure.suptitle(f"Where the time goes: {meta['device_name']}, {meta['threads']} "
-                    f"thread(s), torch {meta['torch']}, {meta['date']}")
+    figure.suptitle(f"Where the time goes: {_machine(meta)}, torch {meta['torch']}, "
+                    f"{meta['date']}")
     figure.tight_layout(rect=(0, 0.04 + 0.02 * (len(regions) // 4), 1, 0.97))
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -227,16 +227,17 @@ def _conv_flops(name: str, shapes: List[List[int]], concrete: list) -> int:
 
 
 def _attention_flops(name: str, shapes: List[List[int]]) -> int:
-    """Fused attention: ``Q K^T`` and ``P V`` forward, twice as much backward."""
-    if not name.startswith('aten::_scaled_dot_product') or len(shapes) < 3:
+    """Fused attention: ``Q K^T`` and ``P V`` forward, twice as much backward
+    (whose first operand is the output's gradient, then Q, K, V)."""
+    backward = name.endswith('_backward')
+    operands = shapes[1:4] if backward else shapes[:3]
+    if len(operands) < 3 or any(len(shape) != 4 for shape in operands):
         return 0
-    query, key, value = shapes[0], shapes[1], shapes[2]
-    if len(query) != 4:
-        return 0
+    query, key, value = operands
     batch, heads, tokens, dims = query
     keys, value_dims = key[-2], value[-1]
     forward = 2 * batch * heads * tokens * keys * (dims + value_dims)
-    return 2 * forward if name.endswith('_backward') else forward
+    return 2 * forward if backward else forward
 
 
 def operator_flops(event) -> int:
@@ -486,8 +487,6 @@ def profile_step(model: nn.Module, images: torch.Tensor, mode: str,
     if device.type == 'cuda':
         activities.append(ProfilerActivity.CUDA)
     with profile_regions(model):
-        step()  # the wrappers' first call
-        _synchronize(device)
         with profile(activities=activities, record_shapes=True) as prof:
             start = time.perf_counter()
             step()
