@@ -451,3 +451,28 @@ def test_a_56_row_region_trains_under_float16_autocast():
     assert torch.isfinite(out).all() and torch.isfinite(tokens.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters()
                if p.grad is not None)
+
+
+def halved_one_at_a_time(mat, max_halvings=10):
+    """SOFT++'s step size as the official code finds it: halved, one test at a
+    time, while ``max colsum |I - alpha A^2| > 1.01``."""
+    alpha = 2 / mat.sum(-1).flatten(1).amax(1).pow(2).view(-1, 1, 1, 1)
+    eye = torch.eye(mat.shape[-1], dtype=mat.dtype)
+    for _ in range(max_halvings):
+        residual = (eye - alpha * mat @ mat).abs().sum(-2)  # column sums (B, h, m)
+        too_large = residual.flatten(1).amax(1).view(-1, 1, 1, 1) > 1.01
+        alpha = torch.where(too_large, alpha * 0.5, alpha)
+    return alpha
+
+
+@pytest.mark.parametrize('spread', [0.05, 0.3, 1.0, 3.0])
+def test_step_size_halvings_tested_at_once_equal_one_at_a_time(spread):
+    """Per image: the step size of the halvings all tested at once equals the
+    one of the loop, for kernels that need none (spread 3), seven or eight."""
+    generator = torch.Generator().manual_seed(int(spread * 100))
+    points = spread * torch.randn(4, 3, 40, 6, generator=generator, dtype=torch.float64)
+    mats = gaussian_kernel(points, points)  # (B, h, m, m)
+    mats[1] = torch.rand(3, 40, 40, generator=generator, dtype=torch.float64)
+    expected = halved_one_at_a_time(mats)
+    torch.testing.assert_close(newton_scale(mats, 'soft++'), expected,
+                               rtol=1e-12, atol=0)

@@ -29,7 +29,8 @@ EIGH_DTYPE = torch.float64
 CLOSED_FORM_DEVICES = ('cpu', )
 #: SOFT++ takes the pseudo-inverse of at least this many bottleneck tokens.
 MIN_PSEUDO_INVERSE_TOKENS = 3
-#: Tokens per slice of the chunked product's N x m temporaries in backward.
+#: Tokens per slice of the chunked product's N x m temporaries in backward
+#: on the CPU (a cache's size); a GPU takes a whole chunk at a time.
 BACKWARD_CHUNK = 1024
 #: Most tokens per chunk of the chunked product on the CPU, where it
 #: chunks at all: a chunk's (B, h, c, m) kernel stays in the caches from its
@@ -210,18 +211,22 @@ def pseudo_inverse_newton_scale(mat: torch.Tensor,
     times. A's entries are non-negative (a Gaussian kernel), so are those of
     ``S = A^2``, and column j's sum is ``|1 - alpha S_jj| + alpha (c_j - S_jj)``
     with ``c = A (A 1)`` and ``S_jj = sum_k A_jk^2``: no m x m product is formed.
+    Every halving is tested at once: the loop halves as many times as the
+    leading candidates ``alpha / 2^i`` fail.
     """
     row_sums = mat.sum(-1)  # A 1: (B, ..., m)
     column_sums = (mat @ row_sums.unsqueeze(-1)).squeeze(-1)  # c: (B, ..., m)
     diagonal = mat.pow(2).sum(-1)  # S_jj: (B, ..., m)
     alpha = 2 / _per_image_max(row_sums).pow(2)  # (B, 1, ..., 1)
-    # All rounds run; an image whose residual is small keeps its alpha.
-    for _ in range(max_halvings):
-        step = alpha.squeeze(-1)  # (B, 1, ..., 1), one dim less
-        residual = (1 - step * diagonal).abs() + step * (column_sums - diagonal)
-        too_large = _per_image_max(residual) > 1.01  # (B, 1, ..., 1)
-        alpha = torch.where(too_large, alpha * 0.5, alpha)
-    return alpha
+
+    halvings = torch.arange(max_halvings, device=mat.device, dtype=mat.dtype)
+    shape = (max_halvings, ) + (1, ) * diagonal.dim()
+    step = alpha.squeeze(-1) * torch.pow(0.5, halvings).view(shape)  # (k, B, 1.., 1)
+    residual = (1 - step * diagonal).abs() + step * (column_sums - diagonal)
+    images = alpha.shape[0] if mat.dim() > 2 else 1
+    too_large = residual.reshape(max_halvings, images, -1).amax(-1) > 1.01  # (k, B)
+    count = too_large.to(mat.dtype).cumprod(0).sum(0)  # leading failures: (B, )
+    return alpha * torch.pow(0.5, count).view(alpha.shape)
 
 
 def newton_scale(mat: torch.Tensor, variant: str) -> torch.Tensor:
@@ -234,21 +239,32 @@ def newton_scale(mat: torch.Tensor, variant: str) -> torch.Tensor:
 # --- Newton iteration, plain and recomputed in backward
 def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor, num_iters: int
                     ) -> Iterator[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """Lazily yields ``(V_j, V_j P)`` for ``j < k``, then ``(V_k, None)``."""
+    """Lazily yields ``(V_j, V_j P)`` for ``j < k``, then ``(V_k, None)``.
+
+    P (n, m, m) and alpha (n, 1, 1); each step ``V <- 2V - (V P) V`` is two
+    products, the second with the update folded in (``matmul_add``).
+    """
     inverse = alpha * operand  # V_0
     for _ in range(num_iters):
         product = float32_matmul(inverse, operand)  # V_j P
         yield inverse, product
-        inverse = 2 * inverse - float32_matmul(product, inverse)  # V_{j+1}
+        inverse = matmul_add(inverse, product, inverse, beta=2, alpha=-1)  # V_{j+1}
     yield inverse, None
+
+
+def as_matrix_batch(operand: torch.Tensor, alpha: torch.Tensor
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """P (..., m, m) and alpha (broadcasting to (..., 1, 1)) as (n, m, m), (n, 1, 1)."""
+    alpha = alpha.expand(*operand.shape[:-2], 1, 1)
+    return operand.reshape(-1, *operand.shape[-2:]), alpha.reshape(-1, 1, 1)
 
 
 def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
                       num_iters: int) -> torch.Tensor:
     """``V_k`` (..., m, m): k steps of ``V <- 2V - (V P) V`` from ``V_0 = alpha P``."""
-    for inverse, _ in newton_iterates(operand, alpha, num_iters):
+    for inverse, _ in newton_iterates(*as_matrix_batch(operand, alpha), num_iters):
         pass
-    return inverse
+    return inverse.view(operand.shape)
 
 
 def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
@@ -259,17 +275,19 @@ def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
     With ``W = G_{j+1} V_j^T``: ``G_j = 2 G_{j+1} - W P^T - (V_j P)^T G_{j+1}``,
     ``dL/dP = alpha G_0 - sum_j V_j^T W``.
     """
+    matrices, alpha = as_matrix_batch(operand, alpha)  # (n, m, m), (n, 1, 1)
     # (V_j, V_j P) for j < k; V_k itself is not computed.
-    steps = list(islice(newton_iterates(operand, alpha, num_iters), num_iters))
-    grad = grad_output  # G_k
-    grad_operand = torch.zeros_like(operand)
-    operand_t = operand.transpose(-1, -2)
+    steps = list(islice(newton_iterates(matrices, alpha, num_iters), num_iters))
+    grad = grad_output.reshape(matrices.shape)  # G_k
+    grad_operand = torch.zeros_like(matrices)
+    operand_t = matrices.transpose(-1, -2)
     for inverse, product in reversed(steps):
-        weighted = float32_matmul(grad, inverse.transpose(-1, -2))  # W: (..., m, m)
-        grad_operand -= float32_matmul(inverse.transpose(-1, -2), weighted)
-        grad = (2 * grad - float32_matmul(weighted, operand_t)
-                - float32_matmul(product.transpose(-1, -2), grad))  # G_j
-    return grad_operand + alpha * grad
+        weighted = float32_matmul(grad, inverse.transpose(-1, -2))  # W: (n, m, m)
+        grad_operand = matmul_add(grad_operand, inverse.transpose(-1, -2), weighted,
+                                  alpha=-1)
+        grad = matmul_add(matmul_add(grad, weighted, operand_t, beta=2, alpha=-1),
+                          product.transpose(-1, -2), grad, alpha=-1)  # G_j
+    return torch.addcmul(grad_operand, alpha, grad).view(operand.shape)
 
 
 class _NewtonIterations(torch.autograd.Function):
@@ -551,6 +569,15 @@ def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
+def matmul_add(tensor: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+               beta: float = 1., alpha: float = 1.) -> torch.Tensor:
+    """``beta tensor + alpha a @ b`` on (n, N, K) x (n, K, M), float32-accurate
+    as :func:`float32_matmul`; one ``baddbmm`` where matmuls are exact."""
+    if a.dtype == torch.float32 and reduced_precision_matmuls(a.device):
+        return beta * tensor + alpha * _Float32Matmul.apply(a, b)
+    return torch.baddbmm(tensor, a, b, beta=beta, alpha=alpha)
+
+
 # --- Memory-saving: chunked K1 . (middle . (K1^T V))
 def _chunks(tokens: int, chunk: int) -> List[Tuple[int, int]]:
     return [(start, min(start + chunk, tokens)) for start in range(0, tokens, chunk)]
@@ -613,8 +640,9 @@ class ChunkedKernelProduct(torch.autograd.Function):
         scaled = queries * scale  # Q: (B, h, N, d)
         left, right = kernel_operands(scaled, bottleneck)  # (B, h, N | m, d + 2)
         tokens, dims = queries.shape[-2:]
-        # N x m temporaries in slices of at most BACKWARD_CHUNK tokens.
-        step = min(ctx.chunk, BACKWARD_CHUNK)
+        # N x m temporaries in slices of at most BACKWARD_CHUNK tokens on the CPU.
+        step = min(ctx.chunk, BACKWARD_CHUNK) if queries.device.type == 'cpu' \
+            else ctx.chunk
         # One chunk: its kernel serves both passes, evaluated once.
         whole_kernel = (kernel_of_operands(left, right) if tokens <= ctx.chunk
                         else None)  # (B, h, N, m)
