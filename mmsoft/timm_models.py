@@ -18,9 +18,8 @@ from timm.models import (build_model_with_cfg, generate_default_cfgs, register_m
 from timm.models._features import FeatureGetterNet  # not exported by timm.models
 
 from .models import soft, ufo_vit
-from .models.functional import mask_map
-from .models.layers import ConvPatchEmbed, take_indices, tokens_as_map, tokens_to_map
-from .utils.validation import check_image_batch
+from .models.common import (ConvPatchEmbed, check_image_batch, mask_map, take_indices,
+                            tokens_as_map, tokens_to_map)
 
 SOFT_SIZES = ('tiny', 'small', 'medium', 'large', 'huge')
 UFO_VIT_SIZES = ('tiny', 'small', 'medium', 'base')

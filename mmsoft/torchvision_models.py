@@ -17,14 +17,13 @@ from torchvision.ops.feature_pyramid_network import (ExtraFPNBlock,
                                                      LastLevelMaxPool, LastLevelP6P7)
 
 from .models import soft, ufo_vit
-from .models.soft_kernels import VARIANTS
 from .utils import check_out_indices, check_positive_int
 
 
 def _model_configs() -> Dict[str, Tuple[type, dict]]:
     """timm's names of the models: name -> (class, the arguments it fixes)."""
     configs = {}
-    for variant in VARIANTS:  # 'soft' -> soft_*, 'soft++' -> soft_plus_plus_*
+    for variant in soft.VARIANTS:  # 'soft' -> soft_*, 'soft++' -> soft_plus_plus_*
         prefix = variant.replace('++', '_plus_plus')
         for size in soft.ARCH_SETTINGS:
             configs[f'{prefix}_{size}'] = (soft.SOFT, dict(arch=size, variant=variant))

@@ -4,11 +4,10 @@ import importlib
 import pytest
 import torch
 
-from mmsoft.models.soft_kernels import (chunked_kernel_product, gaussian_kernel,
-                                        kernel_of_operands)
+from mmsoft.models.memory_efficient import chunked_kernel_product
+from mmsoft.models.soft import gaussian_kernel, kernel_of_operands
 
-kernel_attention_module = importlib.import_module(
-    'mmsoft.models.soft_kernels')
+kernel_attention_module = importlib.import_module('mmsoft.models.soft')
 
 
 def plain_product(queries, bottleneck, middle, values):

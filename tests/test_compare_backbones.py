@@ -168,12 +168,11 @@ def test_config_specs_take_backbone_options():
 
 @pytest.mark.mmcv_ops
 def test_config_backbone_applies_the_options():
-    from mmsoft.models.layers import MemoryEfficient
     from mmsoft_analysis.peers import build_backbone
     for spec, expected in ((DEMO_DETECTOR, True), (DEMO_DETECTOR + PLAIN, False)):
         backbone = build_backbone(str(REPO / spec))
         switches = {module.memory_efficient for module in backbone.modules()
-                    if isinstance(module, MemoryEfficient)}
+                    if hasattr(module, 'memory_efficient')}
         assert switches == {expected}, spec
 
 

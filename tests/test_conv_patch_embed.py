@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmsoft.models.layers import GELU, ConvPatchEmbed
+from mmsoft.models.common import GELU, ConvPatchEmbed
 
 
 def reference_stem(stem: ConvPatchEmbed, x: torch.Tensor) -> torch.Tensor:

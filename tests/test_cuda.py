@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from mmsoft.models import SOFT, UFOViT
-from mmsoft.models.soft_kernels import (SOLVERS, bottleneck_kernel,
-                                        chunked_kernel_product, gaussian_kernel,
-                                        kernel_inverse, solver_that_runs)
+from mmsoft.models.soft import SOLVERS, gaussian_kernel, kernel_inverse, solver_that_runs
+from mmsoft.models.memory_efficient import chunked_kernel_product
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason='needs a CUDA device')
@@ -186,7 +185,7 @@ def test_tf32_kernel_and_inverse_stay_float32_accurate():
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        kernel = bottleneck_kernel(points)
+        kernel = gaussian_kernel(points, points, float32_products=True)
         inverse = kernel_inverse(kernel, 'soft++', 'newton')
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous

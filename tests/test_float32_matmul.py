@@ -6,10 +6,9 @@ rounded to TF32's 10 mantissa bits, products accumulated in float64.
 import pytest
 import torch
 
-import mmsoft.models.soft_kernels as float32_matmul_module
-from mmsoft.models.soft_kernels import (float32_matmul, split_tf32,
-                                                        three_pass_matmul)
-from mmsoft.models.soft_kernels import bottleneck_kernel, gaussian_kernel
+import mmsoft.models.soft as float32_matmul_module
+from mmsoft.models.soft import float32_matmul, split_tf32, three_pass_matmul
+from mmsoft.models.soft import gaussian_kernel
 
 
 def round_to_tf32(tensor: torch.Tensor) -> torch.Tensor:
@@ -80,7 +79,7 @@ def test_bottleneck_kernel_is_float32_accurate_under_tf32(monkeypatch):
     monkeypatch.setattr(torch, 'matmul', tf32_matmul)
     monkeypatch.setattr(float32_matmul_module, 'reduced_precision_matmuls',
                         lambda device: True)
-    kernel = bottleneck_kernel(points)
+    kernel = gaussian_kernel(points, points, float32_products=True)
     one_pass = gaussian_kernel(points, points)  # x.y in TF32, norms exact
     # float32's error within a few units in the last place; TF32's 100x more.
     assert relative_error(kernel, reference) < 8 * float32_error

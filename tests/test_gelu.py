@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.openmmlab import SOFT
-from mmsoft.models.layers import GELU
-from mmsoft.models.functional import gelu
-from mmsoft.models.layers import set_memory_efficient
+from mmsoft.models.common import GELU
+from mmsoft.models.common import gelu
+from mmsoft.models.common import set_memory_efficient
 from mmsoft.utils.torch_compat import GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT
 
 

@@ -7,16 +7,11 @@ import torch
 
 from functools import partial
 
-from mmsoft.models.soft_kernels import (SOLVERS, check_kernel_inverse_options,
-                                        cholesky_regularised_inverse, gaussian_kernel,
-                                        kernel_inverse, newton_closed_form,
-                                        newton_divided_differences, newton_iterations,
-                                        newton_on_eigenvalues, newton_operand,
-                                        newton_scale, recomputed_newton_iterations,
-                                        solver_that_runs)
+from mmsoft.models.soft import (SOLVERS, check_kernel_inverse_options, exact_inverse, gaussian_kernel, kernel_inverse, newton_closed_form, newton_divided_differences, newton_iterations, newton_on_eigenvalues, newton_operand, newton_scale, solver_that_runs)
+from mmsoft.models.memory_efficient import recomputed_newton_iterations
 from mmsoft.utils.torch_compat import TORCH_VERSION
 
-kernel_inverse_module = importlib.import_module('mmsoft.models.soft_kernels')
+kernel_inverse_module = importlib.import_module('mmsoft.models.soft')
 #: The memory-efficient kernel inverse (the 'newton' solver keeps P alone).
 recomputed_kernel_inverse = partial(kernel_inverse, iterate=recomputed_newton_iterations)
 
@@ -88,7 +83,7 @@ def test_newton_and_exact_solver_agree(variant):
 def test_cholesky_is_exact_regularised_inverse():
     mats = random_kernel_matrices(spread=0.1)  # nearly rank-deficient A
     eye = torch.eye(mats.shape[-1], dtype=mats.dtype)
-    product = cholesky_regularised_inverse(mats) @ (mats + 0.01 * eye)
+    product = exact_inverse(mats, 'soft') @ (mats + 0.01 * eye)
     torch.testing.assert_close(product, eye.expand_as(product), atol=1e-9, rtol=0)
 
 
@@ -109,7 +104,7 @@ def test_memory_efficient_forward_builds_no_graph_of_iterations():
     mats = random_kernel_matrices().requires_grad_()
     out = recomputed_kernel_inverse(mats, 'soft++', 'newton')
     # One node for the whole inverse, not 20 iterations of matmuls.
-    assert type(out.grad_fn).__name__ == '_NewtonIterationsBackward'
+    assert type(out.grad_fn).__name__ == 'NewtonIterationsBackward'
     assert out.grad_fn.next_functions[0][0].variable is mats
 
 
@@ -136,8 +131,8 @@ def test_plain_kernel_inverse_equals_the_memory_efficient_one(variant, solver,
     (efficient, efficient_grad, efficient_node), (plain, plain_grad,
                                                   plain_node) = results
     iterates = solver == 'newton'
-    assert (efficient_node == '_NewtonIterationsBackward') == iterates
-    assert plain_node != '_NewtonIterationsBackward'  # the steps, recorded
+    assert (efficient_node == 'NewtonIterationsBackward') == iterates
+    assert plain_node != 'NewtonIterationsBackward'  # the steps, recorded
     assert (efficient_node == plain_node) == (not iterates)
     # The same operations forward: the same bits.
     torch.testing.assert_close(efficient, plain, rtol=0, atol=0)
@@ -225,12 +220,12 @@ def test_closed_form_runs_the_iteration_off_the_closed_form_devices():
     mats = random_kernel_matrices().requires_grad_()
     assert solver_that_runs('newton_closed_form', 'cpu') == 'newton_closed_form'
     on_cpu = kernel_inverse(mats, 'soft++', 'newton_closed_form')
-    assert type(on_cpu.grad_fn).__name__ == '_NewtonClosedFormBackward'
+    assert type(on_cpu.grad_fn).__name__ == 'NewtonClosedFormBackward'
     # As on a GPU, where the float64 eigendecomposition is not used.
     solver = solver_that_runs('newton_closed_form', 'cuda')
     assert solver == 'newton'
     iterated = recomputed_kernel_inverse(mats, 'soft++', solver)
-    assert type(iterated.grad_fn).__name__ == '_NewtonIterationsBackward'
+    assert type(iterated.grad_fn).__name__ == 'NewtonIterationsBackward'
     torch.testing.assert_close(iterated, on_cpu, rtol=1e-7, atol=1e-9)
 
 
@@ -380,19 +375,12 @@ def test_closed_form_gradient_with_repeated_eigenvalues():
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
 
 
-def test_deprecated_solver_alias_warns_and_means_exact():
-    mats = random_kernel_matrices()
-    with pytest.warns(DeprecationWarning, match="solver='exact'") as record:
-        solver = check_kernel_inverse_options('soft++', 'cholesky')
-    assert solver == 'exact'
-    # Attributed to the caller outside mmsoft, also through a layer.
+def test_solver_has_one_spelling():
+    """'exact' was once spelled 'cholesky': a name the package never released."""
     from mmsoft.models.soft import SoftAttention
-    with pytest.warns(DeprecationWarning, match="solver='cholesky'") as layer_record:
-        layer = SoftAttention(16, 2, 2, 3, solver='cholesky')
-    assert layer.solver == 'exact'
-    assert [r.filename for r in (*record, *layer_record)] == [__file__] * 2
-    alias = kernel_inverse(mats, 'soft++', solver)
-    torch.testing.assert_close(alias, kernel_inverse(mats, 'soft++', 'exact'))
+    with pytest.raises(ValueError, match=r"solver='cholesky' is not supported; "
+                       r"expected one of \['newton', 'newton_closed_form', 'exact'\]"):
+        SoftAttention(16, 2, 2, 3, solver='cholesky')
 
 
 def two_nearly_equal_tokens(spread: float, seed: int) -> torch.Tensor:
@@ -440,13 +428,14 @@ def test_soft_plus_plus_takes_the_regularised_inverse_of_fewer_than_three_tokens
 def test_a_56_row_region_trains_under_float16_autocast():
     """Stage 1 of SOFT++-tiny (stride 4, bottleneck stride 8): a 56-row image
     region is 14 token rows, one bottleneck row, two bottleneck tokens."""
-    from mmsoft.models.soft import SoftAttention
+    from mmsoft.models.common import regions_on_grid
+    from mmsoft.models.soft import SoftBlock
     torch.manual_seed(0)
-    layer = SoftAttention(64, 2, sr_ratio=8, local_kernel_size=3, variant='soft++',
-                          solver='newton').train()
+    layer = SoftBlock(64, 2, sr_ratio=8, local_kernel_size=3, variant='soft++',
+                      solver='newton').train()
     tokens = torch.randn(2, 14 * 32, 64, requires_grad=True)
     with torch.autocast('cpu', dtype=torch.float16):
-        out = layer(tokens, (14, 32), [(14, 32), (14, 16)])
+        out = layer(tokens, (14, 32), regions_on_grid([(14, 32), (14, 16)], (14, 32)))
     out.float().square().mean().backward()
     assert torch.isfinite(out).all() and torch.isfinite(tokens.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters()

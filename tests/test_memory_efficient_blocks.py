@@ -15,10 +15,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft_analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.openmmlab import SOFT, UFOViT
-from mmsoft.models.layers import MLP, ConvPatchEmbed
+from mmsoft.models.common import MLP, ConvPatchEmbed, regions_on_grid
 from mmsoft.models.ufo_vit import UFOBlock
-from mmsoft.models.layers import set_memory_efficient
-from mmsoft.models.functional import fusable
+from mmsoft.models.common import set_memory_efficient
+from mmsoft.models.memory_efficient import fusable
 
 from tests.helpers.plain_autograd import (TOLERANCE, assert_same_as_plain,
                                           outputs_and_gradients)
@@ -101,19 +101,20 @@ def test_layer_scale_folding_equals_gamma_times_branch():
                                        msg=name)
 
 
-def test_ufo_block_keeps_no_branch_output_for_gamma():
+@pytest.mark.parametrize('valid_shapes', [None, [(5, 6), (3, 4)]])
+def test_ufo_block_twin_equals_plain_and_updates_stats_once(valid_shapes):
+    """Each LayerNorm keeping x^ only, the attention and the local patch
+    interaction recomputed: the plain block's outputs, gradients and
+    BatchNorm statistics, updated once."""
     torch.manual_seed(0)
-    block = UFOBlock(16, num_heads=2).train()
-    # MLP.forward_normed runs outside the MLP's hooks: on its plain path the
-    # recorder sees its LayerNorm and MLP calls, and what the block keeps.
-    block.mlp.memory_efficient = False
-    tokens = torch.randn(2, 30, 16, requires_grad=True)
-    with SavedTensorRecorder(block) as recorder:
-        block(tokens * 1, (5, 6))
-    kept_by_block = [r for r in recorder.records if r.module == '']
-    # What the block itself keeps (outside its layers) is at most DropPath's
-    # mask: no (2, 30, 16) branch output for the three gammas.
-    assert all(record.shape != (2, 30, 16) for record in kept_by_block)
+    block = randomise_affine(UFOBlock(16, num_heads=2)).double().train()
+    tokens = 1 + torch.randn(2, 30, 16, dtype=torch.float64)
+    regions = regions_on_grid(valid_shapes, (5, 6))
+    reference = assert_same_as_plain(block, [tokens], (5, 6), regions)
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(dict(block.named_buffers())[name], buffer,
+                                   rtol=0, atol=1e-12, msg=name)
+    assert int(block.lpi.bn.num_batches_tracked) == 1
 
 
 class _StemTokens(nn.Module):
@@ -266,21 +267,19 @@ def test_recompute_mlp_needs_the_memory_efficient_path():
     lambda **kw: UFOViT('tiny', drop_path_rate=0., **kw),
 ], ids=['soft', 'ufo-vit'])
 def test_recompute_mlp_keeps_no_hidden_layer(build):
+    """With ``recompute_mlp`` every MLP keeps one tensor less for backward: its
+    hidden layer (B, N, hidden), which it recomputes."""
     image = torch.randn(1, 3, 64, 64)
     kept_hidden = {}
     for recompute in (False, True):
         backbone = build(recompute_mlp=recompute).train()
-        assert all(mlp.keep_hidden is not recompute for mlp in backbone.modules()
-                   if isinstance(mlp, MLP))
+        mlps = {name.rsplit('.', 1)[0]: mlp for name, mlp in backbone.named_modules()
+                if isinstance(mlp, MLP)}  # the block holding each MLP -> it
+        assert all(mlp.keep_hidden is not recompute for mlp in mlps.values())
         with SavedTensorRecorder(backbone) as recorder:
             backbone(image)
-        # The block holding each MLP -> its hidden width (forward_normed runs
-        # the memory-saving MLP outside the MLP's own hooks, in its block's).
-        hidden_widths = {name.rsplit('.', 1)[0]: mlp.fc1.out_features
-                         for name, mlp in backbone.named_modules()
-                         if isinstance(mlp, MLP)}
-        kept_hidden[recompute] = [  # (B, N, hidden) token tensors
-            r for r in recorder.records
-            if len(r.shape) == 3 and r.shape[-1] == hidden_widths.get(
-                r.module.replace('.mlp', '').rsplit('.fc', 1)[0])]
-    assert kept_hidden[False] and not kept_hidden[True]
+        # The twins run the MLPs in their blocks' scope: (B, N, hidden) there.
+        kept_hidden[recompute] = [
+            r for r in recorder.records if r.module in mlps and len(r.shape) == 3
+            and r.shape[-1] == mlps[r.module].fc1.out_features]
+    assert len(kept_hidden[False]) - len(kept_hidden[True]) == len(mlps)

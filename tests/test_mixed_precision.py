@@ -25,14 +25,11 @@ import pytest
 import torch
 
 from mmsoft.openmmlab import SOFT, UFOViT
-from mmsoft.models.soft import SoftAttention
-from mmsoft.models.soft_kernels import kernel_inverse
-from mmsoft.models.layers import MLP, ConvPatchEmbed
-from mmsoft.models.soft_kernels import SOLVERS
-from mmsoft.models.ufo_vit import LocalPatchInteraction, UFOAttention
-from mmsoft.models.layers import set_memory_efficient
-from mmsoft.models.soft_kernels import chunked_kernel_product
-from mmsoft.utils.torch_compat import autocast_dtype
+from mmsoft.models.common import MLP, ConvPatchEmbed, autocast_dtype, set_memory_efficient
+from mmsoft.models.memory_efficient import (chunked_kernel_product, layer_norm_mlp,
+                                            recomputed_mlp)
+from mmsoft.models.soft import SOLVERS, SoftBlock, SoftmaxBlock, kernel_inverse
+from mmsoft.models.ufo_vit import UFOBlock
 
 from tests.helpers.plain_autograd import LayerNormThenMLP, assert_same_as_plain
 
@@ -81,17 +78,16 @@ class _Tokens(torch.nn.Module):
 
 
 LAYERS = {
-    'mlp': (lambda: MLP(16, 64), (2, 30, 16), ()),
     'layer-norm-mlp': (lambda: LayerNormThenMLP(16, 64), (2, 30, 16), ()),
     'conv-stem': (lambda: ConvPatchEmbed([3, 8, 8, 12], [2, 1, 2]),
                   (2, 3, 20, 24), ()),
-    'ufo-attention': (lambda: UFOAttention(16, 2), (2, 30, 16), ()),
-    'local-patch-interaction': (lambda: LocalPatchInteraction(16), (2, 30, 16),
-                                ((5, 6), )),
+    'ufo-block': (lambda: UFOBlock(16, 2, layer_scale_init_value=0.5), (2, 30, 16),
+                  ((5, 6), )),
+    'softmax-block': (lambda: SoftmaxBlock(16, 2), (2, 30, 16), ((5, 6), )),
 }
 LAYERS.update({
-    f'soft-attention-{attention}-{solver}-chunk{chunk}': (
-        lambda attention=attention, solver=solver, chunk=chunk: SoftAttention(
+    f'soft-block-{attention}-{solver}-chunk{chunk}': (
+        lambda attention=attention, solver=solver, chunk=chunk: SoftBlock(
             16, 2, sr_ratio=2, local_kernel_size=3, variant=attention,
             solver=solver, newton_iters=6, kernel_chunk_tokens=chunk),
         (2, 30, 16), ((5, 6), ))
@@ -119,13 +115,13 @@ def test_memory_saving_functions_run_under_autocast(dtype):
     stem = ConvPatchEmbed([3, 8, 12], [2, 2]).train()
     tokens = torch.randn(2, 30, 16, requires_grad=True)
     with torch.autocast('cpu', dtype=dtype):
-        hidden = mlp(tokens)
+        hidden = recomputed_mlp(tokens, mlp)
         stem_out = stem(torch.randn(1, 3, 16, 16, requires_grad=True))[0]
     assert type(hidden.grad_fn).__name__ == 'RecomputedMLPBackward'
     assert hidden.dtype == dtype  # as autocast's Linear
     block = LayerNormThenMLP(16, 64)
     with torch.autocast('cpu', dtype=dtype):
-        normalized, hidden = block.mlp.forward_normed(tokens, block.norm)
+        normalized, hidden = layer_norm_mlp(tokens, block.norm, block.mlp)
     assert type(hidden.grad_fn).__name__ == 'LayerNormMLPBackward'
     assert (normalized.dtype, hidden.dtype) == (torch.float32, dtype)  # as LayerNorm's, Linear's
     assert stem_out.dtype == dtype

@@ -69,7 +69,7 @@ def test_regions_of_a_soft_training_step():
     """Forward and backward time lands in SOFT's regions, FLOPs in the
     products; the hooks and wrappers are gone afterwards."""
     from mmsoft.models import SOFT
-    from mmsoft.models import soft_kernels
+    from mmsoft.models import soft as soft_kernels
     torch.manual_seed(0)
     model = SOFT(arch='tiny', variant='soft++', solver='newton_closed_form',
                  drop_path_rate=0.)

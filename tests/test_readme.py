@@ -832,7 +832,7 @@ def test_recipe_runs(name, model_name):
     loss = variables['loss']
     assert isinstance(loss, torch.Tensor) and loss.dim() == 0
     assert torch.isfinite(loss) and loss.item() > 0, loss
-    from mmsoft.models.layers import DenseBackbone
+    from mmsoft.models.common import DenseBackbone
     backbones = {id(module): module for value in variables.values()
                  if isinstance(value, torch.nn.Module) for module in value.modules()
                  if isinstance(module, DenseBackbone)}

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmsoft.models.soft import SoftAttention, capped_grid_size
+from mmsoft.models.soft import SoftAttention, SoftBlock, capped_grid_size
 
 
 def dense_soft_attention(module, x, hw_shape):
@@ -113,55 +113,55 @@ def test_export_formulation_pools_with_tensor_sizes_and_iterates():
     assert 'adaptive_avg_pool2d' not in graph and '_shape_as_tensor' in graph
     assert 'PythonOp' not in graph and 'aten::matmul' in graph
     assert 'adaptive_avg_pool2d' in plain_graph
-    assert '_NewtonClosedForm' in plain_graph
+    assert 'NewtonClosedForm' in plain_graph
     assert not module.exportable  # restored on exit
 
 
-def spy_on_implementations(module, monkeypatch):
-    """Records which implementation of the kernel attention ``module`` runs,
-    with the dtypes of its inputs and output."""
-    from mmsoft.models import soft as soft_attention
+def spy_on_implementations(monkeypatch):
+    """Records which implementation of the kernel products runs (plain or
+    memory-saving), with the dtypes of its tensor inputs and output."""
+    import mmsoft.models.memory_efficient as memory_efficient
+    from mmsoft.models import soft
     seen = []
 
     def spy(name, original):
 
-        def implementation(queries, bottleneck, values, *args, **kwargs):
-            out = original(queries, bottleneck, values, *args, **kwargs)
-            seen.append((name, queries.dtype, bottleneck.dtype, values.dtype,
-                         out.dtype))
+        def implementation(*args):
+            out = original(*args)
+            seen.append((name, ) + tuple(arg.dtype for arg in args
+                                         if isinstance(arg, torch.Tensor)) + (out.dtype, ))
             return out
 
         return implementation
 
-    monkeypatch.setattr(soft_attention, 'low_rank_kernel_attention',
-                        spy('plain', soft_attention.low_rank_kernel_attention))
-    module.memory_efficient_attention = spy('memory_efficient',
-                                            module.memory_efficient_attention)
+    monkeypatch.setattr(soft, 'kernel_products', spy('plain', soft.kernel_products))
+    monkeypatch.setattr(memory_efficient, 'chunked_kernel_product',
+                        spy('memory_efficient', memory_efficient.chunked_kernel_product))
     return seen
 
 
 @pytest.mark.parametrize('memory_efficient', [True, False])
 def test_autocast_runs_kernel_in_float32(memory_efficient, monkeypatch):
     torch.manual_seed(0)
-    module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3)
-    module.memory_efficient = memory_efficient
-    seen = spy_on_implementations(module, monkeypatch)
+    block = SoftBlock(64, 2, sr_ratio=2, local_kernel_size=3)
+    block.memory_efficient = memory_efficient
+    seen = spy_on_implementations(monkeypatch)
     x = torch.randn(1, 64, 64)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = module(x, (8, 8))
+        out = block(x, (8, 8))
     name = 'memory_efficient' if memory_efficient else 'plain'
-    assert seen == [(name, ) + (torch.float32, ) * 4]
-    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert seen == [(name, ) + (torch.float32, ) * (5 if memory_efficient else 4)]
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
 
 
 def test_tracers_see_the_plain_implementation(monkeypatch):
     torch.manual_seed(0)
-    module = SoftAttention(16, 2, sr_ratio=2, local_kernel_size=3).train()
-    seen = spy_on_implementations(module, monkeypatch)
+    block = SoftBlock(16, 2, sr_ratio=2, local_kernel_size=3).train()
+    seen = spy_on_implementations(monkeypatch)
     x = torch.randn(1, 8 * 8, 16)
-    traced = torch.jit.trace(_OnGrid(module, (8, 8)), (x, ), check_trace=False)
+    traced = torch.jit.trace(_OnGrid(block, (8, 8)), (x, ), check_trace=False)
     assert [record[0] for record in seen] == ['plain']
-    torch.testing.assert_close(traced(x), module(x, (8, 8)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(traced(x), block(x, (8, 8)), rtol=1e-5, atol=1e-6)
     assert [record[0] for record in seen] == ['plain', 'memory_efficient']
 
 
@@ -176,16 +176,12 @@ def test_options_are_validated_at_construction():
         SoftAttention(64, 2, 2, 3, variant='softmax')
     with pytest.raises(ValueError, match="solver='lu'"):
         SoftAttention(64, 2, 2, 3, solver='lu')
-    with pytest.warns(DeprecationWarning, match="solver='exact'"):
-        assert SoftAttention(64, 2, 2, 3, solver='cholesky').solver == 'exact'
-
 
 
 def test_chunked_kernel_gives_same_output_and_gradients():
     torch.manual_seed(0)
-    plain = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3)
-    chunked = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3,
-                            kernel_chunk_tokens=10)
+    plain = SoftBlock(64, 2, sr_ratio=2, local_kernel_size=3)
+    chunked = SoftBlock(64, 2, sr_ratio=2, local_kernel_size=3, kernel_chunk_tokens=10)
     chunked.load_state_dict(plain.state_dict())
     x = torch.randn(2, 12 * 10, 64)
     outs = []
@@ -194,8 +190,8 @@ def test_chunked_kernel_gives_same_output_and_gradients():
         out.square().sum().backward()
         outs.append(out)
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(plain.q_proj.weight.grad, chunked.q_proj.weight.grad,
-                               atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(plain.bottleneck_conv.weight.grad,
-                               chunked.bottleneck_conv.weight.grad,
+    torch.testing.assert_close(plain.attn.q_proj.weight.grad,
+                               chunked.attn.q_proj.weight.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(plain.attn.bottleneck_conv.weight.grad,
+                               chunked.attn.bottleneck_conv.weight.grad,
                                atol=1e-4, rtol=1e-4)

@@ -118,12 +118,13 @@ def test_closed_form_solver_equals_newton_on_backbone(variant, cap):
         assert float((a - b).norm() / a.norm()) < 1e-5
 
 
-def test_former_solver_name_builds_the_exact_solver():
-    with pytest.warns(DeprecationWarning, match="spelled solver='exact'") as record:
-        model = SOFT(arch=tiny_arch(), solver='cholesky')
-    assert model.solver == 'exact'
-    assert [warning.filename for warning in record] == [__file__]
-    layers = [m for m in model.modules() if isinstance(m, SoftAttention)]
+def test_solver_is_named_once():
+    """The exact solver was once also named 'cholesky', before any release."""
+    with pytest.raises(ValueError, match=r"solver='cholesky' is not supported; "
+                       r"expected one of \['newton', 'newton_closed_form', 'exact'\]"):
+        SOFT(arch=tiny_arch(), solver='cholesky')
+    layers = [m for m in SOFT(arch=tiny_arch(), solver='exact').modules()
+              if isinstance(m, SoftAttention)]
     assert {m.solver for m in layers} == {'exact'}
 
 

@@ -18,7 +18,7 @@ from mmsoft.checkpoint.soft_official import (OFFICIAL_VARIANTS, variant_hint,
                                              check_detected_arch, rename_official_key)
 from mmsoft.openmmlab import SOFT
 from mmsoft.models.soft import ARCH_DEFAULTS, ARCH_SETTINGS
-from mmsoft.models.soft_kernels import VARIANTS
+from mmsoft.models.soft import VARIANTS
 from tests.helpers import official_soft_reference as ref
 
 HERE = osp.dirname(osp.abspath(__file__))

@@ -8,8 +8,7 @@ import torch.nn.functional as F
 
 import mmsoft  # noqa: F401  (registers the backbones)
 from mmsoft.openmmlab import UFOViT
-from mmsoft.models.ufo_vit import (FeaturePyramidAdapter, LocalPatchInteraction,
-                                   UFOAttention, UFOBlock, ufo_attention, xnorm)
+from mmsoft.models.ufo_vit import (FeaturePyramidAdapter, LocalPatchInteraction, UFOAttention, UFOBlock, ufo_attention)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # A small custom architecture for the behavioural tests.
@@ -39,6 +38,11 @@ def naive_ufo_reference(attn: UFOAttention, x: torch.Tensor) -> torch.Tensor:
     return out @ attn.proj.weight.T + attn.proj.bias
 
 
+def attended(attn: UFOAttention, x: torch.Tensor) -> torch.Tensor:
+    """The attention before its output projection: (B, h, N, d)."""
+    return ufo_attention(*attn.heads(attn.qkv(x)), attn.gamma_q, attn.gamma_kv)
+
+
 def set_gammas(attn: UFOAttention, gamma_q, gamma_kv) -> None:
     with torch.no_grad():
         attn.gamma_q.copy_(torch.tensor(gamma_q))
@@ -63,7 +67,7 @@ def test_ufo_output_bounded_by_gammas():
     set_gammas(attn, [1.5, -0.7, 2.0], [0.3, 1.1, -2.2])
     bound = (attn.gamma_q * attn.gamma_kv).abs().detach()  # 0.45, 0.77, 4.4
     with torch.no_grad():
-        pre = attn.attend(100 * torch.randn(3, 50, 24, dtype=torch.float64))
+        pre = attended(attn, 100 * torch.randn(3, 50, 24, dtype=torch.float64))
     assert pre.shape == (3, 3, 50, 8)  # (B, h, N, d)
     assert (pre.abs().amax(dim=(0, 2, 3)) <= bound * (1 + 1e-12)).all()
     # The bound is reached: with one token and Q = K, K^T V = k v^T has
@@ -71,23 +75,27 @@ def test_ufo_output_bounded_by_gammas():
     with torch.no_grad():
         attn.qkv.weight[:24] = attn.qkv.weight[24:48]
         attn.qkv.bias[:24] = attn.qkv.bias[24:48]
-        pre = attn.attend(torch.randn(1, 1, 24, dtype=torch.float64))
+        pre = attended(attn, torch.randn(1, 1, 24, dtype=torch.float64))
     assert torch.allclose(pre.abs(), bound.view(1, 3, 1, 1).expand_as(pre),
                           rtol=1e-12, atol=0)
 
 
-def test_xnorm_normalises_the_given_axis():
-    x = torch.randn(2, 3, 5, 4, dtype=torch.float64)
-    x[0, 0, :, 1] = 0
-    gamma = torch.tensor([2., -3., .5], dtype=torch.float64).view(3, 1, 1)
-    cols = xnorm(x, gamma, dim=-2)
-    norms = torch.linalg.vector_norm(cols, dim=-2)  # (2, 3, 4)
-    expected = gamma.abs().view(1, 3, 1).expand(2, 3, 4).clone()
-    expected[0, 0, 1] = 0  # a zero vector stays zero
-    assert torch.allclose(norms, expected, rtol=1e-12, atol=0)
-    rows = xnorm(x, gamma, dim=-1)
-    assert torch.allclose(torch.linalg.vector_norm(rows[1], dim=-1),
-                          gamma.abs().view(3, 1).expand(3, 5), rtol=1e-12, atol=0)
+def test_ufo_attention_is_xnorm_of_queries_times_xnorm_of_context():
+    """``XNorm(Q) . XNorm(K^T V)`` written out, ``XNorm(x) = gamma x / |x|``
+    over Q's channels and K^T V's d_k axis: a zero query or column stays zero."""
+    generator = torch.Generator().manual_seed(0)
+    queries, keys, values = (torch.randn(2, 3, 5, 4, generator=generator,
+                                         dtype=torch.float64) for _ in range(3))
+    queries[0, 0, 2] = 0
+    values[1, 2, :, 1] = 0  # a zero column of K^T V
+    gamma_q = torch.tensor([2., -3., .5], dtype=torch.float64)
+    gamma_kv = torch.tensor([.7, 1.5, -2.], dtype=torch.float64)
+    context = keys.transpose(-2, -1) @ values
+    expected = ((gamma_q.view(3, 1, 1) * F.normalize(queries, dim=-1, eps=1e-6))
+                @ (gamma_kv.view(3, 1, 1) * F.normalize(context, dim=-2, eps=1e-6)))
+    out = ufo_attention(queries, keys, values, gamma_q, gamma_kv)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-15)
+    assert not out[0, 0, 2].any() and not out[1, 2, :, 1].any()
 
 
 def test_ufo_attention_runs_on_200k_tokens():
@@ -97,7 +105,7 @@ def test_ufo_attention_runs_on_200k_tokens():
     x = torch.randn(1, 200_000, 16)
     with torch.no_grad():
         out = attn(x)
-        pre = attn.attend(x)
+        pre = attended(attn, x)
     assert out.shape == (1, 200_000, 16)
     assert torch.isfinite(out).all()
     assert pre.abs().max() <= 1 + 1e-5  # gammas are 1 at initialisation
@@ -109,10 +117,9 @@ def test_ufo_attention_float32_under_bf16_autocast():
     gamma_q, gamma_kv = torch.rand(3) + .5, torch.rand(3) + .5
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = ufo_attention(queries, keys, values, gamma_q, gamma_kv)
-        normed = xnorm(queries, gamma_q.view(3, 1, 1), dim=-1)
     ref = ufo_attention(queries.double(), keys.double(), values.double(),
                         gamma_q.double(), gamma_kv.double())
-    assert out.dtype == torch.float32 and normed.dtype == torch.float32
+    assert out.dtype == torch.float32
     # bfloat16 arithmetic (8 significant bits) would be off by ~1e-2.
     assert (out.double() - ref).abs().max() < 1e-5
 
@@ -439,7 +446,7 @@ def test_sync_batch_norm_is_never_recomputed_as_a_plain_one():
     their norms, and with_cp's rerun runs each SyncBatchNorm module itself
     (without a process group it normalises as a BatchNorm, so the gradients
     equal the unconverted model's)."""
-    from mmsoft.models.functional import recomputes_locally
+    from mmsoft.models.memory_efficient import recomputes_locally
     torch.manual_seed(8)
     model = UFOViT(arch=MINI_ARCH, norm_eval=False, drop_path_rate=0.).train()
     converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))

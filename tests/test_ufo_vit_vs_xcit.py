@@ -37,9 +37,8 @@ import torch.nn as nn
 xcit = pytest.importorskip('timm.models.xcit')
 cait = pytest.importorskip('timm.models.cait')
 
-from mmsoft.models.layers import ConvPatchEmbed
-from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction,
-                                   UFOAttention, UFOBlock)
+from mmsoft.models.common import ConvPatchEmbed
+from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction, UFOAttention, UFOBlock)
 
 pytestmark = pytest.mark.torchvision
 

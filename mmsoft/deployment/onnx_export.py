@@ -5,8 +5,8 @@ to tensors: a timm model (a classifier or ``features_only``), mmsoft's
 plain models, an OpenMMLab backbone, or a config's backbone and neck
 (:func:`build_feature_model`). What is exported is the function PyTorch
 computes, in operators ONNX has:
-the export formulation of the model's
-:class:`~mmsoft.models.soft.Exportable` modules, which
+the export formulation of the model's SOFT layers (their ``exportable``
+flag), which
 :func:`export_formulation` switches on while it exports:
 
 * SOFT attention's ``solver='newton_closed_form'`` is exported as the
@@ -16,7 +16,7 @@ the export formulation of the model's
   follow the traced input.
 
 Tracers see each layer's plain operations
-(:func:`mmsoft.models.functional.is_tracing`).
+(:func:`mmsoft.models.common.is_tracing`).
 The graph is traced with PyTorch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``) with dynamic batch, height and
 width; :func:`verify_onnx` runs it in onnxruntime at several sizes next to
@@ -37,8 +37,7 @@ from typing import (Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
 import torch
 import torch.nn as nn
 
-from ..models.soft import Exportable, SoftAttention, set_exportable
-from ..models.soft_kernels import EXPORT_SOLVERS
+from ..models.soft import EXPORT_SOLVERS, SoftAttention, set_exportable
 from ..utils.torch_compat import TORCH_VERSION, onnx_export_takes_dynamo
 
 DEFAULT_OPSET = 17
@@ -204,8 +203,7 @@ def check_exportable(model: nn.Module) -> None:
 def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
     """Switches ``model`` to its export formulation while the context lasts.
 
-    Every :class:`~mmsoft.models.soft.Exportable` module of ``model``
-    computes its export formulation inside the context
+    Every module of ``model`` with an ``exportable`` flag computes its export formulation inside the context
     (:func:`~mmsoft.models.soft.set_exportable`) and its former one
     after it.
 
@@ -219,7 +217,7 @@ def export_formulation(model: nn.Module) -> Iterator[nn.Module]:
         ValueError: A layer has no ONNX formulation.
     """
     check_exportable(model)
-    modules = [m for m in model.modules() if isinstance(m, Exportable)]
+    modules = [m for m in model.modules() if hasattr(m, 'exportable')]
     saved = [module.exportable for module in modules]
     set_exportable(model, True)
     try:

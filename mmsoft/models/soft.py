@@ -1,13 +1,16 @@
 """SOFT / SOFT++: softmax-free transformers with linear complexity.
 
-Lu et al., *SOFT: Softmax-free Transformer with Linear Complexity* (NeurIPS 2021) and
-*Softmax-free Linear Transformers* (IJCV 2024). Attention is a Gaussian kernel with
-shared queries and keys, made linear in the token count by a low-rank approximation
-through bottleneck tokens and the (pseudo-)inverse of their kernel matrix; SOFT++
-normalises it symmetrically.
+Lu et al., *SOFT: Softmax-free Transformer with Linear Complexity* (NeurIPS
+2021) and *Softmax-free Linear Transformers* (IJCV 2024). Attention is a
+Gaussian kernel with shared queries and keys, made linear in the token count
+by a low-rank approximation through bottleneck tokens L:
+``K1 . middle . (K1^T V)`` with ``K1 = k(Q, L)`` and ``middle`` the inverse
+of ``A = k(L, L)``: ``(A + 0.01 I)^-1`` (SOFT) or ``D^-1/2 pinv(A) D^-1/2``,
+``D = diag(A 1)`` (SOFT++). The inverse is computed as the papers do, by
+Newton's iteration, or in closed form, or exactly (docs/soft_design.md).
 """
 import math
-from functools import partial
+from itertools import islice
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -16,38 +19,437 @@ import torch.nn.functional as F
 
 from ..checkpoint.soft_official import soft_official_to_mmsoft
 from ..deployment.traceable import traceable_cap_bottleneck_grid
-from ..deprecations import accepts_renamed_arguments
-from ..utils.torch_compat import autocast_off
 from ..utils.validation import (check_choice, check_divisible, check_lengths,
                                 check_positive_int, resolve_arch)
-from .functional import (ValidShapes, contiguous_gradient, full_precision, gelu,
-                         mask_map, merge_heads, pad_to_grid, per_distinct_shape,
-                         run_block, split_heads, valid_mask)
-from .layers import (MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
-                     drop_path_or_identity, init_transformer_weights, run_mode,
-                     switch_modules, take_indices, tokens_as_map,
-                     tokens_to_map)
-from .soft_kernels import (EXPORT_SOLVERS, check_kernel_inverse_options,
-                           low_rank_kernel_attention, memory_efficient_kernel_attention)
+from . import memory_efficient
+from .common import (MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidShapes,
+                     autocast_off, backward_without_autocast, contiguous_gradient,
+                     full_precision, gelu, init_transformer_weights, is_compiling,
+                     is_tracing, merge_heads, pad_to_grid, per_distinct_shape,
+                     regions_on_grid, split_heads, take_indices, tokens_as_map,
+                     tokens_to_map, drop_path_or_identity, apply_without_autocast)
+
+REGULARISER = 0.01
+VARIANTS = ('soft', 'soft++')
+SOLVERS = ('newton', 'newton_closed_form', 'exact')
+#: The solver an ONNX graph computes for each solver ONNX can express.
+EXPORT_SOLVERS = {'newton': 'newton', 'newton_closed_form': 'newton'}
+#: Device types where ``'newton_closed_form'`` uses ``eigh``; elsewhere it iterates.
+CLOSED_FORM_DEVICES = ('cpu', )
+EIGH_DTYPE = torch.float64
+#: SOFT++ takes the pseudo-inverse of at least this many bottleneck tokens.
+MIN_PSEUDO_INVERSE_TOKENS = 3
+#: On the CPU: most tokens per chunk of the memory-saving kernel product,
+#: where it chunks at all, and per slice of its backward (a cache's size).
+CPU_CHUNK_TOKENS = 512
+CPU_BACKWARD_CHUNK = 1024
 
 
-# --- Export formulation
-class Exportable:
-    """Mixin: ``exportable`` (:func:`set_exportable`) makes the layer bind, in
-    ``choose_formulation``, the functions of its ONNX formulation or eager ones."""
+# --- Gaussian kernel
+def kernel_operands(x: torch.Tensor, y: torch.Tensor
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Operands whose product is the Gaussian kernel's exponent,
+    ``[x, -|x|^2 / 2, 1] . [y, 1, -|y|^2 / 2]^T``: (..., N, d + 2), (..., M, d + 2)."""
+    left = torch.cat((x, -0.5 * x.pow(2).sum(-1, keepdim=True),
+                      torch.ones_like(x[..., :1])), -1)
+    right = torch.cat((y, torch.ones_like(y[..., :1]),
+                       -0.5 * y.pow(2).sum(-1, keepdim=True)), -1)
+    return left, right
 
-    exportable = run_mode('choose_formulation', False)
+
+def kernel_of_operands(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``exp(left . right^T)`` (..., N, M) of :func:`kernel_operands`' operands."""
+    return torch.matmul(left, right.transpose(-1, -2)).exp_()
 
 
-def set_exportable(model: nn.Module, enabled: bool) -> nn.Module:
-    """Switches the ONNX formulation of all ``Exportable`` modules."""
-    return switch_modules(model, Exportable, 'exportable', enabled, 'enabled')
+def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
+                    float32_products: bool = False) -> torch.Tensor:
+    """``k(x, y) = exp(-|x - y|^2 / 2)`` of (..., N, d) and (..., M, d): (..., N, M);
+    ``float32_products``: the exponent float32-accurate under TF32."""
+    left, right = kernel_operands(x, y)  # (..., N, d + 2), (..., M, d + 2)
+    matmul = float32_matmul if float32_products else torch.matmul
+    return matmul(left, right.transpose(-1, -2)).exp_()
 
 
-# --- Bottleneck cap
+# --- Float32 products under TF32
+# Clears the 13 low mantissa bits of a float32: what TF32 keeps exactly.
+_TF32_MASK = -(1 << 13)
+
+
+def reduced_precision_matmuls(device: torch.device) -> bool:
+    """Whether float32 matmuls on ``device`` may run in reduced precision (TF32)."""
+    if is_compiling():
+        return device.type == 'cuda'
+    return torch.get_float32_matmul_precision() != 'highest'
+
+
+def split_tf32(tensor: torch.Tensor):
+    """``(high, low)`` with ``high + low == tensor`` and ``high`` TF32-exact."""
+    tensor = tensor.detach()
+    high = (tensor.view(torch.int32) & _TF32_MASK).view(torch.float32)
+    return high, tensor - high
+
+
+def three_pass_matmul(a: torch.Tensor, b: torch.Tensor, matmul=torch.matmul) -> torch.Tensor:
+    """``a @ b`` as ``a_hi b_hi + a_hi b_lo + a_lo b_hi``, the parts TF32-exact."""
+    a_high, a_low = split_tf32(a)
+    b_high, b_low = split_tf32(b)
+    return matmul(a_high, b_high) + (matmul(a_high, b_low) + matmul(a_low, b_high))
+
+
+class Float32Matmul(torch.autograd.Function):
+    """``a @ b`` and its gradients ``dA = G B^T``, ``dB = A^T G``, each by
+    :func:`three_pass_matmul`."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return three_pass_matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:  # summed over broadcast dims
+            grad_a = three_pass_matmul(grad, b.transpose(-1, -2)).sum_to_size(a.shape)
+        if ctx.needs_input_grad[1]:
+            grad_b = three_pass_matmul(a.transpose(-1, -2), grad).sum_to_size(b.shape)
+        return grad_a, grad_b
+
+
+def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` accurate to float32, also where matmuls run in TF32."""
+    if a.dtype == torch.float32 and b.dtype == torch.float32 \
+            and reduced_precision_matmuls(a.device):
+        return Float32Matmul.apply(a, b)
+    return torch.matmul(a, b)
+
+
+def matmul_add(tensor: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+               beta: float = 1., alpha: float = 1.) -> torch.Tensor:
+    """``beta tensor + alpha a @ b`` on (n, N, K) x (n, K, M), float32-accurate:
+    one ``baddbmm`` where matmuls are exact."""
+    if a.dtype == torch.float32 and reduced_precision_matmuls(a.device):
+        return beta * tensor + alpha * Float32Matmul.apply(a, b)
+    return torch.baddbmm(tensor, a, b, beta=beta, alpha=alpha)
+
+
+# --- The kernel inverse
+def check_kernel_inverse_options(variant: str, solver: str) -> str:
+    """Raises ``ValueError`` for an unknown ``variant`` or ``solver``; returns the solver."""
+    check_choice('variant', variant, VARIANTS)
+    check_choice('solver', solver, SOLVERS)
+    return solver
+
+
+def solver_that_runs(solver: str, device_type: str) -> str:
+    """The solver run for ``solver`` on ``device_type``: the closed form iterates
+    off the CPU, where ``eigh`` would wait for the host."""
+    if solver == 'newton_closed_form' and device_type not in CLOSED_FORM_DEVICES:
+        return 'newton'
+    return solver
+
+
+def inverse_formula(variant: str, tokens: int) -> str:
+    """``variant``'s inverse of m tokens: ``'soft'``'s for ``'soft++'`` below 3."""
+    if variant == 'soft++' and tokens < MIN_PSEUDO_INVERSE_TOKENS:
+        return 'soft'
+    return variant
+
+
+def scaled_both_sides(mat: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``diag(scale) . mat . diag(scale)``: (..., m, m)."""
+    return scale.unsqueeze(-1) * mat * scale.unsqueeze(-2)
+
+
+def newton_operand(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """P: ``A + 0.01 I`` for ``'soft'``, ``A`` for ``'soft++'``."""
+    if variant == 'soft':
+        return mat + REGULARISER * torch.eye(mat.shape[-1], dtype=mat.dtype,
+                                             device=mat.device)
+    return mat
+
+
+def _per_image_max(values: torch.Tensor) -> torch.Tensor:
+    """The max over all but the first dim: (B, ...) -> (B, 1, ..., 1)."""
+    if values.dim() <= 1:
+        return values.amax().reshape(*([1] * (values.dim() + 1)))
+    return values.flatten(1).amax(1).reshape(-1, *([1] * values.dim()))
+
+
+def newton_scale(mat: torch.Tensor, variant: str,
+                 max_halvings: int = 10) -> torch.Tensor:
+    """The step ``alpha`` of ``V_0 = alpha P``.
+
+    SOFT: ``0.9 * 2 / (max row sum of A)^2`` per matrix. SOFT++: ``2 / (max row
+    sum)^2`` per image, halved while ``max colsum |I - alpha A^2| > 1.01``, at
+    most ``max_halvings`` times. A's entries are non-negative, so column j's
+    sum is ``|1 - alpha S_jj| + alpha (c_j - S_jj)`` with ``c = A (A 1)`` and
+    ``S_jj = sum_k A_jk^2``: no m x m product. Every halving is tested at once;
+    the loop halves as often as the leading candidates fail.
+    """
+    row_sums = mat.sum(-1)  # A 1: (B, ..., m)
+    if variant == 'soft':
+        return (0.9 * 2 / row_sums.amax(-1).pow(2))[..., None, None]
+
+    column_sums = (mat @ row_sums.unsqueeze(-1)).squeeze(-1)  # c: (B, ..., m)
+    diagonal = mat.pow(2).sum(-1)  # S_jj: (B, ..., m)
+    alpha = 2 / _per_image_max(row_sums).pow(2)  # (B, 1, ..., 1)
+
+    halvings = torch.arange(max_halvings, device=mat.device, dtype=mat.dtype)
+    shape = (max_halvings, ) + (1, ) * diagonal.dim()
+    step = alpha.squeeze(-1) * torch.pow(0.5, halvings).view(shape)  # (k, B, 1, ...)
+    residual = (1 - step * diagonal).abs() + step * (column_sums - diagonal)
+    images = alpha.shape[0] if mat.dim() > 2 else 1
+    too_large = residual.reshape(max_halvings, images, -1).amax(-1) > 1.01  # (k, B)
+    failures = too_large.to(mat.dtype).cumsum(0)  # (k, B)
+    count = (failures > halvings.view(-1, 1)).sum(0)  # the leading ones: (B, )
+    return alpha * torch.pow(0.5, count.to(mat.dtype)).view(alpha.shape)
+
+
+def newton_iterates(operand: torch.Tensor, alpha: torch.Tensor, num_iters: int):
+    """Yields ``(V_j, V_j P)`` for ``j < k``, then ``(V_k, None)``: P (n, m, m),
+    alpha (n, 1, 1); each step ``V <- 2V - (V P) V`` is two products."""
+    inverse = alpha * operand  # V_0
+    for _ in range(num_iters):
+        product = float32_matmul(inverse, operand)  # V_j P
+        yield inverse, product
+        inverse = matmul_add(inverse, product, inverse, beta=2, alpha=-1)  # V_{j+1}
+    yield inverse, None
+
+
+def as_matrix_batch(operand: torch.Tensor, alpha: torch.Tensor):
+    """P (..., m, m) and alpha (broadcasting to (..., 1, 1)) as (n, m, m), (n, 1, 1)."""
+    alpha = alpha.expand(*operand.shape[:-2], 1, 1)
+    return operand.reshape(-1, *operand.shape[-2:]), alpha.reshape(-1, 1, 1)
+
+
+def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
+                      num_iters: int) -> torch.Tensor:
+    """``V_k`` (..., m, m): k steps of ``V <- 2V - (V P) V`` from ``V_0 = alpha P``."""
+    for inverse, _ in newton_iterates(*as_matrix_batch(operand, alpha), num_iters):
+        pass
+    return inverse.view(operand.shape)
+
+
+def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
+                               num_iters: int, grad_output: torch.Tensor) -> torch.Tensor:
+    """``dL/dP`` of :func:`newton_iterations`, G = dL/dV_k.
+
+    With ``W = G_{j+1} V_j^T``: ``G_j = 2 G_{j+1} - W P^T - (V_j P)^T G_{j+1}``,
+    ``dL/dP = alpha G_0 - sum_j V_j^T W``.
+    """
+    matrices, alpha = as_matrix_batch(operand, alpha)  # (n, m, m), (n, 1, 1)
+    steps = list(islice(newton_iterates(matrices, alpha, num_iters), num_iters))
+    grad = grad_output.reshape(matrices.shape)  # G_k
+    grad_operand = torch.zeros_like(matrices)
+    operand_t = matrices.transpose(-1, -2)
+    for inverse, product in reversed(steps):
+        weighted = float32_matmul(grad, inverse.transpose(-1, -2))  # W
+        grad_operand = matmul_add(grad_operand, inverse.transpose(-1, -2), weighted,
+                                  alpha=-1)
+        grad = matmul_add(matmul_add(grad, weighted, operand_t, beta=2, alpha=-1),
+                          product.transpose(-1, -2), grad, alpha=-1)  # G_j
+    return torch.addcmul(grad_operand, alpha, grad).view(operand.shape)
+
+
+def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
+                          num_iters: int) -> torch.Tensor:
+    """``g_k(l) = (1 - (1 - alpha l^2)^(2^k)) / l``, as ``v <- v (2 - l v)``."""
+    value = alpha * eigvals
+    for _ in range(num_iters):
+        value = value * (2 - eigvals * value)
+    return value
+
+
+def newton_divided_difference_pairs(larger: torch.Tensor, smaller: torch.Tensor,
+                                    alpha: torch.Tensor, num_iters: int) -> torch.Tensor:
+    """``(g_k(a) - g_k(b)) / (a - b)`` for ``a >= b`` (``g_k'(a)`` at ``a = b``),
+    by ``D <- D (2 - b (v_a + v_b)) - v_a^2`` from ``D_0 = alpha``."""
+    value_a, value_b = alpha * larger, alpha * smaller
+    diff = alpha
+    for _ in range(num_iters):
+        diff = diff * (2 - smaller * (value_a + value_b)) - value_a.pow(2)
+        value_a = value_a * (2 - larger * value_a)
+        value_b = value_b * (2 - smaller * value_b)
+    return diff
+
+
+def newton_divided_differences(eigvals: torch.Tensor, alpha: torch.Tensor,
+                               num_iters: int, close: float = 1e-3) -> torch.Tensor:
+    """``D[i, j] = (g_k(l_i) - g_k(l_j)) / (l_i - l_j)``, ``D[i, i] = g_k'(l_i)``."""
+    values = newton_on_eigenvalues(eigvals, alpha, num_iters)  # (..., m)
+    slopes = newton_divided_difference_pairs(eigvals, eigvals, alpha.expand_as(eigvals),
+                                             num_iters)
+    row, col = eigvals.unsqueeze(-1), eigvals.unsqueeze(-2)
+    gap = row - col  # (..., m, m)
+    relative_gap = gap.abs() / torch.maximum(row.abs(), col.abs())  # NaN at 0 - 0
+    is_equal = ~(relative_gap > 1e-5 / 2**(num_iters + 1))  # the diagonal too
+    is_close = ~(relative_gap > close)
+    diff = torch.where(is_equal, 0.5 * (slopes.unsqueeze(-1) + slopes.unsqueeze(-2)),
+                       (values.unsqueeze(-1) - values.unsqueeze(-2))
+                       / torch.where(is_close, torch.ones_like(gap), gap))
+
+    # Close pairs by the recursion, on one triangle, mirrored to the other.
+    upper = torch.ones_like(is_close).triu_(1)
+    index = (is_close & ~is_equal & upper).nonzero(as_tuple=True)
+    if index[0].numel():
+        first, second = row.expand_as(gap)[index], col.expand_as(gap)[index]
+        pairs = newton_divided_difference_pairs(
+            torch.maximum(first, second), torch.minimum(first, second),
+            alpha.unsqueeze(-1).expand_as(gap)[index], num_iters)
+        diff[index] = pairs
+        diff[index[:-2] + (index[-1], index[-2])] = pairs
+    return diff
+
+
+class NewtonClosedForm(torch.autograd.Function):
+    """``V_k = Q diag(g_k(lambda)) Q^T`` from one ``eigh`` of symmetric P.
+
+    Backward: ``dL/dP = Q (D o (Q^T G Q)) Q^T``, D the divided differences of g_k.
+    """
+
+    @staticmethod
+    def forward(ctx, operand, alpha, num_iters):
+        eigvals, eigvecs = torch.linalg.eigh(operand.to(EIGH_DTYPE))  # (..., m), (..., m, m)
+        alpha = alpha.squeeze(-1).to(EIGH_DTYPE)  # (..., 1)
+        weights = newton_on_eigenvalues(eigvals, alpha, num_iters)
+        eigvecs = eigvecs.to(operand.dtype)
+        ctx.save_for_backward(eigvals, eigvecs, alpha)
+        ctx.num_iters = num_iters
+        return (eigvecs * weights.to(operand.dtype).unsqueeze(-2)) @ eigvecs.transpose(-1, -2)
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_output):
+        eigvals, eigvecs, alpha = ctx.saved_tensors
+        diff = newton_divided_differences(eigvals, alpha, ctx.num_iters)
+        inner = eigvecs.transpose(-1, -2) @ grad_output @ eigvecs
+        grad = eigvecs @ (diff.to(inner.dtype) * inner) @ eigvecs.transpose(-1, -2)
+        return grad, None, None
+
+
+def newton_closed_form(operand: torch.Tensor, alpha: torch.Tensor,
+                       num_iters: int) -> torch.Tensor:
+    """:func:`newton_iterations` of symmetric P (..., m, m) from one ``eigh``."""
+    alpha = alpha.detach().expand(*operand.shape[:-2], 1, 1)
+    return apply_without_autocast(NewtonClosedForm, operand, alpha, num_iters)
+
+
+def exact_inverse(mat: torch.Tensor, variant: str) -> torch.Tensor:
+    """``(A + 0.01 I)^-1`` by Cholesky (``'soft'``) or ``pinv(A)`` (``'soft++'``)."""
+    if variant == 'soft':
+        return torch.cholesky_inverse(torch.linalg.cholesky(newton_operand(mat, 'soft')))
+    return torch.linalg.pinv(mat, hermitian=True)
+
+
+class ExactInverse(torch.autograd.Function):
+    """:func:`exact_inverse` without a graph; backward ``-V^T G V^T``."""
+
+    @staticmethod
+    def forward(ctx, mat, variant):
+        with torch.no_grad():
+            inverse = exact_inverse(mat, variant)
+        ctx.save_for_backward(inverse)
+        return inverse
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_output):
+        inverse_t = ctx.saved_tensors[0].transpose(-1, -2)
+        return -(inverse_t @ grad_output @ inverse_t), None
+
+
+def kernel_inverse(mat: torch.Tensor, variant: str = 'soft', solver: str = 'newton',
+                   num_iters: int = 20, iterate=None) -> torch.Tensor:
+    """Differentiable ``(A + 0.01 I)^-1`` (``'soft'``) or ``pinv(A)`` (``'soft++'``).
+
+    Args:
+        mat (Tensor): Symmetric A, (B, ..., m, m); B indexes images.
+        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
+        solver (str): One of :data:`SOLVERS`, as :func:`solver_that_runs` runs
+            it on ``mat``'s device. Default: ``'newton'``.
+        num_iters (int): Newton steps. Default: 20.
+        iterate (callable, optional): The Newton iteration; default
+            :func:`newton_iterations` (plain autograd).
+
+    Returns:
+        Tensor: (B, ..., m, m); float32 for half or bfloat16 ``mat``.
+    """
+    solver = solver_that_runs(solver, mat.device.type)
+    variant = inverse_formula(variant, mat.shape[-1])
+    with autocast_off(mat.device.type):
+        mat = full_precision(mat)
+        if solver == 'exact':
+            return ExactInverse.apply(mat, variant)
+        with torch.no_grad():
+            alpha = newton_scale(mat, variant)  # (B, ..., 1, 1)
+        operand = newton_operand(mat, variant)  # P
+        if solver == 'newton_closed_form':
+            return newton_closed_form(operand, alpha, num_iters)
+        return (iterate or newton_iterations)(operand, alpha, num_iters)
+
+
+def inverse_and_scaling(kernel_a: torch.Tensor, variant: str, solver: str,
+                        newton_iters: int, iterate=None,
+                        row_sum_fill: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``middle`` of A (B, h, m, m); ``row_sum_fill`` (B, 1, m) is added to A's
+    row sums (1 for a padding token, whose row is zero)."""
+    middle = kernel_inverse(kernel_a, variant, solver, newton_iters, iterate)
+    if variant == 'soft++':
+        row_sums = kernel_a.sum(-1)  # (B, h, m)
+        if row_sum_fill is not None:
+            row_sums = row_sums + row_sum_fill
+        middle = scaled_both_sides(middle, row_sums.rsqrt())
+    return middle
+
+
+def middle_matrix(bottleneck: torch.Tensor, variant: str, solver: str,
+                  newton_iters: int, iterate=None,
+                  token_counts: Optional[List[int]] = None) -> torch.Tensor:
+    """``middle`` of L (B, h, m, d): ``(A + 0.01 I)^-1`` (``'soft'``) or
+    ``D^-1/2 pinv(A) D^-1/2`` (``'soft++'``), A = k(L, L): (B, h, m, m).
+
+    With ``token_counts``, image i's middle is that of its first c_i tokens,
+    zero elsewhere. Where the Newton iteration runs, the images share it: A
+    of each image's tokens, zero outside them, is block-diagonal, and so is
+    every iterate. Elsewhere each image's block is inverted alone.
+    """
+    kernel_a = gaussian_kernel(bottleneck, bottleneck, float32_products=True)  # A
+    tokens = kernel_a.shape[-1]
+    if token_counts is None or all(count == tokens for count in token_counts):
+        return inverse_and_scaling(kernel_a, variant, solver, newton_iters, iterate)
+
+    formula = inverse_formula(variant, tokens)
+    if (solver_that_runs(solver, kernel_a.device.type) == 'newton'
+            and all(inverse_formula(variant, count) == formula for count in token_counts)):
+        index = torch.arange(tokens, device=kernel_a.device)
+        inside = torch.stack([index < count for count in token_counts])  # (B, m)
+        inside = inside.to(kernel_a.dtype)[:, None]  # (B, 1, m)
+        blocks = inside.unsqueeze(-1) * inside.unsqueeze(-2)  # (B, 1, m, m)
+        middle = inverse_and_scaling(kernel_a * blocks, variant, solver, newton_iters,
+                                     iterate, 1 - inside)
+        return middle * blocks
+
+    middles = [inverse_and_scaling(kernel_a[i:i + 1, :, :count, :count], variant,
+                                   solver, newton_iters, iterate)
+               for i, count in enumerate(token_counts)]  # (1, h, c, c) each
+    return torch.cat([F.pad(middle, (0, tokens - middle.shape[-1]) * 2)
+                      for middle in middles])
+
+
+# --- Attention
+def kernel_products(kernel: torch.Tensor, middle: torch.Tensor,
+                    values: torch.Tensor) -> torch.Tensor:
+    """``K1 . (middle . (K1^T V))``: K1 (B, h, N, m), middle (B, h, m, m) and V
+    (B, h, N, d) -> (B, h, N, d), right to left in O(N m d)."""
+    return kernel @ (middle @ (kernel.transpose(-1, -2) @ values))
+
+
 def capped_grid_size(height: int, width: int,
                      max_tokens: Optional[int]) -> Tuple[int, int]:
-    """Largest grid with the aspect of ``height x width``, <= ``max_tokens`` cells."""
+    """The largest grid with the aspect of ``height x width`` and at most
+    ``max_tokens`` cells."""
     if max_tokens is None or height * width <= max_tokens:
         return height, width
     scale = math.sqrt(max_tokens / (height * width))
@@ -62,29 +464,27 @@ def capped_grid_size(height: int, width: int,
 
 
 def cap_bottleneck_grid(grid: torch.Tensor, max_tokens: Optional[int]) -> torch.Tensor:
-    """Average-pools a grid (B, d, h, w) to (B, d, h', w'), h' w' <= ``max_tokens``."""
+    """A grid (B, d, h, w) average-pooled to at most ``max_tokens`` cells."""
     size = capped_grid_size(grid.shape[-2], grid.shape[-1], max_tokens)
     if size == tuple(grid.shape[-2:]):
         return grid
     return F.adaptive_avg_pool2d(grid, size)
 
 
-# --- Valid regions of one image
-def region_tokens_to_grid(tokens: torch.Tensor, shape: Tuple[int, int],
-                          hw_shape: Sequence[int]) -> torch.Tensor:
-    """Tokens (..., h * w, C) of a top-left (h, w) region -> (..., H * W, C) of the
-    (H, W) grid, zero outside the region."""
-    grid = tokens.unflatten(-2, tuple(shape)).movedim(-1, -3)  # (..., C, h, w)
-    return pad_to_grid(grid, hw_shape).flatten(-2).transpose(-1, -2)
+def linear_to_map(x: torch.Tensor, layer: nn.Linear, hw_shape) -> torch.Tensor:
+    """``layer`` on tokens (B, N, C_in) as ``W x^T + b``: an NCHW map (B, C_out, H, W)."""
+    batch, tokens, _ = x.shape
+    weight = layer.weight.expand(batch, -1, -1)  # (B, C_out, C_in)
+    bias = layer.bias[:, None].expand(batch, -1, tokens)  # (B, C_out, N)
+    return torch.baddbmm(bias, weight, x.transpose(1, 2)).view(batch, -1, *hw_shape)
 
 
-# --- SOFT attention
-class SoftAttention(MemoryEfficient, Exportable, nn.Module):
-    """Softmax-free attention: ``out = proj(K1 . middle . (K1^T V) + DWConv(V))``.
+class SoftAttention(nn.Module):
+    """Softmax-free attention: ``proj(K1 . middle . (K1^T V) + DWConv(V))``.
 
-    Queries double as keys, ``Q = d^-1/4 Q0``. Bottleneck tokens L come from a
-    stride-``sr_ratio`` conv shared by heads + LayerNorm + GELU, capped at
-    ``max_bottleneck_tokens`` by average pooling.
+    Queries double as keys, ``Q = d^-1/4 Q0``. The bottleneck tokens L come
+    from a stride-``sr_ratio`` convolution shared by the heads, LayerNorm and
+    GELU, average-pooled to at most ``max_bottleneck_tokens``.
 
     Args:
         embed_dims (int): Token width C.
@@ -96,24 +496,13 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
             Default: ``'newton'``.
         newton_iters (int): Newton iterations. Default: 20.
         max_bottleneck_tokens (int, optional): Cap on m; None: no cap. Default: None.
-        kernel_chunk_tokens (int, optional): Rows of ``K1`` the memory-efficient
-            path holds at a time; None: all. Default: None.
-
-    Raises:
-        ValueError: ``embed_dims`` not a multiple of ``num_heads``, or an unknown
-            ``variant`` or ``solver``.
+        kernel_chunk_tokens (int, optional): Rows of K1 the memory-saving path
+            holds at a time; None: all. Default: None.
     """
 
-    @accepts_renamed_arguments
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 sr_ratio: int,
-                 local_kernel_size: int,
-                 variant: str = 'soft',
-                 solver: str = 'newton',
-                 newton_iters: int = 20,
-                 max_bottleneck_tokens: Optional[int] = None,
+    def __init__(self, embed_dims: int, num_heads: int, sr_ratio: int,
+                 local_kernel_size: int, variant: str = 'soft', solver: str = 'newton',
+                 newton_iters: int = 20, max_bottleneck_tokens: Optional[int] = None,
                  kernel_chunk_tokens: Optional[int] = None):
         super().__init__()
         if embed_dims % num_heads != 0:
@@ -121,116 +510,110 @@ class SoftAttention(MemoryEfficient, Exportable, nn.Module):
                              f'num_heads={num_heads}.')
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
+        self.scale = self.head_dims**-0.25  # Q = scale * Q0
         self.variant = variant
         self.solver = check_kernel_inverse_options(variant, solver)
         self.newton_iters = newton_iters
         self.max_bottleneck_tokens = max_bottleneck_tokens
-        #: Memory-efficient :func:`low_rank_kernel_attention`.
-        self.memory_efficient_attention = partial(
-            memory_efficient_kernel_attention,
-            chunk_tokens=kernel_chunk_tokens)
+        self.kernel_chunk_tokens = kernel_chunk_tokens
+        self.exportable = False
 
         self.q_proj = nn.Linear(embed_dims, embed_dims)
         self.v_proj = nn.Linear(embed_dims, embed_dims)
-        self.bottleneck_conv = nn.Conv2d(
-            self.head_dims, self.head_dims, sr_ratio, stride=sr_ratio, bias=False)
+        self.bottleneck_conv = nn.Conv2d(self.head_dims, self.head_dims, sr_ratio,
+                                         stride=sr_ratio, bias=False)
         self.bottleneck_norm = nn.LayerNorm(self.head_dims)
-        self.local_conv = nn.Conv2d(
-            num_heads, num_heads, local_kernel_size,
-            padding=local_kernel_size // 2, groups=num_heads, bias=False)
+        self.local_conv = nn.Conv2d(num_heads, num_heads, local_kernel_size,
+                                    padding=local_kernel_size // 2, groups=num_heads,
+                                    bias=False)
         self.out_proj = nn.Linear(embed_dims, embed_dims)
-        self.exportable = False
-
-    def choose_formulation(self, exportable: bool) -> None:
-        """Eager: the bottleneck cap on Python sizes and the solver built; ONNX:
-        the cap as matrix products and the solver ONNX expresses."""
-        self.cap_grid = (traceable_cap_bottleneck_grid if exportable
-                         else cap_bottleneck_grid)
-        self.solver_to_run = (EXPORT_SOLVERS.get(self.solver, self.solver) if exportable
-                              else self.solver)
-
-    def bottleneck_tokens(self, query_map: torch.Tensor,
-                          scale: float) -> torch.Tensor:
-        """Bottleneck tokens L (B, h, m, d) of ``scale`` * Q0 map (B, h * d, H, W)."""
-        batch = query_map.shape[0]
-        weight = self.bottleneck_conv.weight.repeat(self.num_heads, 1, 1, 1)
-        grid = F.conv2d(query_map, weight, stride=self.bottleneck_conv.stride,
-                        groups=self.num_heads)  # (B, h*d, H/r, W/r)
-        grid = self.cap_grid(grid, self.max_bottleneck_tokens)  # h'w' <= cap
-        bottleneck = grid.reshape(batch, self.num_heads, self.head_dims, -1)
-        # LayerNorm's input and gradient contiguous, for the compiler's stride model.
-        bottleneck = (bottleneck.transpose(-1, -2) * scale).contiguous()  # (B, h, m, d)
-        return contiguous_gradient(gelu(self.bottleneck_norm(bottleneck)))  # L
-
-    def global_term(self, query_map: torch.Tensor,
-                    value_map: torch.Tensor) -> torch.Tensor:
-        """``K1 . middle . (K1^T V)`` of one grid in full precision: Q0 and V
-        maps (B, h * d, H, W) -> (B, h, H * W, d)."""
-        scale = self.head_dims**-0.25  # Q = scale * Q0
-        bottleneck = self.bottleneck_tokens(query_map, scale)  # L: (B, h, m, d)
-        queries = map_heads(query_map, self.num_heads)  # Q0: (B, h, N, d)
-        values = map_heads(value_map, self.num_heads)  # V: (B, h, N, d)
-        kernel_attention = (self.memory_efficient_attention if self.saving_memory()
-                            else low_rank_kernel_attention)
-        with autocast_off(query_map.device.type):
-            return kernel_attention(full_precision(queries), full_precision(bottleneck),
-                                    full_precision(values), self.variant,
-                                    self.solver_to_run, self.newton_iters,
-                                    query_scale=scale)
-
-    def global_term_per_image(self, query_map: torch.Tensor, value_map: torch.Tensor,
-                              valid_shapes: ValidShapes) -> torch.Tensor:
-        """:meth:`global_term` of each image's valid region alone; zero outside it."""
-        hw_shape = query_map.shape[-2:]
-        outs = []
-        for index, (height, width) in enumerate(valid_shapes):
-            region = (slice(index, index + 1), slice(None), slice(height), slice(width))
-            out = self.global_term(query_map[region], value_map[region])  # (1, h, n, d)
-            outs.append(region_tokens_to_grid(out, (height, width), hw_shape))
-        return torch.cat(outs)
-
-    def local_term(self, value_map: torch.Tensor) -> torch.Tensor:
-        """Per-head depth-wise convolution of V: (B, h * d, H, W) -> same shape."""
-        weight = self.local_conv.weight.repeat_interleave(self.head_dims, dim=0)
-        return F.conv2d(value_map, weight, padding=self.local_conv.padding,
-                        groups=weight.shape[0])
 
     def forward(self, x: torch.Tensor, hw_shape,
-                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """Tokens (B, N, C) on the (H, W) grid ``hw_shape`` -> (B, N, C); with
-        ``valid_shapes``, each image attends within its own (h, w) region only
-        (the outputs outside it are meaningless)."""
-        batch, _, channels = x.shape
-        # Q0 and V projected straight into NCHW maps, the convolutions' layout.
-        query_map = linear_to_map(x, self.q_proj, hw_shape)  # Q0: (B, C, H, W)
-        value_map = linear_to_map(x, self.v_proj, hw_shape)  # V: (B, C, H, W)
-        if valid_shapes is None:
-            out = self.global_term(query_map, value_map)  # (B, h, N, d)
+                regions: Optional[Regions] = None) -> torch.Tensor:
+        """Tokens (B, N, C) on the (H, W) grid -> (B, N, C); with ``regions``,
+        each image attends within its own region (its outputs outside it are
+        meaningless)."""
+        query_map, value_map = self.project(x, hw_shape, regions)  # (B, C, H, W)
+        bottleneck, counts = self.bottleneck_tokens(query_map, regions)  # L: (B,h,m,d)
+        queries, values = self.heads(query_map), self.heads(value_map)  # (B, h, N, d)
+
+        with autocast_off(x.device.type):
+            kernel = gaussian_kernel(self.scale * queries, bottleneck)  # K1: (B, h, N, m)
+            middle = middle_matrix(bottleneck, self.variant, self.solver_to_run(),
+                                   self.newton_iters, token_counts=counts)
+            out = kernel_products(kernel, middle, values)  # (B, h, N, d)
+        return self.output(out, value_map)
+
+    def project(self, x: torch.Tensor, hw_shape, regions: Optional[Regions]):
+        """Q0 and V as NCHW maps (B, C, H, W), V zero outside the regions."""
+        query_map = linear_to_map(x, self.q_proj, hw_shape)
+        value_map = linear_to_map(x, self.v_proj, hw_shape)
+        if regions is not None:
+            value_map = value_map.masked_fill(regions.padding, 0.)
+        return query_map, value_map
+
+    def heads(self, feature_map: torch.Tensor) -> torch.Tensor:
+        """A map (B, h * d, H, W) as heads of tokens (B, h, H * W, d), float32."""
+        batch, channels = feature_map.shape[:2]
+        heads = feature_map.reshape(batch, self.num_heads, channels // self.num_heads, -1)
+        return full_precision(heads.transpose(-1, -2))
+
+    def bottleneck_tokens(self, query_map: torch.Tensor,
+                          regions: Optional[Regions] = None
+                          ) -> Tuple[torch.Tensor, Optional[List[int]]]:
+        """L (B, h, m, d) of the map of Q (B, h * d, H, W), and each image's count.
+
+        With ``regions``, image i's tokens pool its region alone; they are the
+        first c_i of the m, the others pad.
+        """
+        cap = traceable_cap_bottleneck_grid if self.exportable else cap_bottleneck_grid
+        weight = self.bottleneck_conv.weight.repeat(self.num_heads, 1, 1, 1)
+        stride = self.bottleneck_conv.stride[0]
+        grid = F.conv2d(query_map, weight, stride=stride,
+                        groups=self.num_heads)  # (B, h*d, H/r, W/r)
+        counts = None
+        if regions is None:
+            tokens = cap(grid, self.max_bottleneck_tokens).flatten(2)  # (B, h*d, m)
         else:
-            out = self.global_term_per_image(query_map, value_map, valid_shapes)
-        local = self.local_term(mask_map(value_map, valid_shapes))  # (B, C, H, W)
+            cells = [(height // stride, width // stride) for height, width in regions.shapes]
+            if not all(rows and cols for rows, cols in cells):
+                raise ValueError(
+                    f'valid_shapes={regions.shapes} holds a region too small for the '
+                    f'bottleneck convolution of stride {stride}; expected every region '
+                    f'to span at least {stride} x {stride} cells of each grid.')
+            pooled = [cap(grid[i:i + 1, :, :rows, :cols], self.max_bottleneck_tokens)
+                      for i, (rows, cols) in enumerate(cells)]  # (1, h*d, h', w')
+            counts = [part.shape[-2] * part.shape[-1] for part in pooled]
+            tokens = torch.cat([F.pad(part.flatten(2), (0, max(counts) - count))
+                                for part, count in zip(pooled, counts)])
+
+        bottleneck = tokens.reshape(tokens.shape[0], self.num_heads, self.head_dims, -1)
+        # LayerNorm's input and gradient contiguous, for the compiler's stride model.
+        bottleneck = (bottleneck.transpose(-1, -2) * self.scale).contiguous()
+        bottleneck = gelu(self.bottleneck_norm(bottleneck))  # (B, h, m, d)
+        return full_precision(contiguous_gradient(bottleneck)), counts
+
+    def solver_to_run(self) -> str:
+        """The solver; in the ONNX formulation, the one ONNX can express."""
+        if self.exportable:
+            return EXPORT_SOLVERS.get(self.solver, self.solver)
+        return self.solver
+
+    def chunk_tokens(self, queries: torch.Tensor) -> int:
+        """Rows of K1 the memory-saving path holds at a time (fewer on the CPU)."""
+        tokens = queries.shape[-2]
+        chunk = min(self.kernel_chunk_tokens or tokens, tokens)
+        if chunk < tokens and queries.device.type == 'cpu':
+            chunk = min(chunk, CPU_CHUNK_TOKENS)  # evaluated twice: where caches hold
+        return chunk
+
+    def output(self, out: torch.Tensor, value_map: torch.Tensor) -> torch.Tensor:
+        """``proj(global + DWConv(V))`` from the global term (B, h, N, d)."""
+        weight = self.local_conv.weight.repeat_interleave(self.head_dims, dim=0)
+        local = F.conv2d(value_map, weight, padding=self.local_conv.padding,
+                         groups=weight.shape[0])  # (B, C, H, W)
         out = merge_heads(out.to(local.dtype)) + local.flatten(2).transpose(1, 2)
         return self.out_proj(out)  # (B, N, C)
-
-
-def linear_to_map(x: torch.Tensor, layer: nn.Linear, hw_shape) -> torch.Tensor:
-    """``layer`` on tokens (B, N, C_in), computed as ``W x^T + b`` into a
-    contiguous NCHW map (B, C_out, H, W)."""
-    batch, tokens, _ = x.shape
-    weight = layer.weight.expand(batch, -1, -1)  # (B, C_out, C_in)
-    if layer.bias is None:
-        out = torch.bmm(weight, x.transpose(1, 2))  # (B, C_out, N)
-    else:
-        out = torch.baddbmm(layer.bias[:, None].expand(batch, -1, tokens), weight,
-                            x.transpose(1, 2))
-    return out.view(batch, -1, *hw_shape)
-
-
-def map_heads(feature_map: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """A map (B, h * d, H, W) as heads of tokens (B, h, H * W, d), a view."""
-    batch, channels = feature_map.shape[:2]
-    heads = feature_map.reshape(batch, num_heads, channels // num_heads, -1)
-    return heads.transpose(-1, -2)
 
 
 # --- Blocks
@@ -254,23 +637,26 @@ class SoftBlock(nn.Module):
         **attn_kwargs: Further :class:`SoftAttention` arguments.
     """
 
+    memory_efficient = True
+
     def __init__(self, embed_dims: int, num_heads: int, sr_ratio: int,
-                 local_kernel_size: int, mlp_ratio: float = 4.,
-                 drop_path: float = 0., **attn_kwargs):
+                 local_kernel_size: int, mlp_ratio: float = 4., drop_path: float = 0.,
+                 **attn_kwargs):
         super().__init__()
-        self.attn = SoftAttention(embed_dims, num_heads, sr_ratio,
-                                  local_kernel_size, **attn_kwargs)
+        self.attn = SoftAttention(embed_dims, num_heads, sr_ratio, local_kernel_size,
+                                  **attn_kwargs)
         self.norm1 = nn.LayerNorm(embed_dims)
         self.mlp = MLP(embed_dims, int(embed_dims * mlp_ratio), act_layer=TanhGELU)
         self.norm2 = nn.LayerNorm(embed_dims)
         self.drop_path = drop_path_or_identity(drop_path)
 
     def forward(self, x: torch.Tensor, hw_shape,
-                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """(B, N, C) on an (H, W) grid -> (B, N, C), see SoftAttention.forward."""
-        x = x + self.drop_path(self.attn(x, hw_shape, valid_shapes))
-        x, mlp_out = self.mlp.forward_normed(x, self.norm1)
-        return self.norm2(x + self.drop_path(mlp_out))
+                regions: Optional[Regions] = None) -> torch.Tensor:
+        """(B, N, C) on the (H, W) grid -> (B, N, C)."""
+        if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
+            return memory_efficient.soft_block(self, x, hw_shape, regions)
+        x = self.norm1(x + self.drop_path(self.attn(x, hw_shape, regions)))
+        return self.norm2(x + self.drop_path(self.mlp(x)))
 
 
 class GlobalSoftmaxAttention(nn.Module):
@@ -290,13 +676,20 @@ class GlobalSoftmaxAttention(nn.Module):
                 key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B, N, C) -> (B, N, C); ``key_mask`` (B, N) bool is False for padding."""
         queries = split_heads(self.q(x), self.num_heads)  # (B, h, N, d)
-        keys, values = self.kv(x).chunk(2, dim=-1)
-        keys = split_heads(keys, self.num_heads)
-        values = split_heads(values, self.num_heads)
+        keys, values = (split_heads(t, self.num_heads) for t in self.kv(x).chunk(2, -1))
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(  # (B, h, N, d)
-            queries, keys, values, attn_mask=attn_mask)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=attn_mask)
         return self.proj(merge_heads(out))
+
+
+def grid_key_mask(x: torch.Tensor, regions: Optional[Regions]) -> Optional[torch.Tensor]:
+    """(B, N) bool: True for the leading extra tokens and the grid tokens inside
+    the regions; None without regions."""
+    if regions is None:
+        return None
+    inside = ~regions.padding.flatten(1)  # (B, H * W)
+    extra = inside.new_ones(x.shape[0], x.shape[1] - inside.shape[1])
+    return torch.cat((extra, inside), dim=1)
 
 
 class SoftmaxBlock(nn.Module):
@@ -307,13 +700,14 @@ class SoftmaxBlock(nn.Module):
         num_heads (int): Number of heads.
         mlp_ratio (float): MLP hidden width / C. Default: 4.
         drop_path (float): Stochastic depth rate. Default: 0.
-        qkv_bias (bool): Bias of the attention input projections. Default: True.
+        qkv_bias (bool): Bias of the attention's input projections. Default: True.
         norm_eps (float): LayerNorm epsilon. Default: 1e-6.
     """
 
+    memory_efficient = True
+
     def __init__(self, embed_dims: int, num_heads: int, mlp_ratio: float = 4.,
-                 drop_path: float = 0., qkv_bias: bool = True,
-                 norm_eps: float = 1e-6):
+                 drop_path: float = 0., qkv_bias: bool = True, norm_eps: float = 1e-6):
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.attn = GlobalSoftmaxAttention(embed_dims, num_heads, qkv_bias)
@@ -322,35 +716,27 @@ class SoftmaxBlock(nn.Module):
         self.drop_path = drop_path_or_identity(drop_path)
 
     def forward(self, x: torch.Tensor, hw_shape=None,
-                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """(B, extra + H * W, C) -> same; masks grid tokens outside ``valid_shapes``."""
-        key_mask = None
-        if valid_shapes is not None:
-            key_mask = grid_key_mask(x, hw_shape, valid_shapes)
-        x = x + self.drop_path(self.attn(self.norm1(x), key_mask=key_mask))
-        return x + self.drop_path(self.mlp.forward_normed(x, self.norm2)[1])
-
-
-def grid_key_mask(x: torch.Tensor, hw_shape, valid_shapes: ValidShapes) -> torch.Tensor:
-    """(B, N) bool: True for the leading extra tokens and the valid grid tokens."""
-    inside = valid_mask(valid_shapes, hw_shape, x.device).flatten(1)  # (B, H*W)
-    extra = x.new_ones(x.shape[0], x.shape[1] - inside.shape[1], dtype=torch.bool)
-    return torch.cat((extra, inside), dim=1)
+                regions: Optional[Regions] = None) -> torch.Tensor:
+        """(B, extra + H * W, C) -> the same; grid tokens outside the regions are
+        no keys."""
+        if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
+            return memory_efficient.softmax_block(self, x, hw_shape, regions)
+        x = x + self.drop_path(self.attn(self.norm1(x), grid_key_mask(x, regions)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
 # --- Position embeddings
 def interpolate_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
                           dst_shape: Tuple[int, int]) -> torch.Tensor:
-    """Bilinearly resamples position embeddings (1, Hs * Ws, C) -> (1, H * W, C)."""
-    channels = pos_embed.shape[-1]
-    grid = pos_embed.reshape(1, *src_shape, channels).permute(0, 3, 1, 2)
+    """Position embeddings (1, Hs * Ws, C) resampled bilinearly to (1, H * W, C)."""
+    grid = pos_embed.reshape(1, *src_shape, pos_embed.shape[-1]).permute(0, 3, 1, 2)
     grid = F.interpolate(grid, size=dst_shape, mode='bilinear', align_corners=False)
     return grid.flatten(2).transpose(1, 2)
 
 
 def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
                      dst_shape: Tuple[int, int]) -> torch.Tensor:
-    """``interpolate_pos_embed``, returning ``pos_embed`` itself if unchanged."""
+    """:func:`interpolate_pos_embed`, or ``pos_embed`` itself at its own size."""
     if tuple(src_shape) == tuple(dst_shape):
         return pos_embed
     return interpolate_pos_embed(pos_embed, src_shape, dst_shape)
@@ -359,31 +745,25 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
 def resize_pos_embed_to_regions(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
                                 hw_shape: Tuple[int, int],
                                 valid_shapes: ValidShapes) -> torch.Tensor:
-    """Embeddings (1, Hs * Ws, C) resized per valid region: (B, H * W, C).
-
-    Each image's region gets the embeddings resized to its (h, w); zero outside.
-    """
+    """Embeddings (1, Hs * Ws, C) resized to each region: (B, H * W, C), zero outside."""
     resized = per_distinct_shape(  # (1, h * w, C) each
         lambda shape: resize_pos_embed(pos_embed, src_shape, shape), valid_shapes)
-    return torch.cat([region_tokens_to_grid(resized[shape], shape, hw_shape)
-                      for shape in valid_shapes])
+    grids = [resized[shape].unflatten(1, shape).movedim(-1, 1)  # (1, C, h, w)
+             for shape in valid_shapes]
+    return torch.cat([pad_to_grid(grid, hw_shape) for grid in grids]).flatten(2).transpose(1, 2)
 
 
 # --- Stage
-class SoftStage(Exportable, nn.Module):
-    """One stage: patch embedding, position embeddings, blocks, and in the last
-    stage the class token and the final LayerNorm.
-
-    Tokens ``[cls;] patches + pos`` (B, extra + H * W, C) run the blocks; the
-    position embeddings, learned on ``pos_grid``, are resized to each grid.
+class SoftStage(nn.Module):
+    """One stage: patch embedding, position embeddings and blocks, and in the
+    last stage the class token and the final LayerNorm.
 
     Args:
         patch_embed (ConvPatchEmbed): Input map (or image) to tokens.
         blocks (Sequence[nn.Module]): The stage's blocks.
         embed_dims (int): Token width C.
         pos_grid (tuple[int, int]): Grid of the learned position embeddings.
-        class_token (bool): Prepend a class token, end with a LayerNorm.
-            Default: False.
+        class_token (bool): Prepend a class token, end with a LayerNorm. Default: False.
         drop_rate (float): Dropout after the position embeddings. Default: 0.
     """
 
@@ -404,42 +784,43 @@ class SoftStage(Exportable, nn.Module):
         self.grad_checkpointing = False
         self.exportable = False
 
-    def choose_formulation(self, exportable: bool) -> None:
-        """ONNX: the resize runs on every grid, the learned one included."""
-        self.resize_pos_embed = (interpolate_pos_embed if exportable
-                                 else resize_pos_embed)
-
-    def position_embeddings(self, hw_shape: Tuple[int, int],
-                            valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """At ``hw_shape`` (per valid region), cls first: (1 or B, extra + H * W, C)."""
-        grid_embed = self.pos_embed[:, self.extra_tokens:]
-        if valid_shapes is None:
-            grid = self.resize_pos_embed(grid_embed, self.pos_grid, hw_shape)
-        else:
-            grid = resize_pos_embed_to_regions(grid_embed, self.pos_grid, hw_shape,
-                                               valid_shapes)
-        if not self.extra_tokens:
-            return grid
-        extra_embed = self.pos_embed[:, :self.extra_tokens]
-        extra_embed = extra_embed.expand(grid.shape[0], -1, -1)
-        return torch.cat((extra_embed, grid), dim=1)
-
     def forward(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes] = None
-                ) -> Tuple[torch.Tensor, Tuple[int, int], Optional[ValidShapes]]:
-        """Map (B, C_in, H_in, W_in) -> tokens (B, extra + H * W, C), the grid
-        (H, W) and its valid regions; padded tokens (``valid_shapes``) are ignored."""
+                ) -> Tuple[torch.Tensor, Tuple[int, int], Optional[Regions]]:
+        """A map (B, C_in, H_in, W_in) -> tokens (B, extra + H * W, C), the grid
+        (H, W) and its regions; padded cells of the input are ignored."""
         patches, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C)
         if valid_shapes is not None:
             valid_shapes = self.patch_embed.output_shapes(valid_shapes)
+        regions = regions_on_grid(valid_shapes, hw_shape, patches.device)
+
         if self.extra_tokens:
             cls_token = self.cls_token.expand(patches.shape[0], -1, -1)  # (B, 1, C)
             patches = torch.cat((cls_token, patches), dim=1)
-        tokens = self.pos_drop(  # (B, extra + N, C); no embeddings held by the blocks
-            patches + self.position_embeddings(hw_shape, valid_shapes))
+        tokens = self.pos_drop(patches + self.position_embeddings(hw_shape, valid_shapes))
+
         for block in self.blocks:
-            tokens = run_block(block, tokens, hw_shape, valid_shapes,
-                               checkpointing=self.grad_checkpointing and self.training)
-        return self.norm(tokens), hw_shape, valid_shapes
+            if self.grad_checkpointing and self.training and tokens.requires_grad:
+                tokens = memory_efficient.recomputed(block, tokens, hw_shape, regions)
+            else:
+                tokens = block(tokens, hw_shape, regions)
+        return self.norm(tokens), hw_shape, regions
+
+    def position_embeddings(self, hw_shape: Tuple[int, int],
+                            valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
+        """The embeddings at ``hw_shape`` (per region), class token's first:
+        (1 or B, extra + H * W, C). The ONNX formulation resizes every grid."""
+        grid_embed = self.pos_embed[:, self.extra_tokens:]
+        if valid_shapes is not None:
+            grid = resize_pos_embed_to_regions(grid_embed, self.pos_grid, hw_shape,
+                                               valid_shapes)
+        elif self.exportable:
+            grid = interpolate_pos_embed(grid_embed, self.pos_grid, hw_shape)
+        else:
+            grid = resize_pos_embed(grid_embed, self.pos_grid, hw_shape)
+        if not self.extra_tokens:
+            return grid
+        extra_embed = self.pos_embed[:, :self.extra_tokens].expand(grid.shape[0], -1, -1)
+        return torch.cat((extra_embed, grid), dim=1)
 
 
 # --- Model
@@ -456,68 +837,51 @@ ARCH_SETTINGS = {
     'huge': dict(embed_dims=[64, 128, 352, 512], num_heads=[2, 4, 11, 16],
                  depths=[1, 5, 49, 5]),
 }
-ARCH_DEFAULTS = dict(
-    sr_ratios=[8, 4, 2, 1],
-    local_kernel_sizes=[9, 5, 3],
-    mlp_ratios=[4, 4, 4, 4],
-    stem_channels=32,
-)
+ARCH_DEFAULTS = dict(sr_ratios=[8, 4, 2, 1], local_kernel_sizes=[9, 5, 3],
+                     mlp_ratios=[4, 4, 4, 4], stem_channels=32)
 NUM_STAGES = 4
-#: The stage of tokens ``[cls; grid]``; ``pos_embeds[3]`` also holds cls's entry first.
+#: The stage of tokens ``[cls; grid]``.
 CLASS_TOKEN_STAGE = NUM_STAGES - 1
 
 
 class SOFT(DenseBackbone):
     """SOFT / SOFT++ (Lu et al., NeurIPS 2021 / IJCV 2024).
 
-    Four :class:`SoftStage` s at strides 4-32, each a conv patch embedding,
-    resized position embeddings and blocks: stages 1-3 run :class:`SoftBlock` s,
+    Four :class:`SoftStage` s at strides 4-32: stages 1-3 run :class:`SoftBlock` s,
     stage 4 :class:`SoftmaxBlock` s with a class token, whose normalised state
     feeds the classifier ``head``.
 
     Args:
         arch (str | dict): ``'tiny'`` to ``'huge'``, or a dict of ``embed_dims``,
-            ``num_heads``, ``depths`` (+ ``ARCH_DEFAULTS`` keys). Default: ``'tiny'``.
+            ``num_heads``, ``depths`` (and ``ARCH_DEFAULTS`` keys). Default: ``'tiny'``.
         variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft++'``.
-        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``
-            (``mmsoft.models.soft_kernels``). Default: ``'newton'``.
+        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``.
+            Default: ``'newton'``.
         newton_iters (int): Newton iterations. Default: 20.
         max_bottleneck_tokens (int, optional): Bottleneck cap; None: none. Default: 256.
-        kernel_chunk_tokens (int, optional): Rows of ``K1`` held at a time by the
-            memory-efficient path; None: all. Default: 16384.
+        kernel_chunk_tokens (int, optional): Rows of K1 the memory-saving path
+            holds at a time; None: all. Default: 16384.
         in_channels (int): Image channels. Default: 3.
-        pretrain_img_size (int): Position embeddings' image size. Default: 224.
+        pretrain_img_size (int): The position embeddings' image size. Default: 224.
         out_indices (Sequence[int]): Stages (0-3) of the feature maps. Default: all.
         drop_rate (float): Dropout after the position embeddings. Default: 0.
-        drop_path_rate (float): Stochastic depth, linear over blocks. Default: 0.1.
-        memory_efficient (bool): Train through the memory-efficient path. Default: True.
+        drop_path_rate (float): Stochastic depth, linear over the blocks. Default: 0.1.
+        memory_efficient (bool): Train through the memory-saving path. Default: True.
         recompute_mlp (bool): MLPs recompute their hidden layer. Default: False.
         num_classes (int): Classifier outputs; 0: no classifier. Default: 0.
         global_pool (str): ``'token'`` (class token) or ``''``. Default: ``'token'``.
-
-    Deprecated spellings: ``attention=`` (``variant=``), ``recompute_ffn=``
-    (``recompute_mlp=``).
     """
 
-    deprecation_name = 'SOFT'
+    family = 'SOFT'
 
-    @accepts_renamed_arguments
-    def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
-                 variant: str = 'soft++',
-                 solver: str = 'newton',
-                 newton_iters: int = 20,
+    def __init__(self, arch: Union[str, dict] = 'tiny', variant: str = 'soft++',
+                 solver: str = 'newton', newton_iters: int = 20,
                  max_bottleneck_tokens: Optional[int] = 256,
-                 kernel_chunk_tokens: Optional[int] = 16384,
-                 in_channels: int = 3,
-                 pretrain_img_size: int = 224,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1,
-                 memory_efficient: bool = True,
-                 recompute_mlp: bool = False,
-                 num_classes: int = 0,
-                 global_pool: str = 'token'):
+                 kernel_chunk_tokens: Optional[int] = 16384, in_channels: int = 3,
+                 pretrain_img_size: int = 224, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_rate: float = 0., drop_path_rate: float = 0.1,
+                 memory_efficient: bool = True, recompute_mlp: bool = False,
+                 num_classes: int = 0, global_pool: str = 'token'):
         super().__init__(in_channels, out_indices, num_classes, global_pool, drop_rate,
                          drop_path_rate)
         settings = resolve_arch(arch, ARCH_SETTINGS,
@@ -527,46 +891,39 @@ class SOFT(DenseBackbone):
         check_lengths(settings, ('local_kernel_sizes', ), NUM_STAGES - 1)
         check_divisible('embed_dims', settings['embed_dims'], 'num_heads',
                         settings['num_heads'])
-        solver = check_kernel_inverse_options(variant, solver)
+        check_kernel_inverse_options(variant, solver)
         check_positive_int('newton_iters', newton_iters)
-        check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens,
-                           allow_none=True)
-        check_positive_int('kernel_chunk_tokens', kernel_chunk_tokens,
-                           allow_none=True)
+        check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens, allow_none=True)
+        check_positive_int('kernel_chunk_tokens', kernel_chunk_tokens, allow_none=True)
         check_positive_int('pretrain_img_size', pretrain_img_size)
         self.arch_settings = settings
         self.variant = variant
         self.solver = solver
         self.embed_dims = list(settings['embed_dims'])
         self.num_features = self.head_hidden_size = self.embed_dims[-1]
-        self.feature_info = [
-            dict(num_chs=dims, reduction=2**(i + 2), module=f'stages.{i}')
-            for i, dims in enumerate(self.embed_dims)]
+        self.feature_info = [dict(num_chs=dims, reduction=2**(i + 2), module=f'stages.{i}')
+                             for i, dims in enumerate(self.embed_dims)]
 
         depths = settings['depths']
-        drop_path_rates = torch.linspace(0, drop_path_rate, sum(depths),
-                                          device='cpu').tolist()
-        attn_kwargs = dict(variant=variant, solver=solver,
-                           newton_iters=newton_iters,
+        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        attn_kwargs = dict(variant=variant, solver=solver, newton_iters=newton_iters,
                            max_bottleneck_tokens=max_bottleneck_tokens,
                            kernel_chunk_tokens=kernel_chunk_tokens)
-        # Patch embeddings first: a seed gives the initial weights it gave
-        # before the stage modules.
         patch_embeds = [self._patch_embed(i) for i in range(NUM_STAGES)]
         self.stages = nn.ModuleList()
         for i, dims in enumerate(self.embed_dims):
-            rates = drop_path_rates[sum(depths[:i]):sum(depths[:i + 1])]
-            blocks = [self._block(i, rate, attn_kwargs) for rate in rates]
+            stage_rates = rates[sum(depths[:i]):sum(depths[:i + 1])]
+            blocks = [self._block(i, rate, attn_kwargs) for rate in stage_rates]
             pos_grid = (pretrain_img_size // 2**(i + 2), ) * 2
-            self.stages.append(SoftStage(
-                patch_embeds[i], blocks, dims, pos_grid,
-                class_token=i == CLASS_TOKEN_STAGE, drop_rate=drop_rate))
+            self.stages.append(SoftStage(patch_embeds[i], blocks, dims, pos_grid,
+                                         class_token=i == CLASS_TOKEN_STAGE,
+                                         drop_rate=drop_rate))
         self.head = self._classifier(num_classes)
         self.select_memory_path(memory_efficient, recompute_mlp)
         self._init_from_scratch()
 
     def _patch_embed(self, stage: int) -> ConvPatchEmbed:
-        """Stage 1: three convs (strides 2, 1, 2); later stages: one stride-2 conv."""
+        """Stage 1: three convolutions (strides 2, 1, 2); later stages one of stride 2."""
         dims = self.embed_dims[stage]
         if stage == 0:
             stem = self.arch_settings['stem_channels']
@@ -580,8 +937,8 @@ class SOFT(DenseBackbone):
         if stage == NUM_STAGES - 1:
             return SoftmaxBlock(dims, heads, mlp_ratio, drop_path)
         return SoftBlock(dims, heads, settings['sr_ratios'][stage],
-                         settings['local_kernel_sizes'][stage], mlp_ratio,
-                         drop_path, **attn_kwargs)
+                         settings['local_kernel_sizes'][stage], mlp_ratio, drop_path,
+                         **attn_kwargs)
 
     def _init_from_scratch(self) -> None:
         """Truncated-normal position embeddings, class token and Linear weights."""
@@ -590,66 +947,56 @@ class SOFT(DenseBackbone):
                 nn.init.trunc_normal_(param, std=.02)
         self.apply(init_transformer_weights)
 
-    def run_stages(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],
-                   indices: Sequence[int] = (), last_stage: Optional[int] = None
-                   ) -> Tuple[List[torch.Tensor], torch.Tensor]:
-        """Stages 0..``last_stage`` (default: all); padded tokens are ignored.
-
-        Returns:
-            tuple[list[Tensor], Tensor]: Maps of ``indices``, (B, C_i, H_i, W_i) at
-            stride 2**(i + 2), and the last stage's tokens (B, extra + N, C).
-        """
-        last_stage = len(self.stages) - 1 if last_stage is None else last_stage
-        maps = []
-        for i, stage in enumerate(self.stages[:last_stage + 1]):
-            tokens, hw_shape, valid_shapes = stage(x, valid_shapes)
-            grid = tokens[:, stage.extra_tokens:]  # (B, N, C)
-            if i in indices:  # contiguous NCHW, zero outside the valid regions
-                maps.append(mask_map(tokens_to_map(grid, hw_shape), valid_shapes))
-            x = tokens_as_map(grid, hw_shape)  # the next stage's input, a view
-        return maps, tokens
-
-    def forward_maps(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],
-                     indices: Sequence[int]) -> List[torch.Tensor]:
-        return self.run_stages(x, valid_shapes, indices, last_stage=max(indices))[0]
-
-    def forward_intermediates(self, x: torch.Tensor,
-                              indices: Optional[Union[int, Sequence[int]]] = None,
-                              norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = 'NCHW',
-                              intermediates_only: bool = False,
-                              valid_shapes: Optional[Sequence] = None):
-        """timm's feature API: the maps of ``indices`` (strides 4-32), in one pass.
-
-        Args:
-            x: Images (B, in_channels, H, W).
-            indices: Stages to return (see ``take_indices``). Default: all.
-            norm: Unused (the last stage's map is normalised, as in forward).
-            stop_early: Stop after the last stage asked for; with
-                ``intermediates_only`` it always does. Default: False.
-            output_fmt: ``'NCHW'`` only.
-            intermediates_only: Return the maps alone. Default: False.
-            valid_shapes: Each image's (h, w) in a padded batch. Default: None.
-
-        Returns:
-            The maps, or the last stage's tokens (``forward_features``) and the maps.
-        """
-        shapes, indices = self.check_intermediates_request(x, indices, output_fmt,
-                                                           valid_shapes)
-        last_stage = max(indices) if stop_early or intermediates_only else None
-        maps, tokens = self.run_stages(x, shapes, indices, last_stage)
-        return maps if intermediates_only else (tokens, maps)
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The normalised stage-4 tokens, class token first: (B, 1 + N, C)."""
         self.check_input(x)
-        return self.run_stages(x, None)[1]
+        for stage in self.stages:
+            tokens, hw_shape, _ = stage(x)
+            x = tokens_as_map(tokens[:, stage.extra_tokens:], hw_shape)  # a view
+        return tokens
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens (B, 1 + N, C) -> logits (B, num_classes), or features (B, C)."""
         if self.global_pool == 'token':
             x = x[:, 0]
         return x if pre_logits else self.head(x)
+
+    def forward_intermediates(self, x: torch.Tensor,
+                              indices: Optional[Union[int, Sequence[int]]] = None,
+                              norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = 'NCHW', intermediates_only: bool = False,
+                              valid_shapes: Optional[Sequence] = None):
+        """timm's feature API: the maps of ``indices`` (strides 4-32), in one pass.
+
+        Args:
+            x (Tensor): Images (B, in_channels, H, W).
+            indices: Stages to return (see ``take_indices``). Default: all.
+            norm (bool): Unused: the last stage's map is normalised, as in forward.
+            stop_early (bool): Stop after the last stage asked for (always with
+                ``intermediates_only``). Default: False.
+            output_fmt (str): ``'NCHW'`` only.
+            intermediates_only (bool): Return the maps alone. Default: False.
+            valid_shapes (Sequence, optional): Each image's (h, w) in a padded
+                batch; the maps are zero outside. Default: None.
+
+        Returns:
+            The maps, or the last stage's tokens (as ``forward_features``) and the maps.
+        """
+        valid_shapes, indices = self.intermediates_request(x, indices, output_fmt,
+                                                           valid_shapes)
+        last = max(indices) if stop_early or intermediates_only else NUM_STAGES - 1
+        maps = []
+        for i, stage in enumerate(self.stages[:last + 1]):
+            tokens, hw_shape, regions = stage(x, valid_shapes)
+            grid = tokens[:, stage.extra_tokens:]  # (B, N, C)
+            if i in indices:  # contiguous NCHW, zero outside the regions
+                feature = tokens_to_map(grid, hw_shape)
+                if regions is not None:
+                    feature = feature.masked_fill(regions.padding, 0.)
+                maps.append(feature)
+            x = tokens_as_map(grid, hw_shape)  # the next stage's input, a view
+            valid_shapes = None if regions is None else regions.shapes
+        return maps if intermediates_only else (tokens, maps)
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
         """A new classifier of ``num_classes`` outputs (0: none)."""
@@ -679,19 +1026,24 @@ class SOFT(DenseBackbone):
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(stem=r'^stages\.0\.(?:patch_embed|pos_embed)',
                     blocks=r'^stages\.(\d+)' if coarse else
-                    [(r'^stages\.(\d+)\.blocks\.(\d+)', None),
-                     (r'^stages\.(\d+)\.', None)])
+                    [(r'^stages\.(\d+)\.blocks\.(\d+)', None), (r'^stages\.(\d+)\.', None)])
 
 
-# --- Official checkpoints
+def set_exportable(model: nn.Module, enabled: bool) -> nn.Module:
+    """Switches the ONNX formulation of every SOFT layer; returns ``model``."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f'enabled={enabled!r} is invalid; expected True or False.')
+    for module in model.modules():
+        if isinstance(module, (SoftAttention, SoftStage)):
+            module.exportable = enabled
+    return model
+
+
 def checkpoint_filter_fn(state_dict: dict, model: SOFT) -> dict:
-    """An official SOFT / SOFT++ checkpoint (fudan-zvg/SOFT) in :class:`SOFT`'s layout.
-
-    A dict in mmsoft's layout (or an earlier one) passes as is; ``head.*`` is kept
-    if ``model`` has a classifier.
-    """
-    mmsoft_keys = {'stages.0.patch_embed.proj.0.weight', 'patch_embeds.0.proj.0.weight'}
-    if mmsoft_keys & set(state_dict):  # mmsoft's layout or an earlier one
+    """An official SOFT / SOFT++ checkpoint (fudan-zvg/SOFT) in :class:`SOFT`'s
+    layout; one in mmsoft's layout (or an earlier one) passes as it is.
+    ``head.*`` is kept where ``model`` has a classifier."""
+    if {'stages.0.patch_embed.proj.0.weight', 'patch_embeds.0.proj.0.weight'} & set(state_dict):
         return state_dict
     converted, _ = soft_official_to_mmsoft(state_dict, variant=model.variant)
     if isinstance(model.head, nn.Linear):

@@ -1,8 +1,9 @@
-"""UFO-ViT: a vision transformer with softmax-free attention of linear cost.
+"""UFO-ViT: a vision transformer whose softmax-free attention costs O(N).
 
 Song, *UFO-ViT: High Performance Linear Vision Transformer without Softmax*
 (arXiv 2109.14382). Attention is ``XNorm(Q) . XNorm(K^T V)``, evaluated right
-to left in O(N d^2); the encoder follows XCiT's layout.
+to left in O(N d^2); the encoder follows XCiT's layout, and a pyramid
+resamples four of its blocks' outputs to strides 4-32 (docs/ufo_vit_design.md).
 """
 import math
 from typing import List, Optional, Sequence, Tuple, Union
@@ -10,26 +11,20 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call
 
-from ..deprecations import accepts_renamed_arguments
-from ..utils.torch_compat import autocast_off
 from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indices,
                                 check_positive_float, check_positive_int, resolve_arch)
-from .functional import (ValidShapes, apply_without_autocast, backward_without_autocast,
-                         full_precision, is_recomputing,
-                         layer_norm_input_grad, mask_map, merge_heads, pad_to_grid,
-                         per_distinct_shape, recomputed, recomputes_locally,
-                         scaled_weight_and_bias, split_heads, strided_shapes,
-                         valid_mask)
-from .layers import (GELU, MLP, ConvPatchEmbed, DenseBackbone, MemoryEfficient,
-                     drop_path_or_identity, init_transformer_weights, take_indices,
-                     tokens_to_map)
+from . import memory_efficient
+from .common import (GELU, MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidShapes,
+                     autocast_off, drop_path_or_identity, full_precision,
+                     init_transformer_weights, is_tracing, mask_map, merge_heads,
+                     pad_to_grid, per_distinct_shape, regions_on_grid, split_heads,
+                     strided_shapes, take_indices, tokens_to_map)
 
 
 # --- Position encoding
 class FourierPositionEncoding(nn.Module):
-    """Sinusoids of (y, x) cell coordinates in (0, 2*pi], projected by a 1x1 conv.
+    """Sinusoids of (y, x) cell coordinates in (0, 2 pi], projected by a 1x1 conv.
 
     Args:
         embed_dims (int): Output channels.
@@ -44,20 +39,9 @@ class FourierPositionEncoding(nn.Module):
         self.temperature = temperature
         self.proj = nn.Conv2d(2 * hidden_dims, embed_dims, kernel_size=1)
 
-    def encode_axis(self, length: int, device) -> torch.Tensor:
-        """Sinusoidal features of one axis: (length, hidden_dims)."""
-        coords = torch.arange(1, length + 1, dtype=torch.float32, device=device)
-        coords = coords / (length + 1e-6) * 2 * math.pi  # (length, )
-        index = torch.arange(self.hidden_dims, dtype=torch.float32, device=device)
-        freqs = self.temperature**(2 * torch.div(index, 2, rounding_mode='floor') /
-                                   self.hidden_dims)
-        angles = coords[:, None] / freqs  # (length, hidden)
-        return torch.stack((angles[:, 0::2].sin(), angles[:, 1::2].cos()),
-                           dim=2).flatten(1)
-
     def forward(self, batch: int, hw_shape: Tuple[int, int], device=None,
                 valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """Encoding (batch, embed_dims, H, W), per image with ``valid_shapes``."""
+        """The encoding (batch, embed_dims, H, W); per region with ``valid_shapes``."""
         if valid_shapes is None:
             return self.encode_grid(hw_shape, device).expand(batch, -1, -1, -1)
         encodings = per_distinct_shape(  # (1, C, h, w) each
@@ -65,41 +49,37 @@ class FourierPositionEncoding(nn.Module):
         return torch.cat([pad_to_grid(encodings[shape], hw_shape)
                           for shape in valid_shapes])
 
+    def encode_axis(self, length: int, device) -> torch.Tensor:
+        """Sinusoidal features of one axis: (length, hidden_dims)."""
+        coords = torch.arange(1, length + 1, dtype=torch.float32, device=device)
+        coords = coords / (length + 1e-6) * 2 * math.pi
+        index = torch.arange(self.hidden_dims, dtype=torch.float32, device=device)
+        freqs = self.temperature**(2 * torch.div(index, 2, rounding_mode='floor')
+                                   / self.hidden_dims)
+        angles = coords[:, None] / freqs  # (length, hidden)
+        return torch.stack((angles[:, 0::2].sin(), angles[:, 1::2].cos()), 2).flatten(1)
+
     def encode_grid(self, hw_shape: Tuple[int, int], device=None) -> torch.Tensor:
-        """Encoding of one (H, W) grid: (1, embed_dims, H, W)."""
+        """The encoding of one (H, W) grid: (1, embed_dims, H, W)."""
         height, width = hw_shape
         device = device or self.proj.weight.device
         pos_y = self.encode_axis(height, device)[:, None, :].expand(-1, width, -1)
         pos_x = self.encode_axis(width, device)[None, :, :].expand(height, -1, -1)
-        pos = torch.cat((pos_y, pos_x), dim=-1).permute(2, 0, 1)  # (2*hidden, H, W)
-        pos = pos.to(self.proj.weight.dtype).unsqueeze(0)
-        return self.proj(pos)
+        pos = torch.cat((pos_y, pos_x), dim=-1).permute(2, 0, 1)  # (2 hidden, H, W)
+        return self.proj(pos.to(self.proj.weight.dtype).unsqueeze(0))
 
 
 # --- Local patch interaction
-def batch_norm_once(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)``; while recomputing (``is_recomputing``), on copies of its
-    buffers, so that its running statistics update once per step."""
-    if not (norm.training and is_recomputing()):
-        return norm(x)
-    buffers = {name: buffer.clone() for name, buffer in norm.named_buffers()}
-    return functional_call(norm, buffers, (x, ))
-
-
-class LocalPatchInteraction(MemoryEfficient, nn.Module):
-    """Local patch interaction: ``DWConv -> GELU -> BatchNorm -> DWConv`` on the grid.
+class LocalPatchInteraction(nn.Module):
+    """``DWConv -> GELU -> BatchNorm -> DWConv`` on the grid of tokens.
 
     Args:
         embed_dims (int): Token width C.
         kernel_size (int): Odd kernel size of both depth-wise convs. Default: 3.
         act_layer (type): Activation class. Default: GELU.
-
-    Raises:
-        ValueError: If ``embed_dims`` or ``kernel_size`` is invalid or even.
     """
 
-    def __init__(self, embed_dims: int, kernel_size: int = 3,
-                 act_layer: type = GELU):
+    def __init__(self, embed_dims: int, kernel_size: int = 3, act_layer: type = GELU):
         super().__init__()
         check_positive_int('embed_dims', embed_dims)
         check_positive_int('kernel_size', kernel_size)
@@ -107,135 +87,69 @@ class LocalPatchInteraction(MemoryEfficient, nn.Module):
             raise ValueError(f'kernel_size={kernel_size} is invalid; expected an '
                              f'odd integer so that the grid keeps its size.')
         padding = kernel_size // 2
-        self.conv1 = nn.Conv2d(embed_dims, embed_dims, kernel_size,
-                               padding=padding, groups=embed_dims)
+        self.conv1 = nn.Conv2d(embed_dims, embed_dims, kernel_size, padding=padding,
+                               groups=embed_dims)
         self.act = act_layer()
         self.bn = nn.BatchNorm2d(embed_dims)
-        self.conv2 = nn.Conv2d(embed_dims, embed_dims, kernel_size,
-                               padding=padding, groups=embed_dims)
+        self.conv2 = nn.Conv2d(embed_dims, embed_dims, kernel_size, padding=padding,
+                               groups=embed_dims)
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
-                valid_shapes: Optional[ValidShapes] = None,
-                layer_scale: Optional[torch.Tensor] = None,
-                norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
-        """``layer_scale * conv2(bn(act(conv1(x))))`` on the (H, W) grid: (B, N, C) ->
-        (B, N, C); the convs see zeros outside ``valid_shapes``. ``norm``: a
-        LayerNorm applied to ``x`` first (the memory-efficient path keeps only
-        the normalised x^, ``normalize``)."""
+                padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Tokens (B, N, C) on the (H, W) grid -> (B, N, C); the convolutions see
+        zeros where ``padding`` (B, 1, H, W) is True."""
         batch, _, channels = x.shape
-        weight2, bias2 = scaled_weight_and_bias(self.conv2, layer_scale)
-        recompute = self.saving_memory() and recomputes_locally(self.bn)
-        affine = ()
-        if norm is not None and recompute:
-            x, affine = normalize(x, norm.eps), (norm.weight, norm.bias)
-        elif norm is not None:
-            x = norm(x)
-        # (B, N, C) is a channels-last (B, C, H, W) map: a view, no copy.
-        grid = x.transpose(1, 2).view(batch, channels, *hw_shape)
-        if recompute:
-            grid = recomputed(self.mix, grid, weight2, bias2, valid_shapes, *affine)
-        else:
-            grid = self.mix(grid, weight2, bias2, valid_shapes)
-        return grid.flatten(2).transpose(1, 2)  # (B, N, C)
+        grid = x.transpose(1, 2).view(batch, channels, *hw_shape)  # a view
+        grid = self.mix(grid, padding, self.conv2.weight, self.conv2.bias)
+        return grid.flatten(2).transpose(1, 2)
 
-    def mix(self, grid: torch.Tensor, weight2: torch.Tensor,
-            bias2: Optional[torch.Tensor],
-            valid_shapes: Optional[ValidShapes] = None,
-            norm_weight: Optional[torch.Tensor] = None,
-            norm_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``conv2(bn(act(conv1(grid))))``, conv2's weight/bias given: (B, C, H, W);
-        ``grid * norm_weight + norm_bias`` (per channel) first where given."""
-        if norm_weight is not None:
-            grid = torch.addcmul(norm_bias[:, None, None], grid,
-                                 norm_weight[:, None, None])
-        hidden = self.act(self.conv1(mask_map(grid, valid_shapes)))  # (B, C, H, W)
-        hidden = mask_map(batch_norm_once(self.bn, hidden), valid_shapes)
+    def mix(self, grid: torch.Tensor, padding: Optional[torch.Tensor],
+            weight2: torch.Tensor, bias2: Optional[torch.Tensor]) -> torch.Tensor:
+        """``conv2(bn(act(conv1(grid))))`` on (B, C, H, W), conv2's weight given."""
+        if padding is not None:
+            grid = grid.masked_fill(padding, 0.)
+        hidden = memory_efficient.batch_norm_once(self.bn, self.act(self.conv1(grid)))
+        if padding is not None:
+            hidden = hidden.masked_fill(padding, 0.)
         return F.conv2d(hidden, weight2, bias2, padding=self.conv2.padding,
-                        groups=self.conv2.groups)  # (B, C, H, W)
+                        groups=self.conv2.groups)
 
 
-# --- LayerNorm keeping only its normalised output
-class Normalize(torch.autograd.Function):
-    """Autograd function of ``normalize``."""
-
-    @staticmethod
-    def forward(ctx, x, eps):
-        normalized, _, rstd = torch.native_layer_norm(  # x^, (..., C); (..., 1)
-            x, (x.shape[-1], ), None, None, eps)
-        ctx.save_for_backward(normalized, rstd)
-        return normalized
-
-    @staticmethod
-    @backward_without_autocast
-    def backward(ctx, grad):
-        """``dx = (g - mean(g) - x^ mean(g x^)) / sigma``, ``layer_norm_input_grad``."""
-        normalized, rstd = ctx.saved_tensors
-        return layer_norm_input_grad(grad, normalized, rstd), None
-
-
-def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm without affine, ``x^ = (x - mean) / sqrt(var + eps)`` over the
-    last dimension, keeping its output x^ and 1/sigma for backward instead of x.
-
-    A layer that reads ``norm(x) = gamma x^ + beta`` and keeps its input (a
-    Linear with the affine folded in, ``fold_layer_norm``, or a recomputed
-    function) then shares x^ with it. Returns float32 under autocast, as LayerNorm.
-    """
-    return apply_without_autocast(Normalize, x, eps)
-
-
-def fold_layer_norm(layer: nn.Linear, norm: nn.LayerNorm
-                    ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Weight and bias computing ``layer(norm(x))`` from ``x^``:
-    ``W' = W diag(gamma)`` (C_out, C), ``b' = b + W beta`` (C_out,)."""
-    with autocast_off(layer.weight.device.type):
-        shift = (layer.weight * norm.bias).sum(-1)  # W beta, in full precision
-        weight = layer.weight * norm.weight
-    return weight, shift if layer.bias is None else layer.bias + shift
-
-
-# --- UFO attention
-def xnorm(x: torch.Tensor, gamma: torch.Tensor, dim: int,
-          eps: float = 1e-6) -> torch.Tensor:
-    """``XNorm(x) = gamma x / ||x||_2`` along ``dim``, the norm at least ``eps``;
-    ``gamma`` broadcasts against ``x``. Returns float32 (float64 for float64)."""
-    with autocast_off(x.device.type):
-        x = full_precision(x)
-        norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True).clamp_min(eps)
-        return gamma.to(x.dtype) * (x / norm)
-
-
+# --- Attention
 def ufo_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   gamma_q: torch.Tensor, gamma_kv: torch.Tensor,
                   eps: float = 1e-6) -> torch.Tensor:
-    """``XNorm(Q) . XNorm(K^T V)`` per head, right to left in O(N d_k d_v).
+    """``XNorm(Q) . XNorm(K^T V)`` per head, ``XNorm(x) = gamma x / |x|_2``.
 
-    Q is normalised per token over its d_k channels (dim -1), K^T V over its d_k
-    axis (dim -2), so each of its d_v columns is a unit centroid and outputs are
-    cosines bounded by ``|gamma_q gamma_kv|``.
+    Q is normalised per token over its d_k channels, K^T V over its d_k axis,
+    so each of its d_v columns is a unit centroid and the outputs are cosines
+    bounded by ``|gamma_q gamma_kv|``. Evaluated right to left, Q's norms
+    scale the rows of the product: O(N d_k d_v).
 
     Args:
-        queries (Tensor): Q, shape (B, h, N, d_k).
-        keys (Tensor): K, shape (B, h, N, d_k).
-        values (Tensor): V, shape (B, h, N, d_v).
-        gamma_q (Tensor): XNorm scale of Q per head, shape (h, ).
-        gamma_kv (Tensor): XNorm scale of K^T V per head, shape (h, ).
+        queries (Tensor): Q, (B, h, N, d_k).
+        keys (Tensor): K, (B, h, N, d_k).
+        values (Tensor): V, (B, h, N, d_v).
+        gamma_q (Tensor): XNorm scale of Q per head, (h, ).
+        gamma_kv (Tensor): XNorm scale of K^T V per head, (h, ).
         eps (float): Lower bound of the norms. Default: 1e-6.
 
     Returns:
-        Tensor: Shape (B, h, N, d_v), float32 (float64 for float64 input).
+        Tensor: (B, h, N, d_v), float32 (float64 for float64 input).
     """
     with autocast_off(queries.device.type):
         queries = full_precision(queries)
         keys = full_precision(keys).to(queries.dtype)
         values = full_precision(values).to(queries.dtype)
-        context = keys.transpose(-2, -1) @ values  # (B, h, d_k, d_v)
-        context = xnorm(context, gamma_kv.view(-1, 1, 1), dim=-2, eps=eps)
-        queries = xnorm(queries, gamma_q.view(-1, 1, 1), dim=-1, eps=eps)
-        return queries @ context  # (B, h, N, d_v)
+        context = keys.transpose(-2, -1) @ values  # K^T V: (B, h, d_k, d_v)
+        context_norm = torch.linalg.vector_norm(context, dim=-2, keepdim=True)
+        gamma = (gamma_q * gamma_kv).to(queries.dtype).view(-1, 1, 1)
+        context = context * (gamma / context_norm.clamp_min(eps))  # (B, h, d_k, d_v)
+        query_norm = torch.linalg.vector_norm(queries, dim=-1, keepdim=True)
+        return (queries @ context) / query_norm.clamp_min(eps)  # (B, h, N, d_v)
 
 
-class UFOAttention(MemoryEfficient, nn.Module):
+class UFOAttention(nn.Module):
     """UFO self-attention: ``proj(XNorm(Q) . XNorm(K^T V))``, linear in N.
 
     Args:
@@ -246,12 +160,8 @@ class UFOAttention(MemoryEfficient, nn.Module):
         eps (float): Lower bound of the XNorm norms. Default: 1e-6.
     """
 
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int = 8,
-                 qkv_bias: bool = True,
-                 proj_drop: float = 0.,
-                 eps: float = 1e-6):
+    def __init__(self, embed_dims: int, num_heads: int = 8, qkv_bias: bool = True,
+                 proj_drop: float = 0., eps: float = 1e-6):
         super().__init__()
         check_positive_int('embed_dims', embed_dims)
         check_positive_int('num_heads', num_heads)
@@ -265,46 +175,26 @@ class UFOAttention(MemoryEfficient, nn.Module):
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def attend(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
-               norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
-        """Attention before ``proj``: (B, N, C) -> (B, h, N, C / h); ``key_mask``
-        (B, N) is False for tokens left out of ``K^T V``; ``norm``: a LayerNorm
-        applied to ``x`` first (the memory-efficient path folds its affine into
-        the QKV projection and keeps only the normalised x^, ``normalize``)."""
-        saving_memory = self.saving_memory()
-        if norm is not None and saving_memory:
-            qkv = F.linear(normalize(x, norm.eps), *fold_layer_norm(self.qkv, norm))
-        else:
-            qkv = self.qkv(x if norm is None else norm(x))  # (B, N, 3C)
-        queries, keys, values = qkv.chunk(3, dim=-1)  # 3 x (B, N, C)
-        queries = split_heads(queries, self.num_heads)  # (B, h, N, d)
-        keys = split_heads(keys, self.num_heads)  # (B, h, N, d)
-        if key_mask is not None:
-            keys = keys.masked_fill(~key_mask[:, None, :, None], 0.)
-        values = split_heads(values, self.num_heads)  # (B, h, N, d)
-        args = (queries, keys, values, self.gamma_q, self.gamma_kv, self.eps)
-        if saving_memory:
-            out = recomputed(ufo_attention, *args)
-        else:
-            out = ufo_attention(*args)  # XNorm(Q) . XNorm(K^T V): (B, h, N, d)
-        return out.to(values.dtype)
+    def forward(self, x: torch.Tensor,
+                padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C); tokens where ``padding`` (B, 1, H, W) is True
+        are left out of ``K^T V``."""
+        queries, keys, values = self.heads(self.qkv(x), padding)  # (B, h, N, d) each
+        out = ufo_attention(queries, keys, values, self.gamma_q, self.gamma_kv, self.eps)
+        return self.proj_drop(self.proj(merge_heads(out.to(values.dtype))))
 
-    def forward(self, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
-                layer_scale: Optional[torch.Tensor] = None,
-                norm: Optional[nn.LayerNorm] = None) -> torch.Tensor:
-        """``layer_scale * proj(attend(x))``, then dropout: (B, N, C) -> (B, N, C);
-        ``norm``: a LayerNorm applied to ``x`` first (see ``attend``)."""
-        out = merge_heads(self.attend(x, key_mask, norm))  # (B, N, C)
-        weight, bias = scaled_weight_and_bias(self.proj, layer_scale)
-        return self.proj_drop(F.linear(out, weight, bias))  # (B, N, C)
+    def heads(self, qkv: torch.Tensor, padding: Optional[torch.Tensor] = None):
+        """(B, N, 3C) -> Q, K, V (B, h, N, d), K zero where ``padding`` is True."""
+        queries, keys, values = (split_heads(t, self.num_heads) for t in qkv.chunk(3, -1))
+        if padding is not None:
+            keys = keys.masked_fill(padding.flatten(1)[:, None, :, None], 0.)
+        return queries, keys, values
 
 
 # --- Block
 class UFOBlock(nn.Module):
-    """XCiT block with UFO attention: three pre-norm residual branches.
-
-    ``x = x + g1 UFO(LN(x)); x = x + g2 LPI(LN(x)); x = x + g3 MLP(LN(x))``, with
-    per-channel LayerScales ``g1..3`` and stochastic depth on every branch.
+    """XCiT's block with UFO attention: three pre-norm residual branches with
+    per-channel layer scales g1..3 and stochastic depth.
 
     Args:
         embed_dims (int): Token width C.
@@ -313,20 +203,16 @@ class UFOBlock(nn.Module):
         qkv_bias (bool): Bias of the QKV projection. Default: True.
         drop (float): Dropout in the MLP and after attention. Default: 0.
         drop_path (float): Stochastic depth rate. Default: 0.
-        layer_scale_init_value (float): Initial ``gamma1..3``. Default: 1e-5.
-        local_kernel_size (int): LPI kernel size. Default: 3.
+        layer_scale_init_value (float): Initial g1..3. Default: 1e-5.
+        local_kernel_size (int): The local patch interaction's kernel. Default: 3.
         norm_eps (float): LayerNorm epsilon. Default: 1e-6.
     """
 
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int = 8,
-                 mlp_ratio: float = 4.,
-                 qkv_bias: bool = True,
-                 drop: float = 0.,
-                 drop_path: float = 0.,
-                 layer_scale_init_value: float = 1e-5,
-                 local_kernel_size: int = 3,
+    memory_efficient = True
+
+    def __init__(self, embed_dims: int, num_heads: int = 8, mlp_ratio: float = 4.,
+                 qkv_bias: bool = True, drop: float = 0., drop_path: float = 0.,
+                 layer_scale_init_value: float = 1e-5, local_kernel_size: int = 3,
                  norm_eps: float = 1e-6):
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
@@ -341,16 +227,14 @@ class UFOBlock(nn.Module):
         self.drop_path = drop_path_or_identity(drop_path)
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
-                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """Tokens (B, N, C) on an (H, W) grid -> (B, N, C); masks ``valid_shapes``."""
-        key_mask = None
-        if valid_shapes is not None:
-            key_mask = valid_mask(valid_shapes, hw_shape, x.device).flatten(1)  # (B, N)
-        x = x + self.drop_path(self.attn(x, key_mask, self.gamma1, norm=self.norm1))
-        x = x + self.drop_path(self.lpi(x, hw_shape, valid_shapes, self.gamma2,
-                                        norm=self.norm2))
-        mlp_out = self.mlp.forward_normed(x, self.norm3, self.gamma3)[1]
-        return x + self.drop_path(mlp_out)
+                regions: Optional[Regions] = None) -> torch.Tensor:
+        """Tokens (B, N, C) on the (H, W) grid -> (B, N, C)."""
+        if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
+            return memory_efficient.ufo_block(self, x, hw_shape, regions)
+        padding = None if regions is None else regions.padding
+        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x), padding))
+        x = x + self.drop_path(self.gamma2 * self.lpi(self.norm2(x), hw_shape, padding))
+        return x + self.drop_path(self.gamma3 * self.mlp(self.norm3(x)))
 
 
 # --- Feature pyramid
@@ -358,7 +242,7 @@ class FeaturePyramidAdapter(nn.Module):
     """Resamples stride-s maps to strides s/4, s/2, s and 2s, keeping channels.
 
     Branches: 0 ``ConvT(2, 2) -> BN -> GELU -> ConvT(2, 2)`` (x4), 1 ``ConvT(2, 2)``
-    (x2), 2 identity, 3 ``MaxPool2d(2, ceil_mode=True)``; only ``out_indices``.
+    (x2), 2 the identity, 3 ``MaxPool2d(2, ceil_mode=True)``; those of ``out_indices``.
 
     Args:
         embed_dims (int): Channels of the maps.
@@ -375,10 +259,9 @@ class FeaturePyramidAdapter(nn.Module):
     @staticmethod
     def _branch(scale: int, dims: int) -> nn.Module:
         if scale == 0:
-            return nn.Sequential(
-                nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2),
-                nn.BatchNorm2d(dims), GELU(),
-                nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2))
+            return nn.Sequential(nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2),
+                                 nn.BatchNorm2d(dims), GELU(),
+                                 nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2))
         if scale == 1:
             return nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2)
         if scale == 2:
@@ -388,8 +271,11 @@ class FeaturePyramidAdapter(nn.Module):
     def forward(self, feats: Sequence[torch.Tensor],
                 valid_shapes: Optional[ValidShapes] = None) -> Tuple[torch.Tensor, ...]:
         """One (B, C, H, W) map per ``out_indices`` -> (B, C, 4H, 4W), (B, C, 2H, 2W),
-        (B, C, H, W) or (B, C, ceil(H/2), ceil(W/2)) for scale 0-3; zero outside
-        ``valid_shapes``. Raises ``ValueError`` if the map count is wrong."""
+        (B, C, H, W) or (B, C, ceil(H/2), ceil(W/2)) for scale 0-3.
+
+        Raises:
+            ValueError: A map count other than one per ``out_indices``.
+        """
         if len(feats) != len(self.out_indices):
             raise ValueError(f'got {len(feats)} maps; expected one per out_indices='
                              f'{self.out_indices}.')
@@ -399,38 +285,15 @@ class FeaturePyramidAdapter(nn.Module):
     def resample(self, scale: int, feat: torch.Tensor,
                  valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
         """Branch ``scale`` on one map (B, C, H, W), zero outside ``valid_shapes``."""
+        branch = self.branches[str(scale)]
         if valid_shapes is None:
-            return self.run_branch(scale, feat)
-        return self.masked_branch(scale, feat, valid_shapes)
-
-    def masked_branch(self, scale: int, feat: torch.Tensor,
-                      valid_shapes: ValidShapes) -> torch.Tensor:
-        """Branch ``scale`` ignoring padding; zero outside ``valid_shapes``."""
+            return branch(feat)
         if scale == 3:  # the max pool must not pick padded cells
-            pooled = self.branches['3'](mask_map(feat, valid_shapes, float('-inf')))
+            pooled = branch(mask_map(feat, valid_shapes, float('-inf')))
             return mask_map(pooled, strided_shapes(valid_shapes, (2, )))
         factor = 2**(2 - scale)
-        out = self.run_branch(scale, feat)  # (B, C, factor * H, factor * W)
         upsampled = [(h * factor, w * factor) for h, w in valid_shapes]
-        return mask_map(out, upsampled)
-
-    def run_branch(self, scale: int, feat: torch.Tensor) -> torch.Tensor:
-        """Branch ``scale`` on ``feat``."""
-        return self.branches[str(scale)](feat)
-
-
-# --- Architecture settings
-ARCH_SETTINGS = {
-    'tiny': dict(embed_dims=192, depth=12, num_heads=4),
-    'small': dict(embed_dims=304, depth=16, num_heads=8),
-    'medium': dict(embed_dims=416, depth=16, num_heads=8),
-    'base': dict(embed_dims=512, depth=20, num_heads=8),
-}
-ARCH_DEFAULTS = dict(mlp_ratio=4., local_kernel_size=3, pos_hidden_dims=32)
-CLASS_ATTENTION_LAYERS = 2
-NUM_STAGES = 4
-PATCH_SIZE = 16
-STEM_STRIDES = (2, 2, 2, 2)
+        return mask_map(branch(feat), upsampled)
 
 
 # --- Classifier
@@ -467,67 +330,68 @@ class ClassAttentionBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[cls; p]`` (B, 1 + N, C) -> (B, 1 + N, C)."""
-        normed = self.norm1(x)  # (B, 1 + N, C)
+        normed = self.norm1(x)
         query = split_heads(self.q(normed[:, :1]), self.num_heads)  # (B, h, 1, d)
         keys, values = (split_heads(t, self.num_heads)
                         for t in self.kv(normed).chunk(2, dim=-1))  # (B, h, 1 + N, d)
         attended = merge_heads(F.scaled_dot_product_attention(query, keys, values))
         update = torch.cat((self.proj(attended), normed[:, 1:]), dim=1)
         x = x + self.drop_path(self.gamma1 * update)
+
         cls_token = self.norm2(x[:, :1])  # (B, 1, C)
-        residual = torch.cat((cls_token, x[:, 1:]), dim=1)
-        mlp_out = self.mlp(cls_token, layer_scale=self.gamma2)  # (B, 1, C)
-        update = torch.cat((mlp_out, x[:, 1:]), dim=1)
-        return residual + self.drop_path(update)
+        update = torch.cat((self.gamma2 * self.mlp(cls_token), x[:, 1:]), dim=1)
+        return torch.cat((cls_token, x[:, 1:]), dim=1) + self.drop_path(update)
 
 
 # --- Model
+ARCH_SETTINGS = {
+    'tiny': dict(embed_dims=192, depth=12, num_heads=4),
+    'small': dict(embed_dims=304, depth=16, num_heads=8),
+    'medium': dict(embed_dims=416, depth=16, num_heads=8),
+    'base': dict(embed_dims=512, depth=20, num_heads=8),
+}
+ARCH_DEFAULTS = dict(mlp_ratio=4., local_kernel_size=3, pos_hidden_dims=32)
+CLASS_ATTENTION_LAYERS = 2
+NUM_STAGES = 4
+PATCH_SIZE = 16
+STEM_STRIDES = (2, 2, 2, 2)
+
+
 class UFOViT(DenseBackbone):
     """UFO-ViT (Song, arXiv 2109.14382) in XCiT's layout.
 
-    Conv stem (stride 16), Fourier positions, ``depth`` :class:`UFOBlock` s; output
-    ``k`` follows block ``(k + 1) * depth // 4 - 1``, at stride 4 * 2**k (multi_scale).
+    A convolutional stem (stride 16), Fourier positions and ``depth``
+    :class:`UFOBlock` s; output k follows block ``(k + 1) * depth // 4 - 1``, at
+    stride ``4 * 2**k`` (``multi_scale``) or 16.
 
     Args:
-        arch (str | dict): A key of ``ARCH_SETTINGS`` or a dict with ``embed_dims``,
-            ``depth``, ``num_heads`` and keys of ``ARCH_DEFAULTS``.
-            Default: ``'small'``.
+        arch (str | dict): A key of ``ARCH_SETTINGS``, or a dict of ``embed_dims``,
+            ``depth``, ``num_heads`` and keys of ``ARCH_DEFAULTS``. Default: ``'small'``.
         in_channels (int): Image channels. Default: 3.
         out_indices (Sequence[int]): Outputs (0-3) built. Default: (0, 1, 2, 3).
         qkv_bias (bool): Bias of the QKV projections. Default: True.
         drop_rate (float): Dropout rate. Default: 0.
         drop_path_rate (float): Stochastic depth, rising linearly. Default: 0.1.
-        layer_scale_init_value (float): Initial LayerScales. Default: 1e-5.
-        memory_efficient (bool): Use the memory-efficient path. Default: True.
-        recompute_mlp (bool): MLPs also recompute their hidden layer. Default: False.
+        layer_scale_init_value (float): Initial layer scales. Default: 1e-5.
+        memory_efficient (bool): Train through the memory-saving path. Default: True.
+        recompute_mlp (bool): MLPs recompute their hidden layer. Default: False.
         multi_scale (bool): Build the feature pyramid. Default: True.
         num_classes (int): Classifier outputs (0: none). Default: 0.
         global_pool (str): ``'token'`` (class attention) or ``''``. Default: ``''``.
-
-    Deprecated spellings: ``recompute_ffn=`` (``recompute_mlp=``),
-    ``arch['lpi_kernel_size']`` (``arch['local_kernel_size']``).
     """
 
-    deprecation_name = 'UFOViT'
+    family = 'UFOViT'
 
-    @accepts_renamed_arguments
-    def __init__(self,
-                 arch: Union[str, dict] = 'small',
-                 in_channels: int = 3,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 qkv_bias: bool = True,
-                 drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1,
-                 layer_scale_init_value: float = 1e-5,
-                 memory_efficient: bool = True,
-                 recompute_mlp: bool = False,
-                 multi_scale: bool = True,
-                 num_classes: int = 0,
-                 global_pool: str = ''):
+    def __init__(self, arch: Union[str, dict] = 'small', in_channels: int = 3,
+                 out_indices: Sequence[int] = (0, 1, 2, 3), qkv_bias: bool = True,
+                 drop_rate: float = 0., drop_path_rate: float = 0.1,
+                 layer_scale_init_value: float = 1e-5, memory_efficient: bool = True,
+                 recompute_mlp: bool = False, multi_scale: bool = True,
+                 num_classes: int = 0, global_pool: str = ''):
         super().__init__(in_channels, out_indices, num_classes, global_pool, drop_rate,
                          drop_path_rate)
-        settings = resolve_arch(arch, ARCH_SETTINGS,
-                                ('embed_dims', 'depth', 'num_heads'), ARCH_DEFAULTS)
+        settings = resolve_arch(arch, ARCH_SETTINGS, ('embed_dims', 'depth', 'num_heads'),
+                                ARCH_DEFAULTS)
         self._check_arch(settings)
         check_positive_float('layer_scale_init_value', layer_scale_init_value)
         self.arch_settings = settings
@@ -544,20 +408,18 @@ class UFOViT(DenseBackbone):
             act_layer=GELU, last_act=False)
         self.pos_embed = FourierPositionEncoding(dims, settings['pos_hidden_dims'])
         self.pos_drop = nn.Dropout(drop_rate)
-        drop_path_rates = torch.linspace(0, drop_path_rate, depth,
-                                         device='cpu').tolist()
+        rates = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
         self.blocks = nn.ModuleList(
             UFOBlock(dims, settings['num_heads'], settings['mlp_ratio'], qkv_bias,
                      drop_rate, rate, layer_scale_init_value,
-                     settings['local_kernel_size']) for rate in drop_path_rates)
+                     settings['local_kernel_size']) for rate in rates)
         self.pyramid = (FeaturePyramidAdapter(dims, self.out_indices) if multi_scale
                         else None)
         if global_pool == 'token':
             self.cls_token = nn.Parameter(torch.zeros(1, 1, dims))
             self.cls_attn_blocks = nn.ModuleList(
                 ClassAttentionBlock(dims, settings['num_heads'], settings['mlp_ratio'],
-                                    qkv_bias,
-                                    layer_scale_init_value=layer_scale_init_value)
+                                    qkv_bias, layer_scale_init_value=layer_scale_init_value)
                 for _ in range(CLASS_ATTENTION_LAYERS))
             self.norm = nn.LayerNorm(dims, eps=1e-6)
         self.head = self._classifier(num_classes)
@@ -577,8 +439,7 @@ class UFOViT(DenseBackbone):
                              f'embed_dims/8, /4 and /2).')
         if settings['depth'] < NUM_STAGES:
             raise ValueError(f"arch['depth']={settings['depth']} is invalid; "
-                             f'expected at least {NUM_STAGES} blocks, one per '
-                             f'output.')
+                             f'expected at least {NUM_STAGES} blocks, one per output.')
         check_divisible("arch['embed_dims']", [dims], "arch['num_heads']",
                         [settings['num_heads']])
         check_mlp_ratio("arch['mlp_ratio']", settings['mlp_ratio'], dims)
@@ -589,64 +450,71 @@ class UFOViT(DenseBackbone):
         if self.global_pool == 'token':
             nn.init.trunc_normal_(self.cls_token, std=.02)
 
-    def run_blocks(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],
-                   indices: Sequence[int] = (), last_block: Optional[int] = None
-                   ) -> Tuple[List[torch.Tensor], torch.Tensor]:
-        """Stem and blocks up to ``last_block`` (default: all): the maps of
-        ``indices`` (B, C, H_k, W_k), stride 4 * 2**k with ``multi_scale``, else 16,
-        and the last tokens (B, N, C). Raises ``ValueError`` for an output
-        without a pyramid branch."""
-        missing = [i for i in indices if self.pyramid is not None
-                   and i not in self.pyramid.out_indices]
-        if missing:
-            raise ValueError(f'outputs {missing} have no pyramid branch; build the '
-                             f'model with out_indices including them (it has '
-                             f'{self.out_indices}).')
-        batch = x.shape[0]
-        x, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C), N = h * w
+    def embed(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes] = None):
+        """Images -> tokens (B, N, C) with their positions, the (H, W) grid and
+        the regions on it."""
+        tokens, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C)
         if valid_shapes is not None:
             valid_shapes = self.patch_embed.output_shapes(valid_shapes)
-        pos = self.pos_embed(batch, hw_shape, x.device, valid_shapes)  # (B, C, h, w)
-        x = self.pos_drop(x + pos.flatten(2).transpose(1, 2).to(x.dtype))
-        read_after = {self.stage_ends[i] - 1: i for i in indices}
-        last_block = len(self.blocks) - 1 if last_block is None else last_block
-        maps = []
-        for i, block in enumerate(self.blocks[:last_block + 1]):
-            x = self.run_block(block, x, hw_shape, valid_shapes)  # (B, N, C)
-            if i in read_after:
-                feat = tokens_to_map(x, hw_shape)  # (B, C, h, w)
-                maps.append(mask_map(feat, valid_shapes) if self.pyramid is None else
-                            self.pyramid.resample(read_after[i], feat, valid_shapes))
-        return maps, x
+        pos = self.pos_embed(x.shape[0], hw_shape, x.device, valid_shapes)  # (B,C,H,W)
+        tokens = self.pos_drop(tokens + pos.flatten(2).transpose(1, 2).to(tokens.dtype))
+        return tokens, hw_shape, regions_on_grid(valid_shapes, hw_shape, x.device)
 
-    def forward_maps(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes],
-                     indices: Sequence[int]) -> List[torch.Tensor]:
-        return self.run_blocks(x, valid_shapes, indices,
-                               self.stage_ends[max(indices)] - 1)[0]
+    def run_block(self, block: nn.Module, x: torch.Tensor, hw_shape, regions):
+        """``block``, recomputed in backward with gradient checkpointing."""
+        if self.grad_checkpointing and self.training and x.requires_grad:
+            return memory_efficient.recomputed(block, x, hw_shape, regions)
+        return block(x, hw_shape, regions)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised ``[cls; patches]`` (B, 1 + N, C), or the tokens (B, N, C)."""
+        self.check_input(x)
+        x, hw_shape, _ = self.embed(x)
+        for block in self.blocks:
+            x = self.run_block(block, x, hw_shape, None)
+        return self.class_attention(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens -> logits (B, num_classes), or features (B, C) with ``pre_logits``."""
+        x = x[:, 0] if self.global_pool == 'token' else x.mean(1)
+        return x if pre_logits else self.head(x)
 
     def forward_intermediates(self, x: torch.Tensor,
                               indices: Optional[Union[int, Sequence[int]]] = None,
                               norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = 'NCHW',
-                              intermediates_only: bool = False,
+                              output_fmt: str = 'NCHW', intermediates_only: bool = False,
                               valid_shapes: Optional[Sequence] = None):
-        """timm's feature API: the maps of ``indices``, in one pass; arguments
-        and returns as :meth:`mmsoft.models.soft.SOFT.forward_intermediates`."""
-        shapes, indices = self.check_intermediates_request(x, indices, output_fmt,
-                                                           valid_shapes)
-        last_block = (self.stage_ends[max(indices)] - 1
-                      if stop_early or intermediates_only else None)
-        maps, tokens = self.run_blocks(x, shapes, indices, last_block)
-        return maps if intermediates_only else (self.class_attention(tokens), maps)
+        """timm's feature API: the maps of ``indices`` in one pass; arguments and
+        returns as :meth:`mmsoft.models.soft.SOFT.forward_intermediates`.
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalised ``[cls; patches]`` (B, 1 + N, C), or tokens (B, N, C)."""
-        self.check_input(x)
-        return self.class_attention(self.run_blocks(x, None)[1])
+        Raises:
+            ValueError: An output without a pyramid branch.
+        """
+        valid_shapes, indices = self.intermediates_request(x, indices, output_fmt,
+                                                           valid_shapes)
+        missing = [i for i in indices
+                   if self.pyramid is not None and i not in self.pyramid.out_indices]
+        if missing:
+            raise ValueError(f'outputs {missing} have no pyramid branch; build the '
+                             f'model with out_indices including them (it has '
+                             f'{self.out_indices}).')
+        read_after = {self.stage_ends[i] - 1: i for i in indices}
+        last = max(read_after) if stop_early or intermediates_only else self.depth - 1
+
+        x, hw_shape, regions = self.embed(x, valid_shapes)
+        valid_shapes = None if regions is None else regions.shapes
+        maps = []
+        for i, block in enumerate(self.blocks[:last + 1]):
+            x = self.run_block(block, x, hw_shape, regions)  # (B, N, C)
+            if i in read_after:
+                feat = tokens_to_map(x, hw_shape)  # (B, C, H, W)
+                maps.append(mask_map(feat, valid_shapes) if self.pyramid is None
+                            else self.pyramid.resample(read_after[i], feat, valid_shapes))
+        return maps if intermediates_only else (self.class_attention(x), maps)
 
     def class_attention(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Tokens (B, N, C) -> normalised ``[cls; patches]`` (B, 1 + N, C) through
-        the class-attention blocks (``global_pool='token'``), else as they are."""
+        """Tokens (B, N, C) -> normalised ``[cls; patches]`` (B, 1 + N, C) through the
+        class-attention blocks (``global_pool='token'``), else as they are."""
         if self.global_pool != 'token':
             return tokens
         x = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
@@ -654,13 +522,12 @@ class UFOViT(DenseBackbone):
             x = block(x)  # (B, 1 + N, C)
         return self.norm(x)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens -> logits (B, num_classes), or features (B, C) with ``pre_logits``."""
-        x = x[:, 0] if self.global_pool == 'token' else x.mean(1)
-        return x if pre_logits else self.head(x)
-
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
-        """A new classifier of ``num_classes`` outputs (0: none)."""
+        """A new classifier of ``num_classes`` outputs (0: none).
+
+        Raises:
+            ValueError: A ``global_pool`` other than the model's.
+        """
         if global_pool not in (None, self.global_pool):
             raise ValueError(f'global_pool={global_pool!r} cannot be changed on a '
                              f'built model (it is {self.global_pool!r}).')
@@ -670,7 +537,7 @@ class UFOViT(DenseBackbone):
     def prune_intermediate_layers(self, indices=1, prune_norm: bool = False,
                                   prune_head: bool = True) -> List[int]:
         """Drops the blocks after the last output of ``indices`` and
-        (``prune_head``) the classifier parts; returns the kept indices."""
+        (``prune_head``) the classifier; returns the kept indices."""
         kept = take_indices(indices, len(self.feature_info))
         del self.blocks[self.stage_ends[max(kept)]:]
         self.feature_info = self.feature_info[:max(kept) + 1]
@@ -687,7 +554,6 @@ class UFOViT(DenseBackbone):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r'^cls_token|^patch_embed|^pos_embed',
-                    blocks=r'^blocks\.(\d+)',
+        return dict(stem=r'^cls_token|^patch_embed|^pos_embed', blocks=r'^blocks\.(\d+)',
                     cls_attn_blocks=[(r'^cls_attn_blocks\.(\d+)', None),
                                      (r'^norm', (99999, ))])

@@ -112,8 +112,9 @@ class OpenMMLabBackbone:
         """
         if valid_shapes is None:
             valid_shapes = registered_valid_shapes(x)
-        shapes = self.check_input(x, valid_shapes)
-        return tuple(self.forward_maps(x, shapes, self.out_indices))
+        return tuple(self.forward_intermediates(x, self.out_indices,
+                                                intermediates_only=True,
+                                                valid_shapes=valid_shapes))
 
     def freeze_stages(self) -> None:
         """Stops gradients of the frozen stages and puts them in eval mode."""

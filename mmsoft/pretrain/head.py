@@ -7,7 +7,7 @@ from mmengine.model.weight_init import trunc_normal_
 from mmpretrain.models.heads import ClsHead
 from mmpretrain.registry import MODELS
 
-from ..models.layers import init_transformer_weights
+from ..models.common import init_transformer_weights
 from ..utils import check_divisible, check_positive_int, check_rate
 from .class_attention import ClassAttentionBlock
 

@@ -8,9 +8,10 @@ on the order or code of initialisation), runs one training-mode forward and
 backward of two images, and reduces the four maps, the images' gradient and
 the parameters' gradients to a few projections on seeded random directions.
 
-``PYTHONPATH=CHECKOUT python tests/helpers/float64_reference.py OUT.json COMMIT``
-adds the projections of the mmsoft at ``CHECKOUT`` (commit ``COMMIT``), for
-the torch release it runs with, to the record ``OUT.json``;
+``PYTHONPATH=CHECKOUT python tests/helpers/float64_reference.py OUT.json COMMIT
+[CASE ...]`` adds the projections of the mmsoft at ``CHECKOUT`` (commit
+``COMMIT``), for the torch release it runs with, to the record ``OUT.json``
+(every case, or those named);
 ``tests/test_float64_reference.py`` compares the current code with it.
 """
 import json
@@ -52,6 +53,13 @@ CASES: List[Tuple[str, str, object, Dict, Tuple[int, int], Optional[Sequence]]] 
      dict(variant='soft++', memory_efficient=False, **CONFIGS), (64, 96), None),
     ('soft++-tiny-valid-regions', 'soft', 'tiny', dict(variant='soft++', **CONFIGS),
      (64, 96), [(64, 96), (48, 70)]),
+    # The Newton iteration, as a GPU runs it, over regions whose bottlenecks
+    # differ in size (6 and 4 tokens in stages 1 and 3).
+    *[(f'{variant}-tiny-newton-valid-regions{suffix}', 'soft', 'tiny',
+       dict(variant=variant, solver='newton', max_bottleneck_tokens=256, **options),
+       (64, 96), [(64, 96), (64, 80)])
+      for variant, suffix, options in (('soft++', '', {}), ('soft', '', {}),
+                                       ('soft++', '-plain', dict(memory_efficient=False)))],
     *[(f'ufo-vit-{name}', 'ufo_vit', arch, {}, (64, 96), None)
       for name, arch in UFO_VIT_ARCHS.items()],
     ('ufo-vit-tiny-valid-regions', 'ufo_vit', 'tiny', {}, (64, 96), [(64, 96), (40, 72)]),
@@ -133,9 +141,9 @@ def case_projections(case) -> Dict[str, List[float]]:
     return result
 
 
-def main(path: str, commit: str) -> None:
-    """Adds this torch release's projections of every case to the record at
-    ``path`` (made by ``commit``)."""
+def main(path: str, commit: str, *names: str) -> None:
+    """Adds this torch release's projections of every case (or of those
+    ``names``) to the record at ``path`` (made by ``commit``)."""
     torch.set_num_threads(1)
     try:
         with open(path) as stream:
@@ -145,10 +153,15 @@ def main(path: str, commit: str) -> None:
     if record['commit'] != commit:
         raise SystemExit(f'{path} records commit {record["commit"]}, not {commit}.')
     version = torch.__version__.split('+')[0]
-    record['releases'][version] = {case[0]: case_projections(case) for case in CASES}
+    cases = [case for case in CASES if not names or case[0] in names]
+    if len(cases) != len(names or CASES):
+        raise SystemExit(f'unknown cases in {names}; expected some of '
+                         f'{[case[0] for case in CASES]}.')
+    release = record['releases'].setdefault(version, {})
+    release.update({case[0]: case_projections(case) for case in cases})
     with open(path, 'w') as stream:
         json.dump(record, stream, indent=1)
 
 
 if __name__ == '__main__':
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:])

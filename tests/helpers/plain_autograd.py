@@ -1,7 +1,7 @@
 """Comparing a layer's memory-efficient path with its plain autograd path.
 
 The plain computation is a copy of the same layer with the switch off
-(:func:`~mmsoft.models.layers.set_memory_efficient`), i.e. every
+(:func:`~mmsoft.models.common.set_memory_efficient`), i.e. every
 operation recorded by autograd as written in the layer's ``forward``.
 """
 import contextlib
@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from mmsoft.models.layers import set_memory_efficient
+from mmsoft.models.common import set_memory_efficient
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
@@ -54,11 +54,14 @@ def assert_same_as_plain(module, inputs, *args, autocast=None, tolerance=None):
 
 class LayerNormThenMLP(torch.nn.Module):
     """``y + mlp(y)`` with ``y = norm(x)`` (SOFT's post-norm MLP branch), or
-    ``mlp(y)`` alone (the pre-norm one), through ``MLP.forward_normed``."""
+    ``mlp(y)`` alone (the pre-norm one); its memory-saving path is
+    :func:`~mmsoft.models.memory_efficient.layer_norm_mlp`."""
+
+    memory_efficient = True
 
     def __init__(self, dims: int, hidden: int, residual: bool = True, **mlp_kwargs):
         super().__init__()
-        from mmsoft.models.layers import MLP
+        from mmsoft.models.common import MLP
         self.norm = torch.nn.LayerNorm(dims)
         self.mlp = MLP(dims, hidden, **mlp_kwargs)
         self.residual = residual
@@ -67,5 +70,10 @@ class LayerNormThenMLP(torch.nn.Module):
             self.norm.bias.uniform_(-0.5, 0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, out = self.mlp.forward_normed(x, self.norm)
+        from mmsoft.models.memory_efficient import layer_norm_mlp
+        if self.memory_efficient:
+            y, out = layer_norm_mlp(x, self.norm, self.mlp)
+        else:
+            y = self.norm(x)
+            out = self.mlp(y)
         return y + out if self.residual else out

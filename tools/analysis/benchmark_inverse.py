@@ -4,7 +4,7 @@ For each bottleneck size m, builds Gaussian-kernel matrices of random
 bottleneck tokens (one per head, as in a SOFT attention call), times
 the ``kernel_inverse`` that training runs by default (the memory-efficient
 one, whose Newton iteration is
-:func:`mmsoft.models.soft_kernels.recomputed_newton_iterations`) with each
+:func:`mmsoft.models.memory_efficient.recomputed_newton_iterations`) with each
 solver (median of repeats, forward and, with
 ``--backward``, forward plus backward) and reports each solver's time
 relative to the exact solver and its largest relative difference from the
@@ -21,9 +21,10 @@ import time
 
 import torch
 
-from mmsoft.models.soft_kernels import gaussian_kernel
-from mmsoft.models.soft_kernels import kernel_inverse, recomputed_newton_iterations
-from mmsoft.models.soft_kernels import SOLVERS
+from mmsoft.models.soft import gaussian_kernel
+from mmsoft.models.soft import kernel_inverse
+from mmsoft.models.memory_efficient import recomputed_newton_iterations
+from mmsoft.models.soft import SOLVERS
 
 
 def parse_args():

@@ -21,7 +21,7 @@ one per (detector, size) so each peak is its own.
 import argparse
 import copy
 import json
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -111,7 +111,8 @@ def build_detector(name: str, cfg_options: Optional[dict] = None) -> nn.Module:
 
 
 def generated_batch(model: nn.Module, batch: int, shape: Tuple[int, int],
-                    seed: int = 0) -> Dict:
+                    seed: int = 0,
+                    shapes: Optional[Sequence[Tuple[int, int]]] = None) -> Dict:
     """A pre-processed batch of random images with boxes, labels and masks.
 
     Args:
@@ -120,6 +121,9 @@ def generated_batch(model: nn.Module, batch: int, shape: Tuple[int, int],
         batch (int): Images.
         shape (tuple[int, int]): Image (H, W).
         seed (int): Seed of the images and annotations. Default: 0.
+        shapes (Sequence[tuple[int, int]], optional): Each image's (H, W)
+            instead of ``shape`` for all (``batch`` of them); the batch is
+            padded to the largest. Default: None.
 
     Returns:
         dict: ``inputs`` (B, 3, H', W') and ``data_samples``, ready for
@@ -127,7 +131,11 @@ def generated_batch(model: nn.Module, batch: int, shape: Tuple[int, int],
     """
     from mmdet.testing import demo_mm_inputs
     torch.manual_seed(seed)
-    raw = demo_mm_inputs(batch_size=batch, image_shapes=[(3, *shape)] * batch,
+    shapes = [tuple(shape)] * batch if shapes is None else [tuple(s) for s in shapes]
+    if len(shapes) != batch:
+        raise ValueError(f'shapes={shapes} gives {len(shapes)} images; expected '
+                         f'batch={batch}.')
+    raw = demo_mm_inputs(batch_size=batch, image_shapes=[(3, *s) for s in shapes],
                          num_items=[OBJECTS_PER_IMAGE] * batch, with_mask=True)
     return model.data_preprocessor(raw, True)
 

@@ -12,7 +12,7 @@ users ask for first, so that a spent budget cuts the least important ones:
    under bfloat16 autocast;
 2. ``large``: the same at the other sizes (1536x1536);
 3. ``solvers``: SOFT++'s other solvers, as they run on the device
-   (:func:`~mmsoft.models.soft_kernels.solver_that_runs`: on a GPU
+   (:func:`~mmsoft.models.soft.solver_that_runs`: on a GPU
    ``'newton_closed_form'``, the configs' solver, runs the Newton iteration,
    so there it is measured once, with ``'exact'`` beside it);
 4. ``compiled``: ``torch.compile`` (inductor on CUDA) of SOFT++-tiny (the
@@ -56,14 +56,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from mmsoft.models.soft_kernels import SOLVERS, solver_that_runs
+from mmsoft.models.soft import SOLVERS, solver_that_runs
 from mmsoft.utils import check_choice, check_positive_int
 from mmsoft.utils.sizes import parse_size  # noqa: F401 (the tool's --sizes)
 
 from . import REPO, worker_command, worker_env
 from .gpu_backbones import (BACKBONES, DEFAULT_BACKBONES, build_maps, is_mmsoft,
                             is_soft, source_of, unavailable_reason)
-from .measure import peak_memory_of, run_once, timing_fields
+from .measure import peak_memory_of, run_once, seconds_of, timing_fields
 
 CUDA_TESTS = (str(REPO / 'tests' / 'test_cuda.py'), )
 # The shipped configs' solver first.
@@ -260,23 +260,14 @@ class CheckSettings:
             _check_non_negative(name, getattr(self, name))
         if self.total_budget_s is not None:
             _check_non_negative('total_budget_s', self.total_budget_s)
-        for name, values, choices in (('backbone', self.backbones, BACKBONES),
-                                      ('solver', self.solvers, SOLVERS),
-                                      ('dtype', self.dtypes, AUTOCAST_DTYPES),
-                                      ('mode', self.modes, MODES),
-                                      ('phase', self.phases, PHASES)):
-            if not values:
-                raise ValueError(f'no {name} given; expected one or more of '
-                                 f'{tuple(choices)}.')
-            for value in values:
-                check_choice(name, value, choices)
+        check_lists((('backbone', self.backbones, BACKBONES),
+                     ('solver', self.solvers, SOLVERS),
+                     ('dtype', self.dtypes, AUTOCAST_DTYPES),
+                     ('mode', self.modes, MODES),
+                     ('phase', self.phases, PHASES)))
         if not self.sizes:
             raise ValueError('no size given.')
-        device_type = torch.device(self.device).type
-        if self.markdown is None:
-            self.markdown = os.path.splitext(self.out)[0] + '.md'
-        if self.compile_backend is None:
-            self.compile_backend = COMPILE_BACKENDS.get(device_type, 'inductor')
+        device_type = fill_output_defaults(self)
         if self.capacity_size is None:
             self.capacity_size = (CAPACITY_SIZE if device_type == 'cuda'
                                   else tuple(self.sizes[0]))
@@ -285,13 +276,49 @@ class CheckSettings:
         check_positive_int('capacity_max_batch', self.capacity_max_batch)
 
 
+def check_lists(lists: Sequence[Tuple[str, Sequence, Sequence]],
+                may_be_empty: Sequence[str] = ()) -> None:
+    """Checks ``(name, values, choices)`` lists: each value one of its
+    choices, and a list not empty unless its name is in ``may_be_empty``.
+
+    Raises:
+        ValueError: Naming the list, the value and the choices.
+    """
+    for name, values, choices in lists:
+        if not values and name not in may_be_empty:
+            raise ValueError(f'no {name} given; expected one or more of '
+                             f'{tuple(choices)}.')
+        for value in values:
+            check_choice(name, value, choices)
+
+
+def fill_output_defaults(settings) -> str:
+    """Sets a tool's settings' ``markdown`` (``out`` with ``.md``) and
+    ``compile_backend`` (:data:`COMPILE_BACKENDS` of the device type) where
+    they are None; returns the device type."""
+    device_type = torch.device(settings.device).type
+    if settings.markdown is None:
+        settings.markdown = os.path.splitext(settings.out)[0] + '.md'
+    if settings.compile_backend is None:
+        settings.compile_backend = COMPILE_BACKENDS.get(device_type, 'inductor')
+    return device_type
+
+
 def _check_non_negative(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f'{name}={value!r} is invalid; expected a number >= 0.')
 
 
-def require_device(device: str) -> torch.device:
+def require_device(device: str, tool: str = 'the GPU check',
+                   smoke: str = 'only the benchmark part, on CPU at a tiny size, '
+                   f'as a smoke test: {CPU_SMOKE_COMMAND}') -> torch.device:
     """The device to measure on, refusing CUDA where there is none.
+
+    Args:
+        device (str): ``'cuda'``, ``'cuda:N'`` or ``'cpu'``.
+        tool (str): What refuses, for the message. Default: the GPU check.
+        smoke (str): What to run instead, for the message. Default: the GPU
+            check's CPU smoke mode.
 
     Raises:
         ValueError: When ``device`` is neither CPU nor CUDA.
@@ -304,9 +331,8 @@ def require_device(device: str) -> torch.device:
         raise RuntimeError(
             f'device={device!r} needs a CUDA device, but torch.cuda.is_available() '
             f'is False here (torch {torch.__version__}, built for CUDA '
-            f'{torch.version.cuda}). Run the GPU check on a machine with a CUDA '
-            f'GPU and a CUDA build of torch, or run only the benchmark part, on '
-            f'CPU at a tiny size, as a smoke test: {CPU_SMOKE_COMMAND}')
+            f'{torch.version.cuda}). Run {tool} on a machine with a CUDA '
+            f'GPU and a CUDA build of torch, or run {smoke}')
     return parsed
 
 
@@ -455,11 +481,7 @@ def measure_mode(model: nn.Module, case: Case, mode: str, device: torch.device,
     call = lambda: run_once(model, images, training, dtype)  # noqa: E731
     fields = {}
     if case.compiled:
-        _synchronize(device)
-        start = time.perf_counter()
-        call()  # compiles
-        _synchronize(device)
-        fields['compile_s'] = time.perf_counter() - start
+        fields['compile_s'] = seconds_of(call, device)  # compiles
     timing = timing_fields(call, device, warmup, repeats)
     fields.update(time_ms=timing['seconds'] * 1e3,
                   all_time_ms=[s * 1e3 for s in timing['all_seconds']],
@@ -654,33 +676,63 @@ def measure_in_subprocess(case: Case, device: torch.device, warmup: int,
     request = dict(case=dataclasses.asdict(case), device=str(device),
                    warmup=warmup, repeats=repeats, compile_backend=compile_backend,
                    capacity=list(capacity), cpu_threads=cpu_threads)
-    command = worker_command('gpu_check', json.dumps(request))
-    process = subprocess.Popen(command, cwd=REPO, env=worker_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-        failure = 'the case\'s process died: {last}'
-    except subprocess.TimeoutExpired:
-        kill_process_tree(process.pid)
-        stdout, stderr = process.communicate()
+    child = run_child(worker_command('gpu_check', json.dumps(request)), timeout_s)
+    if child.timed_out:
         failure = (f'timed out after {timeout_s:.0f} s (the hard limit of a case, '
                    'or what was left of the budget)')
-    returncode = process.returncode
-    records = [json.loads(line[len('RESULT '):]) for line in stdout.splitlines()
-               if line.startswith('RESULT ')]
+    else:
+        failure = f"the case's process died: {child.last_error_line()}"
+    records = child.results
     modes = ('capacity', ) if case.phase == 'capacity' else case.modes
     reported = {record['mode'] for record in records}
-    last = (stderr.strip().splitlines() or [f'exit status {returncode}'])[-1]
     for mode in modes:
         if mode not in reported:
-            error = failure.format(last=last)[:300]
+            error = failure[:300]
             records.append(case.capacity_record('error', error=error)
                            if mode == 'capacity' else case.record(mode, 'error',
                                                                   error=error))
     for record in records:
         on_record(record)
     return records
+
+
+@dataclasses.dataclass
+class ChildRun:
+    """What a worker process left: its output, exit status (None when it
+    was killed) and its ``RESULT <json>`` lines, parsed."""
+    stdout: str
+    stderr: str
+    returncode: Optional[int]
+    timed_out: bool
+
+    @property
+    def results(self) -> List[Dict]:
+        """The objects of the ``RESULT <json>`` lines, in order."""
+        return [json.loads(line[len('RESULT '):]) for line in self.stdout.splitlines()
+                if line.startswith('RESULT ')]
+
+    def last_error_line(self) -> str:
+        """The last line of its error output, or its exit status."""
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else f'exit status {self.returncode}'
+
+
+def run_child(command: Sequence[str], timeout_s: float) -> ChildRun:
+    """Runs a worker (``command``, from the repository, with
+    :func:`~mmsoft_analysis.worker_env`), killed with its children after
+    ``timeout_s`` seconds: a hung or runaway worker costs no more than that."""
+    process = subprocess.Popen(list(command), cwd=REPO, env=worker_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        kill_process_tree(process.pid)
+        stdout, stderr = process.communicate()
+        timed_out = True
+    return ChildRun(stdout, stderr, None if timed_out else process.returncode,
+                    timed_out)
 
 
 def _child_pids(pid: int) -> List[int]:
@@ -855,8 +907,23 @@ def _package_version(name: str) -> Optional[str]:
         return None
 
 
+def host_cpu() -> str:
+    """The host's CPU model (Linux's ``/proc/cpuinfo``, else ``platform``)
+    and its logical cores, e.g. ``'AMD EPYC 9454 48-Core Processor, 16 cores'``."""
+    model = None
+    try:
+        with open('/proc/cpuinfo') as cpuinfo:
+            model = next((line.split(':', 1)[1].strip() for line in cpuinfo
+                          if line.startswith('model name')), None)
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine() or 'unknown CPU'
+    return f'{model}, {os.cpu_count()} cores'
+
+
 def environment(device: torch.device) -> Dict:
-    """The device's name and the software that ran on it."""
+    """The device's name and the software that ran on it, the host's CPU and
+    the float32 matmul settings (TF32)."""
     import mmsoft
     if device.type == 'cuda':
         properties = torch.cuda.get_device_properties(device)
@@ -868,6 +935,8 @@ def environment(device: torch.device) -> Dict:
                 cudnn=torch.backends.cudnn.version(),
                 tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
                 tf32_cudnn=torch.backends.cudnn.allow_tf32,
+                float32_matmul_precision=torch.get_float32_matmul_precision(),
+                host_cpu=host_cpu(),
                 python=platform.python_version(), threads=torch.get_num_threads(),
                 packages={p: _package_version(p) for p in PACKAGES},
                 mmsoft_path=os.path.dirname(os.path.abspath(mmsoft.__file__)),

@@ -125,6 +125,16 @@ def peak_memory_of(call: Callable[[], object], device: torch.device) -> int:
     return (_status_kib('VmHWM') - before) * 1024
 
 
+def seconds_of(call: Callable[[], object], device: torch.device) -> float:
+    """Wall time of one ``call()``, the device synchronised before and after
+    (e.g. the first call of a compiled model: its compile time)."""
+    _synchronize(device)
+    start = time.perf_counter()
+    call()
+    _synchronize(device)
+    return time.perf_counter() - start
+
+
 def call_times(call: Callable[[], object], device: torch.device, warmup: int,
                repeats: int) -> Tuple[list, list]:
     """Wall and CPU times of ``repeats`` calls after ``warmup`` calls.

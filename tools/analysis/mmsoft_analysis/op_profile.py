@@ -85,21 +85,22 @@ ATTENTION_PARTS: Dict[str, str] = {
 #: Functions and methods (dotted names) -> region; their callers' references
 #: are wrapped too.
 FUNCTION_REGIONS: Dict[str, str] = {
-    'mmsoft.models.layers.MLP.forward_normed': 'MLP',
+    'mmsoft.models.memory_efficient.layer_norm_mlp': 'MLP',
+    'mmsoft.models.memory_efficient.recomputed_mlp': 'MLP',
     'mmsoft.models.soft.linear_to_map': 'attention projections',
     'mmsoft.models.soft.SoftAttention.bottleneck_tokens': 'bottleneck pooling',
-    'mmsoft.models.soft.SoftAttention.local_term': 'local convolution',
+    'mmsoft.models.soft.SoftAttention.output': 'local convolution',
     'mmsoft.models.soft.SoftStage.position_embeddings': 'position embedding',
-    'mmsoft.models.soft_kernels.gaussian_kernel': 'Gaussian kernel',
-    'mmsoft.models.soft_kernels.kernel_of_operands': 'Gaussian kernel',
-    'mmsoft.models.soft_kernels.kernel_operands': 'Gaussian kernel',
-    'mmsoft.models.soft_kernels.kernel_inverse': 'kernel inverse',
-    'mmsoft.models.soft_kernels.scaled_both_sides': 'kernel inverse',
-    'mmsoft.models.soft_kernels.low_rank_kernel_attention': 'kernel products',
-    'mmsoft.models.soft_kernels.chunked_kernel_product': 'kernel products',
+    'mmsoft.models.soft.gaussian_kernel': 'Gaussian kernel',
+    'mmsoft.models.soft.kernel_of_operands': 'Gaussian kernel',
+    'mmsoft.models.soft.kernel_operands': 'Gaussian kernel',
+    'mmsoft.models.soft.kernel_inverse': 'kernel inverse',
+    'mmsoft.models.soft.scaled_both_sides': 'kernel inverse',
+    'mmsoft.models.soft.kernel_products': 'kernel products',
+    'mmsoft.models.memory_efficient.chunked_kernel_product': 'kernel products',
     'mmsoft.models.ufo_vit.ufo_attention': 'XNorm attention',
     'mmsoft.models.ufo_vit.FeaturePyramidAdapter.resample': 'feature pyramid',
-    'mmsoft.models.layers.tokens_to_map': 'stage outputs',
+    'mmsoft.models.common.tokens_to_map': 'stage outputs',
 }
 #: Regions in the order tables and plots list them.
 REGION_ORDER = (
@@ -378,8 +379,10 @@ def attribute(events, device: str = 'cpu') -> Dict[str, Dict]:
         device (str): ``'cpu'`` (CPU self time) or ``'cuda'`` (kernel time).
 
     Returns:
-        dict: ``regions``, ``classes``, ``operators``: name -> {``us``, ``flops``};
-        ``region_classes``: region -> class -> us.
+        dict: ``regions``, ``classes``, ``operators``: name -> {``us``,
+        ``flops``, ``kernels``} (``kernels``: the GPU kernels, copies and
+        memsets the operators launched; 0 on the CPU); ``region_classes``:
+        region -> class -> us.
     """
     forward_by_seq: Dict[Tuple[int, int], object] = {}
     for event in events:
@@ -411,9 +414,9 @@ def attribute(events, device: str = 'cpu') -> Dict[str, Dict]:
         memo[id(event)] = found
         return found
 
-    regions = defaultdict(lambda: dict(us=0., flops=0))
-    classes = defaultdict(lambda: dict(us=0., flops=0))
-    operators = defaultdict(lambda: dict(us=0., flops=0, calls=0))
+    regions = defaultdict(lambda: dict(us=0., flops=0, kernels=0))
+    classes = defaultdict(lambda: dict(us=0., flops=0, kernels=0))
+    operators = defaultdict(lambda: dict(us=0., flops=0, kernels=0, calls=0))
     region_classes = defaultdict(lambda: defaultdict(float))
     for event in events:
         if event.name.startswith(REGION_PREFIX) or event.device_type != DeviceType.CPU:
@@ -422,9 +425,11 @@ def attribute(events, device: str = 'cpu') -> Dict[str, Dict]:
         klass = operator_class(event.name)
         spent = _self_time_us(event, device)
         flops = operator_flops(event)
+        kernels = len(getattr(event, 'kernels', None) or ())  # launched on a GPU
         for table, key in ((regions, region), (classes, klass), (operators, event.name)):
             table[key]['us'] += spent
             table[key]['flops'] += flops
+            table[key]['kernels'] += kernels
         operators[event.name]['calls'] += 1
         region_classes[region][klass] += spent
     return dict(regions=dict(regions), classes=dict(classes), operators=dict(operators),
