@@ -317,7 +317,7 @@ def logged_miou(output: str, loop: str = 'test') -> float:
 def scene_image(path: str, seed: int = 5) -> np.ndarray:
     """Writes a rendered 96x128 shapes scene to ``path``; returns it (BGR)."""
     import mmcv
-    from mmsoft.demo_data import DEFAULT_CLASSES, SHAPES, render_scene
+    from demo_data import DEFAULT_CLASSES, SHAPES, render_scene
     scene = render_scene(np.random.default_rng(seed), 96, 128, len(DEFAULT_CLASSES),
                          [SHAPES[name] for name in DEFAULT_CLASSES])
     mmcv.imwrite(scene.image, path)

@@ -44,9 +44,10 @@ from mmsoft.openmmlab import SOFT, UFOViT
 from mmsoft.models.ufo_vit import ARCH_SETTINGS
 from mmsoft.pretrain import (ClassAttentionBlock,  # noqa: E402
                              UFOViTClassAttentionHead, UFOViTStride16,
-                             generate_classification_demo, ufo_vit_cls_to_backbone)
-from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn,  # noqa: E402
-                            detector_train_step)
+                             ufo_vit_cls_to_backbone)
+from demo_data import generate_classification_demo  # noqa: E402
+from tests.helpers.dense_models import (backbone_grad_norm, build_mask_rcnn,  # noqa: E402
+                                        detector_train_step)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PRETRAIN_DIR = osp.join(REPO, 'configs', 'ufo_vit', 'pretrain')

@@ -17,18 +17,16 @@ package registers in mmpretrain's ``MODELS`` registry
   block's tokens as its only output, at stride 16 (no 2x2 max-pool), with
   the state-dict keys of ``UFOViT``.
 
-Also here: ``demo_data.py`` writes a generated classification dataset in
-the ImageNet folder layout, and ``cls_to_backbone.py`` turns an
+Also here: ``cls_to_backbone.py`` turns an
 ``ImageClassifier`` checkpoint into a ``UFOViT`` backbone checkpoint
 (``tools/model_converters/ufo_vit_cls2backbone.py``).
 """
 from .class_attention import ClassAttentionBlock
 from .cls_to_backbone import ufo_vit_cls_to_backbone
-from .demo_data import generate_classification_demo
 from .head import UFOViTClassAttentionHead
 from .ufo_vit_stride16 import UFOViTStride16
 
 __all__ = [
     'ClassAttentionBlock', 'UFOViTClassAttentionHead', 'UFOViTStride16',
-    'ufo_vit_cls_to_backbone', 'generate_classification_demo'
+    'ufo_vit_cls_to_backbone'
 ]

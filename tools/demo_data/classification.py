@@ -1,7 +1,7 @@
 """A generated image-classification dataset in the ImageNet folder layout.
 
 Every image shows one shape (a class of
-:data:`~mmsoft.demo_data.scenes.SHAPES`) on a textured, noisy background; the
+:data:`~demo_data.scenes.SHAPES`) on a textured, noisy background; the
 class is told by the outline only (colour, shading and size are random and
 independent of it). Layout under ``root``::
 
@@ -24,7 +24,7 @@ from typing import Dict, Sequence, Tuple
 import cv2
 import numpy as np
 
-from ..demo_data.scenes import (DEFAULT_CLASSES, SHAPES, check_classes,
+from .scenes import (DEFAULT_CLASSES, SHAPES, check_classes,
                                 render_scene, split_seeds)
 
 #: Folders and files written under ``root``.
@@ -42,7 +42,7 @@ def render_shape_image(rng: np.random.Generator, height: int, width: int,
         rng (np.random.Generator): Source of randomness.
         height (int): Image height.
         width (int): Image width.
-        shape (str): A key of :data:`~mmsoft.demo_data.scenes.SHAPES`.
+        shape (str): A key of :data:`~demo_data.scenes.SHAPES`.
         size_range (tuple[float, float]): Range of the shape's diameter as a
             fraction of the shorter side. Default: (0.45, 0.85).
 
@@ -103,7 +103,7 @@ def generate_classification_demo(root: str, num_train: int = 400, num_val: int =
                                  **shape_kwargs) -> Dict[str, Dict[str, int]]:
     """Writes the train and val splits of the generated classification dataset.
 
-    As :func:`~mmsoft.demo_data.coco_generator.generate_coco_demo`, the splits
+    As :func:`~demo_data.coco.generate_coco_demo`, the splits
     come from separate streams of ``seed`` and the output is deterministic.
 
     Args:
@@ -111,7 +111,7 @@ def generate_classification_demo(root: str, num_train: int = 400, num_val: int =
             (400 training images by default).
         classes (Sequence[str]): At least 3 distinct shape names; they are
             sorted (label order = folder order). Default:
-            :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
+            :data:`~demo_data.scenes.DEFAULT_CLASSES`.
         img_size (tuple[int, int]): (height, width), each >= 32.
             Default: (64, 64).
         **shape_kwargs: Passed to :func:`render_shape_image`

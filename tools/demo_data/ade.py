@@ -45,7 +45,7 @@ def generate_ade_split(root: str,
         seed (int): Seed of this split's random generator.
         classes (Sequence[str]): Shape names, label values 2..K+1.
         img_size (tuple[int, int]): (height, width).
-        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
+        **scene_kwargs: Passed to :func:`~demo_data.scenes.render_scene`.
 
     Returns:
         dict: ``images`` count and ``pixels`` per label value.
@@ -84,7 +84,7 @@ def generate_ade_demo(root: str, num_train: int = 600, num_val: int = 100,
 
     Args:
         root, num_train, num_val, seed, classes, img_size, **scene_kwargs: As
-            for :func:`~mmsoft.demo_data.coco_generator.generate_coco_demo`
+            for :func:`~demo_data.coco.generate_coco_demo`
             (its default image size, without its mixed sizes).
 
     Returns:

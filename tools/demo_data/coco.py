@@ -137,14 +137,14 @@ def generate_coco_split(root: str,
         num_images (int): Number of images.
         seed (int): Seed of this split's random generator.
         classes (Sequence[str]): Shape names (keys of
-            :data:`~mmsoft.demo_data.scenes.SHAPES`), category ids 1..K.
+            :data:`~demo_data.scenes.SHAPES`), category ids 1..K.
         img_size (tuple[int, int]): (height, width).
         first_image_id (int): Id of the first image (ids are unique across
             splits when the caller offsets them).
         img_side_range (tuple[int, int], optional): Draws each image's
             height and width from this inclusive range instead of using
             ``img_size`` (see :func:`image_sizes`). Default: None.
-        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
+        **scene_kwargs: Passed to :func:`~demo_data.scenes.render_scene`.
 
     Returns:
         dict: ``images`` and ``annotations`` counts.
@@ -204,14 +204,14 @@ def generate_coco_demo(root: str,
         num_val (int): Validation images. Default: 100.
         seed (int): Random seed. Default: 0.
         classes (Sequence[str]): Shape classes. Default:
-            :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
+            :data:`~demo_data.scenes.DEFAULT_CLASSES`.
         img_size (tuple[int, int]): (height, width). Default: (160, 160).
         img_side_range (tuple[int, int], optional): Inclusive (min, max) of
             the sides: each image's height and width are drawn from it, so
             sizes and aspect ratios vary (see :func:`image_sizes`); the
             ``mixed`` demo uses (96, 192). Default: None (every image is
             ``img_size``).
-        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
+        **scene_kwargs: Passed to :func:`~demo_data.scenes.render_scene`.
 
     Returns:
         dict: Per split, the ``images`` and ``annotations`` counts.
