@@ -380,21 +380,6 @@ def test_closed_form_gradient_with_repeated_eigenvalues():
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
 
 
-def test_deprecated_solver_alias_warns_and_means_exact():
-    mats = random_kernel_matrices()
-    with pytest.warns(DeprecationWarning, match="solver='exact'") as record:
-        solver = check_kernel_inverse_options('soft++', 'cholesky')
-    assert solver == 'exact'
-    # Attributed to the caller outside mmsoft, also through a layer.
-    from mmsoft.models.soft import SoftAttention
-    with pytest.warns(DeprecationWarning, match="solver='cholesky'") as layer_record:
-        layer = SoftAttention(16, 2, 2, 3, solver='cholesky')
-    assert layer.solver == 'exact'
-    assert [r.filename for r in (*record, *layer_record)] == [__file__] * 2
-    alias = kernel_inverse(mats, 'soft++', solver)
-    torch.testing.assert_close(alias, kernel_inverse(mats, 'soft++', 'exact'))
-
-
 def two_nearly_equal_tokens(spread: float, seed: int) -> torch.Tensor:
     """Two bottleneck tokens ``spread`` apart around a common point: (1, 1, 2, 16)."""
     generator = torch.Generator().manual_seed(seed)

@@ -176,8 +176,8 @@ def test_options_are_validated_at_construction():
         SoftAttention(64, 2, 2, 3, variant='softmax')
     with pytest.raises(ValueError, match="solver='lu'"):
         SoftAttention(64, 2, 2, 3, solver='lu')
-    with pytest.warns(DeprecationWarning, match="solver='exact'"):
-        assert SoftAttention(64, 2, 2, 3, solver='cholesky').solver == 'exact'
+    with pytest.raises(ValueError, match="solver='cholesky' is not supported"):
+        SoftAttention(64, 2, 2, 3, solver='cholesky')
 
 
 

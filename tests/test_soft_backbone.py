@@ -118,15 +118,6 @@ def test_closed_form_solver_equals_newton_on_backbone(variant, cap):
         assert float((a - b).norm() / a.norm()) < 1e-5
 
 
-def test_former_solver_name_builds_the_exact_solver():
-    with pytest.warns(DeprecationWarning, match="spelled solver='exact'") as record:
-        model = SOFT(arch=tiny_arch(), solver='cholesky')
-    assert model.solver == 'exact'
-    assert [warning.filename for warning in record] == [__file__]
-    layers = [m for m in model.modules() if isinstance(m, SoftAttention)]
-    assert {m.solver for m in layers} == {'exact'}
-
-
 @pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])
 def test_batch_mates_do_not_change_features(solver):
     torch.manual_seed(0)
