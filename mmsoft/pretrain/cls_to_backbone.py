@@ -31,8 +31,8 @@ from typing import List, Mapping, Optional, Tuple
 import torch
 
 from ..checkpoint import fit_state_dict, key_list, split_prefix, unwrap_state_dict
-from ..checkpoint.backbone_loading import UFO_VIT_OPTIONAL_KEY
-from ..checkpoint.state_dict import StateDict
+from ..checkpoint.loading import UFO_VIT_OPTIONAL_KEY
+from ..checkpoint.strict import StateDict
 from ..models.ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES
 from ..openmmlab import UFOViT
 
