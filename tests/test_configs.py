@@ -164,7 +164,7 @@ def test_config_parses(path):
     cfg = load(path)
     assert isinstance(cfg, Config)
     # The distributed backend is mmengine's (NCCL on GPUs); on a machine
-    # without CUDA, tools/train.py takes gloo (mmsoft.apis.distributed).
+    # without CUDA, tools/train.py takes gloo (mmsoft.apis.building.setup_cpu_distributed).
     backend = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('backend')
     assert backend in (None, 'nccl'), (path, backend)
 

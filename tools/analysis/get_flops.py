@@ -24,9 +24,9 @@ import json
 from typing import Optional, Sequence
 
 import torch
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 
-from mmsoft.apis import add_cfg_options, build_model_from_config
+from mmsoft.apis import build_model_from_config
 from mmsoft.openmmlab.flop_handles import count_flops
 from mmsoft_analysis.config_models import DEFAULT_SHAPES, TensorModeModel, config_scope
 
@@ -102,7 +102,8 @@ def parse_args():
     parser.add_argument('--mmengine-only', action='store_true',
                         help="mmengine's plain count, without mmsoft's handles")
     parser.add_argument('--json', help='also write the figures to this JSON file')
-    add_cfg_options(parser)
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override settings of the config; lists as key="[a,b]"')
     return parser.parse_args()
 
 

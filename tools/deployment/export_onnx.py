@@ -19,9 +19,9 @@ which is enough to try the export.
 import argparse
 import sys
 
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 
-from mmsoft.apis import add_cfg_options, parse_size
+from mmsoft.utils.sizes import parse_size
 from mmsoft.deployment import onnx_export
 
 
@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--profile', action='store_true',
                         help="with --benchmark: onnxruntime's time per operator type")
     parser.add_argument('--opset', type=int, default=onnx_export.DEFAULT_OPSET)
-    add_cfg_options(parser)
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override settings of the config; lists as key="[a,b]"')
     return parser.parse_args(argv)
 
 
