@@ -20,17 +20,227 @@ from their initial values.
 import argparse
 import os
 import os.path as osp
+import re
 import sys
-from typing import List, Optional
+from typing import List, Mapping, Optional, Tuple
 
 import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from mmsoft.checkpoint import load_checkpoint_file  # noqa: E402
-from mmsoft.pretrain.cls_to_backbone import (  # noqa: E402
-    backbone_checkpoint, ufo_vit_cls_to_backbone)
+from mmsoft.checkpoint import (fit_state_dict, key_list, load_checkpoint_file,  # noqa: E402
+                               split_prefix, unwrap_state_dict)
+from mmsoft.checkpoint.loading import UFO_VIT_OPTIONAL_KEY  # noqa: E402
+from mmsoft.models.ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES  # noqa: E402
+from mmsoft.openmmlab import UFOViT  # noqa: E402
 from mmsoft.version import __version__  # noqa: E402
+
+#: Prefix of the backbone's tensors in a classifier (or detector) checkpoint.
+BACKBONE_PREFIX = 'backbone.'
+#: Keys read to recognise the architecture.
+ARCH_KEYS = ('patch_embed.proj.0.weight', 'pos_embed.proj.weight',
+             'blocks.0.norm1.weight', 'blocks.0.attn.gamma_q',
+             'blocks.0.mlp.fc1.weight', 'blocks.0.lpi.conv1.weight')
+_BLOCK = re.compile(r'blocks\.(\d+)\.')
+
+
+def _key_pattern(key: str) -> str:
+    """The key with its block index replaced by ``N`` (``blocks.N.attn...``)."""
+    return _BLOCK.sub('blocks.N.', key, count=1)
+
+
+def _reference_patterns() -> set:
+    """Key patterns of a ``UFOViT`` with all outputs (any architecture)."""
+    model = UFOViT(arch=dict(embed_dims=16, depth=4, num_heads=2))
+    return {_key_pattern(key) for key in model.state_dict()}
+
+
+def select_backbone_tensors(state_dict: Mapping, prefix: str = BACKBONE_PREFIX
+                            ) -> Tuple[dict, List[str], List[str]]:
+    """Splits a classifier state dict into backbone tensors and the rest.
+
+    Leading ``module.`` (DataParallel/DDP) is ignored.
+
+    Args:
+        state_dict (Mapping): The classifier's tensors.
+        prefix (str): Backbone prefix. Default: ``'backbone.'``.
+
+    Returns:
+        tuple: Backbone tensors (prefix removed), the dropped keys, and the
+        non-tensor entries skipped.
+
+    Raises:
+        ValueError: No key starts with ``prefix``.
+    """
+    selected, dropped = split_prefix(state_dict, prefix)
+    backbone = {k: v for k, v in selected.items() if isinstance(v, torch.Tensor)}
+    skipped = [f'{prefix}{k}' for k, v in selected.items()
+               if not isinstance(v, torch.Tensor)]
+    if not backbone:
+        raise ValueError(
+            f'the checkpoint has no tensors under {prefix!r}; expected an image '
+            f'classifier checkpoint with the backbone under {prefix!r} and the '
+            f'head under "head." (its keys: {key_list(state_dict, 20)}).')
+    return backbone, dropped, skipped
+
+
+def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
+    """Reads a ``UFOViT`` architecture off the tensor shapes.
+
+    ``embed_dims`` from the LayerNorms, ``depth`` from the block indices,
+    ``num_heads`` from the per-head XNorm scales (``attn.gamma_q``),
+    ``mlp_ratio`` from the MLP, ``local_kernel_size`` from the local patch
+    interaction, ``pos_hidden_dims`` from the position-encoding projection,
+    ``in_channels`` from the first convolution and ``qkv_bias`` from the
+    presence of the QKV bias.
+
+    Args:
+        state_dict (Mapping): Backbone tensors (no prefix).
+
+    Returns:
+        dict: ``arch`` (the settings ``UFOViT(arch=...)`` takes),
+        ``in_channels`` and ``qkv_bias``.
+
+    Raises:
+        ValueError: A tensor needed for this is missing (all are listed, with
+            the checkpoint keys that a ``UFOViT`` does not have), or the block
+            indices are not consecutive.
+    """
+    missing = [key for key in ARCH_KEYS if key not in state_dict]
+    if missing:
+        patterns = _reference_patterns()
+        unexpected = [k for k in state_dict if _key_pattern(k) not in patterns]
+        raise ValueError(
+            f'not a UFO-ViT backbone: missing keys: {key_list(missing)}; '
+            f'unexpected keys: {key_list(unexpected)}.')
+    dims = int(state_dict['blocks.0.norm1.weight'].shape[0])
+    indices = sorted({int(m.group(1)) for m in map(_BLOCK.match, state_dict) if m})
+    if indices != list(range(len(indices))):
+        raise ValueError(f'block indices {indices} are not consecutive from 0.')
+    mlp_ratio = state_dict['blocks.0.mlp.fc1.weight'].shape[0] / dims
+    arch = dict(
+        embed_dims=dims,
+        depth=len(indices),
+        num_heads=int(state_dict['blocks.0.attn.gamma_q'].shape[0]),
+        mlp_ratio=int(mlp_ratio) if float(mlp_ratio).is_integer() else mlp_ratio,
+        local_kernel_size=int(state_dict['blocks.0.lpi.conv1.weight'].shape[-1]),
+        pos_hidden_dims=int(state_dict['pos_embed.proj.weight'].shape[1]) // 2)
+    return dict(arch=arch,
+                in_channels=int(state_dict['patch_embed.proj.0.weight'].shape[1]),
+                qkv_bias='blocks.0.attn.qkv.bias' in state_dict)
+
+
+def match_ufo_vit_arch(arch: Mapping) -> Optional[str]:
+    """The name in ``ARCH_SETTINGS`` of ``arch`` (defaults included), or None."""
+    for name, settings in ARCH_SETTINGS.items():
+        full = dict(ARCH_DEFAULTS, **settings)
+        if all(arch.get(key) == value for key, value in full.items()):
+            return name
+    return None
+
+
+def ufo_vit_state_layout(settings: Mapping) -> dict:
+    """The state dict of a four-output ``UFOViT`` of ``settings``.
+
+    Args:
+        settings (Mapping): As returned by :func:`detect_ufo_vit_settings`.
+
+    Returns:
+        dict[str, Tensor]: ``UFOViT(...).state_dict()``.
+    """
+    model = UFOViT(arch=dict(settings['arch']), in_channels=settings['in_channels'],
+                   qkv_bias=settings['qkv_bias'],
+                   out_indices=tuple(range(NUM_STAGES)))
+    return model.state_dict()
+
+
+def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping
+                             ) -> List[str]:
+    """Checks backbone tensors against a ``UFOViT`` of ``settings``.
+
+    Args:
+        state_dict (Mapping): Backbone tensors (no prefix).
+        settings (Mapping): See :func:`detect_ufo_vit_settings`.
+
+    Returns:
+        list[str]: The optional keys (output resampling branches) that are
+        missing, sorted.
+
+    Raises:
+        ValueError: Missing (other than the optional ones) or unexpected
+            keys and shape mismatches (each with both shapes), all listed.
+    """
+    result = fit_state_dict(
+        state_dict, ufo_vit_state_layout(settings), optional=UFO_VIT_OPTIONAL_KEY,
+        context=f'the backbone tensors do not match UFOViT(arch='
+        f'{dict(settings["arch"])}, in_channels={settings["in_channels"]}, '
+        f'qkv_bias={settings["qkv_bias"]})')
+    return result.optional_missing
+
+
+def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
+                            ) -> Tuple[dict, dict]:
+    """Backbone weights of a UFO-ViT image-classifier checkpoint.
+
+    Args:
+        checkpoint (Mapping): A loaded checkpoint: ``{'state_dict': ...}``
+            (mmengine), ``{'model': ...}`` or a bare state dict.
+        prefix (str): Prefix of the backbone keys. Default: ``'backbone.'``.
+
+    Returns:
+        tuple[dict, dict]: The backbone state dict (``UFOViT`` key layout)
+        and what was found: ``arch`` (name or None), ``arch_settings``,
+        ``in_channels``, ``qkv_bias``, ``num_tensors``, ``dropped`` (keys
+        not under ``prefix``, e.g. the head), ``not_pretrained`` (the
+        optional backbone keys absent from the checkpoint), ``wrapper``,
+        ``ema`` (True when the checkpoint has an ``ema_state_dict``: the
+        weights kept are then the EMA ones) and, when the checkpoint's
+        ``meta`` has them, ``epoch`` and ``iter``.
+
+    Raises:
+        ValueError: The checkpoint holds no backbone tensors, or they do not
+            form a ``UFOViT`` (missing/unexpected keys listed).
+    """
+    state_dict, wrapper = unwrap_state_dict(checkpoint)
+    backbone, dropped, skipped = select_backbone_tensors(state_dict, prefix)
+    settings = detect_ufo_vit_settings(backbone)
+    not_pretrained = check_ufo_vit_state_dict(backbone, settings)
+    info = dict(arch=match_ufo_vit_arch(settings['arch']),
+                arch_settings=dict(settings['arch']),
+                in_channels=settings['in_channels'],
+                qkv_bias=settings['qkv_bias'],
+                num_tensors=len(backbone),
+                dropped=sorted(dropped + skipped),
+                not_pretrained=not_pretrained,
+                wrapper=wrapper,
+                ema=wrapper is not None and 'ema_state_dict' in checkpoint)
+    meta = checkpoint.get('meta') if wrapper else None
+    if isinstance(meta, Mapping):
+        for key in ('epoch', 'iter'):
+            if isinstance(meta.get(key), int):
+                info[key] = meta[key]
+    return backbone, info
+
+
+def backbone_checkpoint(state_dict: dict, info: Mapping, **meta) -> dict:
+    """``{'state_dict': ..., 'meta': ...}`` as the converter writes it.
+
+    Tensors are detached, contiguous copies; ``meta`` holds the recognised
+    architecture, the keys left to their initial values, ``ema`` (whether
+    the weights are EMA weights) and ``meta``'s extra entries (plain Python
+    values, so the file loads with ``torch.load(weights_only=True)``).
+    """
+    meta_out = dict(arch=info['arch'], arch_settings=dict(info['arch_settings']),
+                    in_channels=info['in_channels'], qkv_bias=info['qkv_bias'],
+                    not_pretrained=list(info['not_pretrained']),
+                    num_dropped=len(info['dropped']), ema=bool(info.get('ema')))
+    for key in ('epoch', 'iter'):
+        if key in info:
+            meta_out[f'source_{key}'] = info[key]
+    meta_out.update(meta)
+    tensors = {key: value.detach().clone().contiguous()
+               for key, value in state_dict.items()}
+    return dict(state_dict=tensors, meta=meta_out)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
