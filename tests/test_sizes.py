@@ -1,9 +1,9 @@
-"""mmsoft.utils.sizes.parse_size: the tools' ``HxW`` / ``N`` size option."""
+"""mmsoft_analysis.sizes.parse_size: the tools' ``HxW`` / ``N`` size option."""
 import argparse
 
 import pytest
 
-from mmsoft.utils.sizes import SizeError, parse_size
+from mmsoft_analysis.sizes import SizeError, parse_size
 
 
 @pytest.mark.parametrize('text, size', [

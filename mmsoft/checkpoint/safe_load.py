@@ -15,10 +15,11 @@ from typing import Any, Callable, List, Mapping, Sequence
 
 import torch
 
+from ..utils.torch_compat import TORCH_VERSION
+
 #: Whether torch's allow-list takes ``(object, 'module.name')`` entries and
 #: ``weights_only=True`` is the default.
-NATIVE_SAFE_GLOBALS = (tuple(int(part) for part in torch.__version__.split('.')[:2])
-                       >= (2, 6))
+NATIVE_SAFE_GLOBALS = TORCH_VERSION >= (2, 6)
 _REGISTERED = []
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..models.soft_kernels import EXPORT_SOLVERS
+from ..utils.torch_compat import TORCH_VERSION
 
 DEFAULT_OPSET = 17
 INPUT_NAME = 'images'
@@ -23,7 +24,6 @@ MIN_INPUT_SIZE = 32
 #: The oldest torch whose exporter writes ``MaxPool2d(ceil_mode=True)`` (UFO-ViT's
 #: stride-32 map) for a dynamic input size.
 CEIL_MODE_POOL_EXPORT_TORCH = (2, 2)
-TORCH_VERSION = tuple(int(part) for part in torch.__version__.split('.')[:2])
 
 
 def check_exportable(model: nn.Module) -> None:

@@ -32,7 +32,11 @@ from mmengine.config import Config, DictAction
 from mmsoft.apis import build_model_from_config
 from mmsoft.checkpoint import compare_state_dict, load_state_dict_safely
 from mmsoft.deployment import onnx_export
-from mmsoft.utils.sizes import parse_size
+
+# The tools' shared code (tools/analysis/mmsoft_analysis).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                'analysis'))
+from mmsoft_analysis.sizes import parse_size  # noqa: E402
 
 
 class FeatureMaps(nn.Module):
