@@ -12,7 +12,6 @@ pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the 
 
 import argparse
 import copy
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -24,6 +23,7 @@ from mmengine.config import Config
 
 from mmsoft import apis
 from mmsoft.checkpoint import check_checkpoint_fits, innermost_model
+from tests.helpers.tools import load_tool
 
 pytestmark = pytest.mark.openmmlab
 
@@ -34,16 +34,7 @@ needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
                                     reason='the error is for machines without CUDA')
 
 
-def tool_module(name: str):
-    """``tools/<name>.py`` as a module (its functions), not run."""
-    spec = importlib.util.spec_from_file_location(
-        f'mmsoft_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_tool, test_tool = tool_module('train'), tool_module('test')
+train_tool, test_tool = load_tool('train'), load_tool('test')
 
 
 def train_config(*argv: str) -> Config:
@@ -93,7 +84,8 @@ def test_work_dir_precedence(tmp_path):
     path = config_file(tmp_path, "work_dir = 'from_config'\n")
     assert train_config(path).work_dir == 'from_config'
     assert train_config(path, '--work-dir', str(tmp_path)).work_dir == str(tmp_path)
-    assert train_config(config_file(tmp_path)).work_dir == osp.join('./work_dirs', 'name')
+    default = osp.join('./work_dirs', 'name')
+    assert train_config(config_file(tmp_path)).work_dir == default
 
 
 @needs_cpu_only
@@ -108,7 +100,8 @@ def test_auto_scale_lr_needs_the_config_key(tmp_path):
             '--auto-scale-lr needs auto_scale_lr = dict(enable=False, '
             'base_batch_size=N)')):
         train_config(config_file(tmp_path), '--auto-scale-lr')
-    path = config_file(tmp_path, 'auto_scale_lr = dict(enable=False, base_batch_size=16)\n')
+    path = config_file(tmp_path,
+                       'auto_scale_lr = dict(enable=False, base_batch_size=16)\n')
     assert train_config(path, '--auto-scale-lr').auto_scale_lr == dict(
         enable=True, base_batch_size=16)
 
@@ -159,8 +152,9 @@ def test_missing_annotation_file_stops_testing(small_coco, tmp_path):
     ann = str(tmp_path / 'no_such.json')
     with pytest.raises(FileNotFoundError,
                        match=re.escape(f'annotation file not found: {ann}')):
-        test_tool.main([DET_CONFIG, str(tmp_path / 'x.pth'), '--work-dir', str(tmp_path),
-                        '--cfg-options', f'test_dataloader.dataset.data_root={small_coco}',
+        test_tool.main([DET_CONFIG, str(tmp_path / 'x.pth'), '--work-dir',
+                        str(tmp_path), '--cfg-options',
+                        f'test_dataloader.dataset.data_root={small_coco}',
                         f'test_dataloader.dataset.ann_file={ann}'])
 
 
@@ -168,7 +162,8 @@ def test_missing_checkpoint_stops_testing(small_coco, tmp_path):
     missing = str(tmp_path / 'x.pth')
     with pytest.raises(FileNotFoundError,
                        match=re.escape(f'checkpoint file not found: {missing}')):
-        test_tool.main([DET_CONFIG, missing, '--work-dir', str(tmp_path), '--cfg-options',
+        test_tool.main([DET_CONFIG, missing, '--work-dir', str(tmp_path),
+                        '--cfg-options',
                         f'test_dataloader.dataset.data_root={small_coco}'])
 
 
@@ -410,7 +405,7 @@ def test_show_wait_time_errors(agg_backend):
 
 
 def test_inference_options():
-    inference = tool_module('inference_demo')
+    inference = load_tool('inference_demo')
     with pytest.raises(ValueError, match=re.escape(
             "inference takes mmdet or mmseg configs, got default_scope='mmengine'")):
         inference.paint_options('mmengine', None)
@@ -434,5 +429,5 @@ def test_inference_of_a_config_without_mmsoft(tmp_path):
     config.write_text(f"_base_ = ['{DET_CONFIG}']\ncustom_imports = None\n")
     with pytest.raises(KeyError, match=re.escape(
             'is not in the mmdet::model registry unless mmsoft is imported')):
-        tool_module('inference_demo').paint_predictions(str(config), 'c.pth', 'x.png',
-                                                        'y.png')
+        load_tool('inference_demo').paint_predictions(str(config), 'c.pth', 'x.png',
+                                                      'y.png')

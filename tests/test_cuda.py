@@ -129,7 +129,7 @@ def test_closed_form_runs_the_iteration_on_the_gpu():
 def test_mask_rcnn_training_step(amp):
     pytest.importorskip('mmdet', reason='the Mask R-CNN step needs mmdet')
     from tests.helpers.dense_models import (backbone_grad_norm, build_mask_rcnn,
-                                             detector_train_step)
+                                            detector_train_step)
     model = build_mask_rcnn(dict(type='SOFT', arch='tiny', variant='soft++',
                                  solver='newton_closed_form',
                                  max_bottleneck_tokens=256),
@@ -146,7 +146,7 @@ def test_mask_rcnn_training_step(amp):
 def test_upernet_training_step(amp):
     pytest.importorskip('mmseg', reason='the UperNet step needs mmsegmentation')
     from tests.helpers.dense_models import (backbone_grad_norm, build_upernet,
-                                             segmentor_train_step)
+                                            segmentor_train_step)
     model = build_upernet(dict(type='UFOViT', arch='tiny'), [192] * 4).to(DEVICE)
     with torch.autocast(DEVICE, dtype=torch.float16, enabled=amp):
         losses = segmentor_train_step(model, size=(128, 128), batch_size=2)

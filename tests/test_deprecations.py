@@ -23,10 +23,12 @@ LAYOUT_55CDA50 = osp.join(DATA, 'state_dict_layout_55cda50.json')
 
 
 @pytest.mark.parametrize('cls,arch,option,error', [
-    (SOFT, SMALL_SOFT, dict(attention='soft'), "unexpected keyword argument 'attention'"),
+    (SOFT, SMALL_SOFT, dict(attention='soft'),
+     "unexpected keyword argument 'attention'"),
     (PlainUFOViT, TINY_UFO, dict(recompute_ffn=True),
      "unexpected keyword argument 'recompute_ffn'"),
-    (PlainSOFT, SMALL_SOFT, dict(solver='cholesky'), "solver='cholesky' is not supported"),
+    (PlainSOFT, SMALL_SOFT, dict(solver='cholesky'),
+     "solver='cholesky' is not supported"),
     (UFOViT, dict(TINY_UFO, lpi_kernel_size=5), {},
      "arch dict has unknown keys ['lpi_kernel_size']")])
 def test_options_have_one_spelling(cls, arch, option, error):

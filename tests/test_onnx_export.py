@@ -23,6 +23,7 @@ from mmsoft.deployment.traceable import (traceable_cap_bottleneck_grid,
                                          traceable_capped_grid_size)
 from mmsoft.models.soft import Exportable, resize_pos_embed
 from mmsoft.utils.torch_compat import TORCH_VERSION  # noqa: E402
+from tests.helpers.tools import load_tool  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')
@@ -115,24 +116,14 @@ def test_traced_bottleneck_cap_equals_eager_cap(cap):
                                rtol=1e-6, atol=1e-6)
 
 
-def export_tool():
-    """``tools/deployment/export_onnx.py`` as a module, not run."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        'export_onnx_tool', osp.join(REPO, 'tools/deployment/export_onnx.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def run_tool(argv):
     """``tools/deployment/export_onnx.py``'s ``main`` in this process."""
-    return export_tool().main(argv)
+    return load_tool('deployment/export_onnx').main(argv)
 
 
 @pytest.mark.openmmlab  # the tool reads mmengine configs
 def test_checkpoint_without_neck_weights_is_refused(tmp_path):
-    tool = export_tool()
+    tool = load_tool('deployment/export_onnx')
     backbone = small_soft()
     path = str(tmp_path / 'backbone.pth')
     torch.save(backbone.state_dict(), path)

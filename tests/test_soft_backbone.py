@@ -7,7 +7,6 @@ import torch
 
 from mmsoft.openmmlab import SOFT
 from mmsoft.models.soft import ARCH_SETTINGS
-from mmsoft.models.soft import SoftAttention
 
 HERE = osp.dirname(osp.abspath(__file__))
 BACKBONES_DOC = osp.join(osp.dirname(HERE), 'docs', 'backbones.md')

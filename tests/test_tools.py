@@ -90,16 +90,6 @@ def check(result: subprocess.CompletedProcess) -> str:
     return output
 
 
-def load_tool(name: str):
-    """``tools/<name>.py`` as a module, not run."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        f'mmsoft_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
@@ -391,6 +381,7 @@ def test_paint_predictions_of_the_segmentor(trained_segmentor, tmp_path):
     """MMSegInferencer on the demo checkpoint: each pixel is the image blended
     with the palette colour of its predicted class (opacity 0.8), except
     under the class names written on the image."""
+    from tests.helpers.tools import load_tool
     paint_predictions = load_tool('inference_demo').paint_predictions
     image = scene_image(str(tmp_path / 'scene.png'))
     painted_file = str(tmp_path / 'painted.png')

@@ -45,8 +45,8 @@ from mmsoft.models.ufo_vit import ARCH_SETTINGS
 from mmsoft.pretrain import (ClassAttentionBlock,  # noqa: E402
                              UFOViTClassAttentionHead, UFOViTStride16)
 from demo_data import generate_classification_demo  # noqa: E402
-from tests.helpers.dense_models import (backbone_grad_norm, build_mask_rcnn,  # noqa: E402
-                                        detector_train_step)
+from tests.helpers.dense_models import (  # noqa: E402
+    backbone_grad_norm, build_mask_rcnn, detector_train_step)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PRETRAIN_DIR = osp.join(REPO, 'configs', 'ufo_vit', 'pretrain')

@@ -21,7 +21,7 @@ import sys
 import warnings
 from copy import deepcopy
 
-from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.config import ConfigDict, DictAction
 
 # The repository root, so that ``custom_imports=['mmsoft']`` resolves also
 # without an installed package.
@@ -115,20 +115,8 @@ def enable_tta(cfg, config_path):
 
 def setup_config(args):
     """The config with the options applied, as mmdet's and mmseg's tools set it up."""
-    if not osp.isfile(args.config):
-        raise FileNotFoundError(f'config file not found: {args.config}')
-    cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    library = apis.library_of(cfg, args.config)
-
-    # work_dir: the command line, the config, then ./work_dirs/<config name>
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
-
+    cfg = apis.load_config(args)
+    library = cfg.default_scope
     cfg.load_from = args.checkpoint
     if args.show or args.show_dir:
         trigger_visualization_hook(cfg, args)

@@ -14,7 +14,7 @@ import os
 import os.path as osp
 import sys
 
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 
 # The repository root, so that ``custom_imports=['mmsoft']`` resolves also
 # without an installed package.
@@ -54,20 +54,7 @@ def parse_args(argv=None):
 
 def setup_config(args):
     """The config with the options applied, as mmdet's tool sets it up."""
-    if not osp.isfile(args.config):
-        raise FileNotFoundError(f'config file not found: {args.config}')
-    cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    apis.library_of(cfg, args.config)
-
-    # work_dir: the command line, the config, then ./work_dirs/<config name>
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
-
+    cfg = apis.load_config(args)
     if args.amp:
         apis.check_amp(cfg)
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
@@ -93,8 +80,8 @@ def setup_config(args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = setup_config(args)
-    apis.check_dataset_paths(cfg, ('train', 'val') if cfg.get('val_cfg') else ('train', ),
-                             args.config)
+    splits = ('train', 'val') if cfg.get('val_cfg') else ('train', )
+    apis.check_dataset_paths(cfg, splits, args.config)
     if cfg.default_scope == 'mmdet':
         # Fewer repeated compilations (mmdet's tool does this too).
         from mmdet.utils import setup_cache_size_limit_of_dynamo

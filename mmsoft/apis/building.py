@@ -57,7 +57,8 @@ def check_imports_mmsoft(cfg: Config, config_path: str) -> None:
     imports = list((cfg.get('custom_imports') or {}).get('imports', []))
     if any(name.split('.')[0] == 'mmsoft' for name in imports):
         return
-    kinds = {name: 'backbone' if cls.__module__ == 'mmsoft.openmmlab.backbones' else 'model'
+    backbones = 'mmsoft.openmmlab.backbones'
+    kinds = {name: 'backbone' if cls.__module__ == backbones else 'model'
              for name, cls in MODELS.module_dict.items()
              if cls.__module__.split('.')[0] == 'mmsoft'}
     used = sorted((name for name in config_types(cfg.get('model')) if name in kinds),
@@ -78,7 +79,9 @@ def build_runner(cfg: Config, config_path: str):
     check_imports_mmsoft(cfg, config_path)
     registry = importlib.import_module(f'{library_of(cfg, config_path)}.registry')
     try:
-        return registry.RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+        if 'runner_type' in cfg:
+            return registry.RUNNERS.build(cfg)
+        return Runner.from_cfg(cfg)
     except KeyError as exc:
         message = str(exc.args[0] if exc.args else exc)
         missing = re.search(r'(\w+) is not in the [\w:.]+ registry', message)

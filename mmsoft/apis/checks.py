@@ -27,6 +27,29 @@ def library_of(cfg: Config, path: str = '') -> str:
     return scope
 
 
+def load_config(args) -> Config:
+    """The config of a tool's command line, set up as mmdet's and mmseg's tools
+    do (``--cfg-options``, the launcher, the work directory: the command line,
+    the config, then ``./work_dirs/<config name>``), its library checked.
+
+    Raises:
+        FileNotFoundError: No config file.
+    """
+    if not osp.isfile(args.config):
+        raise FileNotFoundError(f'config file not found: {args.config}')
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    library_of(cfg, args.config)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        name = osp.splitext(osp.basename(args.config))[0]
+        cfg.work_dir = osp.join('./work_dirs', name)
+    return cfg
+
+
 def leaf_datasets(dataset, where: str) -> Iterator[Tuple[dict, str]]:
     """Each dataset config inside ``dataset``'s wrappers, with its config key."""
     if not isinstance(dataset, dict):
@@ -52,9 +75,10 @@ def check_dataset_paths(cfg: Config, splits: Tuple[str, ...], config_path: str) 
             if dataset.get('ann_file'):
                 paths.append((osp.join(root, dataset['ann_file']), osp.isfile,
                               'annotation file', 'ann_file'))
-            paths += [(osp.join(root, prefix), osp.isdir, 'data folder', f'data_prefix.{key}')
-                      for key, prefix in (dataset.get('data_prefix') or {}).items()
-                      if isinstance(prefix, str) and prefix]
+            prefixes = (dataset.get('data_prefix') or {}).items()
+            paths += [(osp.join(root, prefix), osp.isdir, 'data folder',
+                       f'data_prefix.{key}')
+                      for key, prefix in prefixes if isinstance(prefix, str) and prefix]
             for path, exists, what, key in paths:
                 if path and '://' not in path and not exists(path):
                     raise FileNotFoundError(f'{what} not found: {path} ({where}.{key} '

@@ -16,7 +16,8 @@ from .strict import (BN_COUNTER_KEYS, ResizeHook, StateDict, StateDictComparison
 
 #: UFO-ViT keys a backbone checkpoint may lack: the resampling branches of
 #: outputs 0 and 1, which an image classifier has not trained.
-UFO_VIT_OPTIONAL_KEY = re.compile(r'pyramid\.branches\.\d+\..+|' + BN_COUNTER_KEYS.pattern)
+UFO_VIT_OPTIONAL_KEY = re.compile(
+    r'pyramid\.branches\.\d+\..+|' + BN_COUNTER_KEYS.pattern)
 RESIZE_NOTE = ('(position embeddings are resized only from a square grid of the '
                'same width.)')
 
@@ -35,7 +36,8 @@ def print_log(msg: str, level: int = logging.INFO) -> None:
 
 def load_strictly(model: nn.Module, state_dict: Mapping, source: str,
                   optional: re.Pattern = BN_COUNTER_KEYS,
-                  resize: Optional[ResizeHook] = None, note: str = '') -> StateDictComparison:
+                  resize: Optional[ResizeHook] = None,
+                  note: str = '') -> StateDictComparison:
     """Loads ``state_dict`` (earlier keys renamed) into ``model`` after
     :func:`fit_state_dict`, whose error names ``source`` and the model."""
     state_dict = rename_deprecated_keys(dict(state_dict),
@@ -109,7 +111,8 @@ def load_soft_checkpoint(model: nn.Module, filename: str, convert_weights: bool 
     return info
 
 
-def load_ufo_vit_checkpoint(model: nn.Module, filename: str, prefix: Optional[str] = None,
+def load_ufo_vit_checkpoint(model: nn.Module, filename: str,
+                            prefix: Optional[str] = None,
                             map_location='cpu') -> StateDict:
     """Loads a checkpoint file into a UFO-ViT backbone, strictly; only the
     untrained resampling branches may be missing. Returns the loaded tensors."""
@@ -141,7 +144,8 @@ def load_state_dict_safely(path: str) -> StateDict:
     if not isinstance(checkpoint, dict):
         raise ValueError(f'checkpoint file {path} is not a model checkpoint: it '
                          f'holds a {type(checkpoint).__name__}, expected a dict')
-    state_dict = strip_prefixes(unwrap_state_dict(checkpoint)[0], re.compile(r'^module\.'))
+    state_dict = strip_prefixes(unwrap_state_dict(checkpoint)[0],
+                                re.compile(r'^module\.'))
     return {key: value for key, value in state_dict.items()
             if isinstance(value, torch.Tensor)}
 

@@ -43,7 +43,8 @@ def checkpoint_safe_globals() -> List:
     except ImportError:
         from numpy.core import multiarray
     codes = '?' + np.typecodes['AllInteger'] + np.typecodes['AllFloat']
-    entries = [np.ndarray, np.dtype, *sorted({type(np.dtype(c)) for c in codes}, key=str)]
+    dtypes = sorted({type(np.dtype(code)) for code in codes}, key=str)
+    entries = [np.ndarray, np.dtype, *dtypes]
     entries += [(getattr(multiarray, name), f'{module}.{name}')
                 for module in ('numpy.core.multiarray', 'numpy._core.multiarray')
                 for name in ('_reconstruct', 'scalar')]
@@ -68,7 +69,8 @@ def _restricted_pickle(extra: Sequence) -> types.ModuleType:
 
         def find_class(self, module: str, name: str) -> Callable:
             # Python 2 names of protocol-2 pickles, as pickle maps them.
-            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name),
+                                                           (module, name))
             module = _compat_pickle.IMPORT_MAPPING.get(module, module)
             if f'{module}.{name}' not in allowed:
                 raise pickle.UnpicklingError(
@@ -110,7 +112,8 @@ def allow_mmengine_checkpoint_globals() -> None:
         torch.serialization.add_safe_globals(checkpoint_safe_globals())
     else:
         from mmengine.runner.checkpoint import CheckpointLoader
-        CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
+        CheckpointLoader.register_scheme(prefixes='', loader=load_from_local,
+                                         force=True)
     _REGISTERED.append(True)
 
 

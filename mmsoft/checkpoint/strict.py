@@ -40,7 +40,8 @@ def unwrap_state_dict(checkpoint: Mapping) -> Tuple[Mapping, Optional[str]]:
 
 
 def strip_prefixes(state_dict: Mapping, pattern: re.Pattern = WRAPPER_PREFIXES) -> dict:
-    """``state_dict`` with ``pattern`` removed from its keys (mmengine's ``revise_keys``)."""
+    """``state_dict`` with ``pattern`` removed from its keys, as mmengine's
+    ``revise_keys``."""
     return {pattern.sub('', str(key)): value for key, value in state_dict.items()}
 
 
@@ -83,14 +84,16 @@ class StateDictComparison:
         return not (self.missing or self.mismatched
                     or (self.unexpected and not allow_unexpected))
 
-    def describe(self, allow_unexpected: bool = False, limit: Optional[int] = 40) -> str:
+    def describe(self, allow_unexpected: bool = False,
+                 limit: Optional[int] = 40) -> str:
         """``'missing keys: a, b; shape mismatches: c: (5,) (expected (32,))'``."""
         shapes = [f'{key}: {src} (expected {dst})'
                   for key, (src, dst) in sorted(self.mismatched.items())]
         parts = [('missing keys', self.missing),
                  ('unexpected keys', [] if allow_unexpected else self.unexpected),
                  ('shape mismatches', shapes)]
-        return '; '.join(f'{name}: {key_list(keys, limit)}' for name, keys in parts if keys)
+        return '; '.join(f'{name}: {key_list(keys, limit)}'
+                         for name, keys in parts if keys)
 
 
 def compare_state_dict(state_dict: Mapping, model_state: Mapping,

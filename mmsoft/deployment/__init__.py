@@ -3,8 +3,9 @@ onnxruntime only to check and run a file). Its names load when first used, so
 that :mod:`.traceable`, which the models import, needs torch alone."""
 import importlib
 
-_ONNX_EXPORT = ('FlatOutputs', 'check_onnx_file', 'export_formulation', 'export_onnx',
-                'onnxruntime_session', 'output_tensors', 'run_onnxruntime', 'verify_onnx')
+_ONNX_EXPORT = ('FlatOutputs', 'check_onnx_file', 'export_formulation',
+                'export_onnx', 'onnxruntime_session', 'output_tensors',
+                'run_onnxruntime', 'verify_onnx')
 
 
 def __getattr__(name: str):

@@ -126,11 +126,12 @@ def export_onnx(model: nn.Module, path: str, sample_shape: Tuple[int, int] = (22
         names = [f'out{i}' for i in range(len(ranks))]
         # The TorchScript exporter: the default before torch 2.9, the only one
         # (without a ``dynamo`` argument) before 2.5.
-        dynamo = 'dynamo' in inspect.signature(torch.onnx.export).parameters
+        takes_dynamo = 'dynamo' in inspect.signature(torch.onnx.export).parameters
+        exporter = dict(dynamo=False) if takes_dynamo else {}
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
             warnings.simplefilter('ignore', DeprecationWarning)
-            torch.onnx.export(flat, (images, ), path, **(dict(dynamo=False) if dynamo else {}),
+            torch.onnx.export(flat, (images, ), path, **exporter,
                               input_names=[INPUT_NAME], output_names=names,
                               dynamic_axes=dynamic_axes(ranks),
                               opset_version=opset, do_constant_folding=True)

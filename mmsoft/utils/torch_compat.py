@@ -63,7 +63,8 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
         enabled = torch.is_autocast_enabled(device_type)
         return torch.get_autocast_dtype(device_type) if enabled else None
     if device_type == 'cpu':
-        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        enabled = torch.is_autocast_cpu_enabled()
+        return torch.get_autocast_cpu_dtype() if enabled else None
     if device_type == 'cuda' and torch.is_autocast_enabled():
         return torch.get_autocast_gpu_dtype()
     return None

@@ -11,4 +11,5 @@
 - :mod:`tests.helpers.dataset_digest`: a content digest of a generated dataset.
 - :mod:`tests.helpers.dense_models`: Mask R-CNN and UperNet around a
   backbone, and their training steps (needs mmdet and mmseg).
+- :mod:`tests.helpers.tools`: the command-line tools as modules.
 """

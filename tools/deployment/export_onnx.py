@@ -34,8 +34,8 @@ from mmsoft.checkpoint import compare_state_dict, load_state_dict_safely
 from mmsoft.deployment import onnx_export
 
 # The tools' shared code (tools/analysis/mmsoft_analysis).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'analysis'))
+TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(TOOLS_DIR, 'analysis'))
 from mmsoft_analysis.sizes import parse_size  # noqa: E402
 
 
@@ -184,7 +184,8 @@ def benchmark(model, args) -> None:
     ort_seconds = median_seconds(lambda x: onnx_export.run_onnxruntime(session, x),
                                  images, 1, args.repeats)
     print(f'{height}x{width}, {threads} thread(s): PyTorch {torch_seconds:.3f} s, '
-          f'onnxruntime {ort_seconds:.3f} s, speed-up {torch_seconds / ort_seconds:.2f}x')
+          f'onnxruntime {ort_seconds:.3f} s, '
+          f'speed-up {torch_seconds / ort_seconds:.2f}x')
     if args.profile:
         seconds = profile_onnxruntime(args.out, images, threads)
         total = sum(seconds.values())

@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from mmsoft.checkpoint import (fit_state_dict, key_list, load_checkpoint_file,  # noqa: E402
-                               split_prefix, unwrap_state_dict)
+from mmsoft.checkpoint import (  # noqa: E402
+    fit_state_dict, key_list, load_checkpoint_file, split_prefix, unwrap_state_dict)
 from mmsoft.checkpoint.loading import UFO_VIT_OPTIONAL_KEY  # noqa: E402
 from mmsoft.models.ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES  # noqa: E402
 from mmsoft.openmmlab import UFOViT  # noqa: E402
