@@ -1,9 +1,5 @@
-"""State-dict keys of earlier layouts, old key -> new key, and how they load.
-
-The package has not been released: every option has one spelling. Only
-checkpoints saved by earlier commits (``.ffn.`` modules, SOFT's four lists of
-stages) load under the current keys, with a ``DeprecationWarning``.
-"""
+"""State-dict keys of earlier layouts, old -> new, renamed with a
+``DeprecationWarning`` when a checkpoint loads. Options have one spelling."""
 import re
 import warnings
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -35,11 +31,7 @@ def renamed_solver(solver: str) -> str:
 
 def renamed_state_dict_keys(state_dict: Mapping,
                             class_name: Optional[str]) -> Tuple[dict, List[str]]:
-    """Old keys of ``class_name``'s state dict under their new names.
-
-    Returns:
-        The renamed dict (order kept) and the old keys that were renamed.
-    """
+    """``state_dict`` under the new keys (order kept) and the old keys renamed."""
     rules = _KEY_RULES.get(class_name, [])
     renamed, old_keys = {}, []
     for key, value in state_dict.items():
@@ -54,7 +46,7 @@ def renamed_state_dict_keys(state_dict: Mapping,
 
 def rename_deprecated_keys(state_dict: Mapping, class_name: Optional[str],
                            stacklevel: int = 2) -> Dict:
-    """:func:`renamed_state_dict_keys`, warning once (old -> new) if any key was old."""
+    """:func:`renamed_state_dict_keys`, warning once if a key was old."""
     renamed, old_keys = renamed_state_dict_keys(state_dict, class_name)
     if old_keys:
         pairs = renamed_state_dict_keys({key: None for key in old_keys[:3]},
