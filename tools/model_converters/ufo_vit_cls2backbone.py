@@ -4,18 +4,15 @@ Usage::
 
     python tools/model_converters/ufo_vit_cls2backbone.py SRC DST
 
-SRC is a checkpoint of the mmpretrain pre-training
-(``configs/ufo_vit/pretrain``: an mmpretrain ``ImageClassifier``, mmengine
-format, ``state_dict`` with the backbone under ``backbone.`` and the head
-under ``head.``; with ``EMAHook`` the ``state_dict`` holds the EMA weights),
-a path or URL. DST receives ``{'state_dict': ..., 'meta': ...}`` with the
-backbone tensors in ``UFOViT``'s key layout, loadable in the detection and
-segmentation configs with ``init_cfg=dict(type='Pretrained',
-checkpoint=DST)``. The architecture is read from the tensor shapes and every
-key is checked against a ``UFOViT`` of it; the head is dropped. The
-resampling branches of outputs 0 and 1 (strides 4 and 8) are not trained by
-classification and are not in DST: the dense-prediction model starts them
-from their initial values.
+SRC (path or URL) is a checkpoint of the mmpretrain pre-training
+(``configs/ufo_vit/pretrain``): the backbone under ``backbone.``, the head
+under ``head.``; with ``EMAHook`` its ``state_dict`` holds the EMA weights.
+DST receives ``{'state_dict': ..., 'meta': ...}`` in ``UFOViT``'s layout,
+for ``init_cfg=dict(type='Pretrained', checkpoint=DST)``. The architecture
+is read off the shapes and every key checked against a ``UFOViT`` of it. The
+resampling branches of outputs 0 and 1 are not trained by classification:
+they are the only keys allowed to be missing, and start from their initial
+values in the dense model.
 """
 import argparse
 import os
@@ -45,33 +42,21 @@ _BLOCK = re.compile(r'blocks\.(\d+)\.')
 
 
 def _key_pattern(key: str) -> str:
-    """The key with its block index replaced by ``N`` (``blocks.N.attn...``)."""
+    """The key with its block index as ``N``."""
     return _BLOCK.sub('blocks.N.', key, count=1)
 
 
 def _reference_patterns() -> set:
-    """Key patterns of a ``UFOViT`` with all outputs (any architecture)."""
+    """Key patterns of a four-output ``UFOViT``."""
     model = UFOViT(arch=dict(embed_dims=16, depth=4, num_heads=2))
     return {_key_pattern(key) for key in model.state_dict()}
 
 
 def select_backbone_tensors(state_dict: Mapping, prefix: str = BACKBONE_PREFIX
                             ) -> Tuple[dict, List[str], List[str]]:
-    """Splits a classifier state dict into backbone tensors and the rest.
-
-    Leading ``module.`` (DataParallel/DDP) is ignored.
-
-    Args:
-        state_dict (Mapping): The classifier's tensors.
-        prefix (str): Backbone prefix. Default: ``'backbone.'``.
-
-    Returns:
-        tuple: Backbone tensors (prefix removed), the dropped keys, and the
-        non-tensor entries skipped.
-
-    Raises:
-        ValueError: No key starts with ``prefix``.
-    """
+    """The backbone tensors under ``prefix`` (``module.`` ignored), prefix
+    removed, the other keys and the non-tensor entries; a ``ValueError``
+    when there are none."""
     selected, dropped = split_prefix(state_dict, prefix)
     backbone = {k: v for k, v in selected.items() if isinstance(v, torch.Tensor)}
     skipped = [f'{prefix}{k}' for k, v in selected.items()
@@ -85,27 +70,9 @@ def select_backbone_tensors(state_dict: Mapping, prefix: str = BACKBONE_PREFIX
 
 
 def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
-    """Reads a ``UFOViT`` architecture off the tensor shapes.
-
-    ``embed_dims`` from the LayerNorms, ``depth`` from the block indices,
-    ``num_heads`` from the per-head XNorm scales (``attn.gamma_q``),
-    ``mlp_ratio`` from the MLP, ``local_kernel_size`` from the local patch
-    interaction, ``pos_hidden_dims`` from the position-encoding projection,
-    ``in_channels`` from the first convolution and ``qkv_bias`` from the
-    presence of the QKV bias.
-
-    Args:
-        state_dict (Mapping): Backbone tensors (no prefix).
-
-    Returns:
-        dict: ``arch`` (the settings ``UFOViT(arch=...)`` takes),
-        ``in_channels`` and ``qkv_bias``.
-
-    Raises:
-        ValueError: A tensor needed for this is missing (all are listed, with
-            the checkpoint keys that a ``UFOViT`` does not have), or the block
-            indices are not consecutive.
-    """
+    """The ``arch``, ``in_channels`` and ``qkv_bias`` of ``UFOViT`` backbone
+    tensors, read off their shapes; a ``ValueError`` lists what is missing
+    and unexpected."""
     missing = [key for key in ARCH_KEYS if key not in state_dict]
     if missing:
         patterns = _reference_patterns()
@@ -131,7 +98,7 @@ def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
 
 
 def match_ufo_vit_arch(arch: Mapping) -> Optional[str]:
-    """The name in ``ARCH_SETTINGS`` of ``arch`` (defaults included), or None."""
+    """The name in ``ARCH_SETTINGS`` of ``arch``, or None."""
     for name, settings in ARCH_SETTINGS.items():
         full = dict(ARCH_DEFAULTS, **settings)
         if all(arch.get(key) == value for key, value in full.items()):
@@ -140,14 +107,7 @@ def match_ufo_vit_arch(arch: Mapping) -> Optional[str]:
 
 
 def ufo_vit_state_layout(settings: Mapping) -> dict:
-    """The state dict of a four-output ``UFOViT`` of ``settings``.
-
-    Args:
-        settings (Mapping): As returned by :func:`detect_ufo_vit_settings`.
-
-    Returns:
-        dict[str, Tensor]: ``UFOViT(...).state_dict()``.
-    """
+    """The state dict of a four-output ``UFOViT`` of ``settings``."""
     model = UFOViT(arch=dict(settings['arch']), in_channels=settings['in_channels'],
                    qkv_bias=settings['qkv_bias'],
                    out_indices=tuple(range(NUM_STAGES)))
@@ -156,20 +116,9 @@ def ufo_vit_state_layout(settings: Mapping) -> dict:
 
 def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping
                              ) -> List[str]:
-    """Checks backbone tensors against a ``UFOViT`` of ``settings``.
-
-    Args:
-        state_dict (Mapping): Backbone tensors (no prefix).
-        settings (Mapping): See :func:`detect_ufo_vit_settings`.
-
-    Returns:
-        list[str]: The optional keys (output resampling branches) that are
-        missing, sorted.
-
-    Raises:
-        ValueError: Missing (other than the optional ones) or unexpected
-            keys and shape mismatches (each with both shapes), all listed.
-    """
+    """Checks the tensors against a ``UFOViT`` of ``settings``; returns the
+    missing resampling-branch keys, a ``ValueError`` lists any other
+    difference."""
     result = fit_state_dict(
         state_dict, ufo_vit_state_layout(settings), optional=UFO_VIT_OPTIONAL_KEY,
         context=f'the backbone tensors do not match UFOViT(arch='
@@ -180,27 +129,10 @@ def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping
 
 def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
                             ) -> Tuple[dict, dict]:
-    """Backbone weights of a UFO-ViT image-classifier checkpoint.
-
-    Args:
-        checkpoint (Mapping): A loaded checkpoint: ``{'state_dict': ...}``
-            (mmengine), ``{'model': ...}`` or a bare state dict.
-        prefix (str): Prefix of the backbone keys. Default: ``'backbone.'``.
-
-    Returns:
-        tuple[dict, dict]: The backbone state dict (``UFOViT`` key layout)
-        and what was found: ``arch`` (name or None), ``arch_settings``,
-        ``in_channels``, ``qkv_bias``, ``num_tensors``, ``dropped`` (keys
-        not under ``prefix``, e.g. the head), ``not_pretrained`` (the
-        optional backbone keys absent from the checkpoint), ``wrapper``,
-        ``ema`` (True when the checkpoint has an ``ema_state_dict``: the
-        weights kept are then the EMA ones) and, when the checkpoint's
-        ``meta`` has them, ``epoch`` and ``iter``.
-
-    Raises:
-        ValueError: The checkpoint holds no backbone tensors, or they do not
-            form a ``UFOViT`` (missing/unexpected keys listed).
-    """
+    """The backbone state dict of a classifier checkpoint and what was found:
+    ``arch`` (or None), ``arch_settings``, ``in_channels``, ``qkv_bias``,
+    ``num_tensors``, ``dropped``, ``not_pretrained``, ``wrapper``, ``ema``
+    and, from ``meta``, ``epoch`` and ``iter``."""
     state_dict, wrapper = unwrap_state_dict(checkpoint)
     backbone, dropped, skipped = select_backbone_tensors(state_dict, prefix)
     settings = detect_ufo_vit_settings(backbone)
@@ -223,13 +155,8 @@ def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
 
 
 def backbone_checkpoint(state_dict: dict, info: Mapping, **meta) -> dict:
-    """``{'state_dict': ..., 'meta': ...}`` as the converter writes it.
-
-    Tensors are detached, contiguous copies; ``meta`` holds the recognised
-    architecture, the keys left to their initial values, ``ema`` (whether
-    the weights are EMA weights) and ``meta``'s extra entries (plain Python
-    values, so the file loads with ``torch.load(weights_only=True)``).
-    """
+    """``{'state_dict': ..., 'meta': ...}`` as the converter writes it:
+    contiguous copies of the tensors, plain Python values in ``meta``."""
     meta_out = dict(arch=info['arch'], arch_settings=dict(info['arch_settings']),
                     in_channels=info['in_channels'], qkv_bias=info['qkv_bias'],
                     not_pretrained=list(info['not_pretrained']),
