@@ -8,9 +8,10 @@ REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # The shared helpers (tests.helpers) and the peer configs' backbones
 # (configs.comparison.peer_backbones) import from the checkout, ahead of the
 # top-level ``tests`` package that mmsegmentation's wheel installs; the
-# cost-analysis package (tools/analysis/mmsoft_analysis) as the tools
-# import it.
+# demo-data generators (tools/demo_data) and the cost-analysis package
+# (tools/analysis/mmsoft_analysis) as the tools import them.
 sys.path.insert(0, REPO_ROOT)
+sys.path.append(osp.join(REPO_ROOT, 'tools'))
 sys.path.append(osp.join(REPO_ROOT, 'tools', 'analysis'))
 
 
@@ -32,7 +33,7 @@ def repo_root() -> str:
 @pytest.fixture(scope='session')
 def small_coco(tmp_path_factory) -> str:
     """A generated COCO dataset: 16 train and 4 val images of 96x96 pixels."""
-    from mmsoft.demo_data import generate_coco_demo
+    from demo_data import generate_coco_demo
     root = str(tmp_path_factory.mktemp('demo_coco'))
     generate_coco_demo(root, num_train=16, num_val=4, seed=1, img_size=(96, 96))
     return root
@@ -42,7 +43,7 @@ def small_coco(tmp_path_factory) -> str:
 def mixed_coco(tmp_path_factory) -> str:
     """Like :func:`small_coco` with sides drawn from 48-96 pixels, so that
     every batch is padded."""
-    from mmsoft.demo_data import generate_coco_demo
+    from demo_data import generate_coco_demo
     root = str(tmp_path_factory.mktemp('demo_coco_mixed'))
     generate_coco_demo(root, num_train=16, num_val=4, seed=1, img_size=(96, 96),
                        img_side_range=(48, 96))
@@ -52,7 +53,7 @@ def mixed_coco(tmp_path_factory) -> str:
 @pytest.fixture(scope='session')
 def small_ade(tmp_path_factory) -> str:
     """A generated ADE20K-layout dataset: 12 training, 4 validation images."""
-    from mmsoft.demo_data import generate_ade_demo
+    from demo_data import generate_ade_demo
     root = str(tmp_path_factory.mktemp('demo_ade'))
     generate_ade_demo(root, num_train=12, num_val=4, seed=2, img_size=(96, 128))
     return root

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmsoft.openmmlab.flop_handles import (INVERSE_FUNCTIONS, count_flops,
+from mmsoft_analysis.flop_handles import (INVERSE_FUNCTIONS, count_flops,
                                            kernel_inverse_handle)
 from mmsoft.models.soft import SoftAttention
 from mmsoft.models.soft import gaussian_kernel, kernel_inverse

@@ -1,8 +1,8 @@
-"""mmsoft.apis, in this process: the set-up steps of tools/train.py and
-tools/test.py and the errors they report for bad input (a missing config,
-data or checkpoint, a config without mmsoft, options the machine or the
-config cannot take), ``build_in_scope``, and the handling of ``--tta``,
-``--show`` and the inference options.
+"""tools/train.py, tools/test.py and tools/inference_demo.py as modules in
+this process, and the checks of mmsoft.apis they run: the errors they report
+for bad input (a missing config, data or checkpoint, a config without
+mmsoft, options the machine or the config cannot take), ``build_in_scope``,
+and the handling of ``--tta``, ``--show`` and the inference options.
 
 The tools' end-to-end runs are in tests/test_tools.py.
 """
@@ -22,7 +22,8 @@ import torch
 from mmengine.config import Config
 
 from mmsoft import apis
-from mmsoft.checkpoint import check_checkpoint_fits
+from mmsoft.checkpoint import check_checkpoint_fits, innermost_model
+from tests.helpers.tools import load_tool
 
 pytestmark = pytest.mark.openmmlab
 
@@ -33,25 +34,25 @@ needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
                                     reason='the error is for machines without CUDA')
 
 
-def options_of_train(config: str, work_dir: str, **options) -> argparse.Namespace:
-    """The options of tools/train.py, defaults as its parser gives them."""
-    args = dict(config=config, work_dir=work_dir, resume=None, amp=False,
-                auto_scale_lr=False, cfg_options=None, launcher='none')
-    return argparse.Namespace(**{**args, **options})
+train_tool, test_tool = load_tool('train'), load_tool('test')
 
 
-def options_of_test(config: str, checkpoint: str, work_dir: str,
-              **options) -> argparse.Namespace:
-    """The options of tools/test.py, defaults as its parser gives them."""
-    args = dict(config=config, checkpoint=checkpoint, work_dir=work_dir, out=None,
-                show_dir=None, cfg_options=None, launcher='none')
-    return argparse.Namespace(**{**args, **options})
+def train_config(*argv: str) -> Config:
+    """The config tools/train.py sets up for the command line ``argv``."""
+    return train_tool.setup_config(train_tool.parse_args(list(argv)))
+
+
+def config_file(tmp_path, text: str = '') -> str:
+    """A plain mmengine config file: ``default_scope`` and ``text``."""
+    path = tmp_path / 'name.py'
+    path.write_text(f"default_scope = 'mmengine'\n{text}")
+    return str(path)
 
 
 @pytest.fixture(scope='module')
 def det_cfg() -> Config:
     """The demo detector's config, parsed once: copy it before changing it."""
-    return apis.load_config(DET_CONFIG)
+    return Config.fromfile(DET_CONFIG)
 
 
 @pytest.fixture(scope='module')
@@ -63,9 +64,10 @@ def detector(det_cfg):
 # ---------------------------------------------------------------- config ---
 def test_missing_config(tmp_path):
     missing = str(tmp_path / 'absent.py')
-    with pytest.raises(FileNotFoundError, match=re.escape(
-            f'config file not found: {missing}')):
-        apis.load_config(missing)
+    for tool in (train_tool, test_tool):
+        with pytest.raises(FileNotFoundError, match=re.escape(
+                f'config file not found: {missing}')):
+            tool.main([missing] if tool is train_tool else [missing, 'c.pth'])
 
 
 def test_bad_default_scope(tmp_path):
@@ -73,71 +75,73 @@ def test_bad_default_scope(tmp_path):
     config.write_text("default_scope = 'mmpretrain'\n")
     with pytest.raises(ValueError, match=re.escape(
             f"config {config} has default_scope='mmpretrain'")):
-        apis.load_config(str(config))
+        train_config(str(config))
     for scope in apis.LIBRARIES:
         assert apis.library_of(Config(dict(default_scope=scope))) == scope
 
 
 def test_work_dir_precedence(tmp_path):
-    cfg = Config(dict(work_dir='from_config'))
-    apis.set_work_dir(cfg, options_of_train('configs/x/name.py', None))
-    assert cfg.work_dir == 'from_config'
-    apis.set_work_dir(cfg, options_of_train('configs/x/name.py', str(tmp_path)))
-    assert cfg.work_dir == str(tmp_path)
-    cfg = Config(dict())
-    apis.set_work_dir(cfg, options_of_train('configs/x/name.py', None))
-    assert cfg.work_dir == osp.join('./work_dirs', 'name')
+    path = config_file(tmp_path, "work_dir = 'from_config'\n")
+    assert train_config(path).work_dir == 'from_config'
+    assert train_config(path, '--work-dir', str(tmp_path)).work_dir == str(tmp_path)
+    default = osp.join('./work_dirs', 'name')
+    assert train_config(config_file(tmp_path)).work_dir == default
 
 
 @needs_cpu_only
-def test_amp_needs_an_accelerator():
-    cfg = Config(dict(optim_wrapper=dict(type='OptimWrapper')))
+def test_amp_needs_an_accelerator(tmp_path):
+    path = config_file(tmp_path, "optim_wrapper = dict(type='OptimWrapper')\n")
     with pytest.raises(RuntimeError, match='--amp needs a CUDA, NPU or MLU'):
-        apis.apply_train_options(cfg, options_of_train('x.py', None, amp=True))
-    assert cfg.optim_wrapper.type == 'OptimWrapper'
+        train_config(path, '--amp')
 
 
-def test_auto_scale_lr_needs_the_config_key():
+def test_auto_scale_lr_needs_the_config_key(tmp_path):
     with pytest.raises(ValueError, match=re.escape(
             '--auto-scale-lr needs auto_scale_lr = dict(enable=False, '
             'base_batch_size=N)')):
-        apis.enable_auto_scale_lr(Config(dict()))
-    cfg = Config(dict(auto_scale_lr=dict(enable=False, base_batch_size=16)))
-    apis.apply_train_options(cfg, options_of_train('x.py', None, auto_scale_lr=True))
-    assert cfg.auto_scale_lr == dict(enable=True, base_batch_size=16)
+        train_config(config_file(tmp_path), '--auto-scale-lr')
+    path = config_file(tmp_path,
+                       'auto_scale_lr = dict(enable=False, base_batch_size=16)\n')
+    assert train_config(path, '--auto-scale-lr').auto_scale_lr == dict(
+        enable=True, base_batch_size=16)
 
 
 def test_resume_options(tmp_path):
+    path = config_file(tmp_path, "load_from = 'init.pth'\n")
     missing = str(tmp_path / 'absent.pth')
     with pytest.raises(FileNotFoundError, match=re.escape(
             f'checkpoint file not found: {missing} (--resume)')):
-        apis.set_resume(Config(dict()), missing)
-    cfg = Config(dict(load_from='init.pth'))
-    apis.set_resume(cfg, 'auto')
+        train_config(path, '--resume', missing)
+    cfg = train_config(path, '--resume')
     assert cfg.resume is True and cfg.load_from is None
+    model = torch.nn.Linear(2, 2)
     checkpoint = tmp_path / 'epoch_1.pth'
-    checkpoint.write_bytes(b'')
-    apis.set_resume(cfg, str(checkpoint))
+    torch.save({'state_dict': model.state_dict()}, checkpoint)
+    cfg = train_config(path, '--resume', str(checkpoint))
     assert cfg.resume is True and cfg.load_from == str(checkpoint)
-    assert apis.resume_checkpoint(cfg) == str(checkpoint)
+    assert apis.check_resumed_checkpoint(cfg, model, path) == str(checkpoint)
 
 
 def test_resume_auto_finds_the_latest_checkpoint(tmp_path):
+    model = torch.nn.Linear(2, 2)
     cfg = Config(dict(work_dir=str(tmp_path), resume=True, load_from=None))
-    assert apis.resume_checkpoint(cfg) is None  # nothing to resume from yet
+    assert apis.check_resumed_checkpoint(cfg, model, 'x.py') is None  # none yet
+    torch.save({'state_dict': model.state_dict()}, tmp_path / 'epoch_2.pth')
     (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'epoch_2.pth'))
-    assert apis.resume_checkpoint(cfg) == str(tmp_path / 'epoch_2.pth')
-    assert apis.resume_checkpoint(Config(dict(load_from='a.pth'))) == 'a.pth'
+    assert apis.check_resumed_checkpoint(cfg, model, 'x.py') == str(
+        tmp_path / 'epoch_2.pth')
+    other = torch.nn.Linear(3, 3)
+    with pytest.raises(ValueError, match='does not fit the model of x.py'):
+        apis.check_resumed_checkpoint(cfg, other, 'x.py')
 
 
 # ------------------------------------------------------------ data paths ---
 def test_missing_data_root_stops_training_before_the_runner(tmp_path):
     missing = str(tmp_path / 'nowhere')
     work_dir = str(tmp_path / 'work')
-    args = options_of_train(DET_CONFIG, work_dir, cfg_options={
-        'train_dataloader.dataset.data_root': missing})
     with pytest.raises(FileNotFoundError) as error:
-        apis.train(args)
+        train_tool.main([DET_CONFIG, '--work-dir', work_dir, '--cfg-options',
+                         f'train_dataloader.dataset.data_root={missing}'])
     message = str(error.value)
     assert f'data root not found: {missing}' in message
     assert 'tools/generate_demo_data.py' in message
@@ -146,21 +150,21 @@ def test_missing_data_root_stops_training_before_the_runner(tmp_path):
 
 def test_missing_annotation_file_stops_testing(small_coco, tmp_path):
     ann = str(tmp_path / 'no_such.json')
-    args = options_of_test(DET_CONFIG, str(tmp_path / 'x.pth'), str(tmp_path),
-                     cfg_options={'test_dataloader.dataset.data_root': small_coco,
-                                  'test_dataloader.dataset.ann_file': ann})
     with pytest.raises(FileNotFoundError,
                        match=re.escape(f'annotation file not found: {ann}')):
-        apis.test(args)
+        test_tool.main([DET_CONFIG, str(tmp_path / 'x.pth'), '--work-dir',
+                        str(tmp_path), '--cfg-options',
+                        f'test_dataloader.dataset.data_root={small_coco}',
+                        f'test_dataloader.dataset.ann_file={ann}'])
 
 
 def test_missing_checkpoint_stops_testing(small_coco, tmp_path):
     missing = str(tmp_path / 'x.pth')
-    args = options_of_test(DET_CONFIG, missing, str(tmp_path), cfg_options={
-        'test_dataloader.dataset.data_root': small_coco})
     with pytest.raises(FileNotFoundError,
                        match=re.escape(f'checkpoint file not found: {missing}')):
-        apis.test(args)
+        test_tool.main([DET_CONFIG, missing, '--work-dir', str(tmp_path),
+                        '--cfg-options',
+                        f'test_dataloader.dataset.data_root={small_coco}'])
 
 
 def test_missing_image_folder_in_a_wrapped_dataset(tmp_path):
@@ -187,7 +191,7 @@ def test_missing_image_folder_in_a_wrapped_dataset(tmp_path):
 def test_config_without_mmsoft_import(tmp_path):
     config = tmp_path / 'no_import.py'
     config.write_text(f"_base_ = ['{DET_CONFIG}']\ncustom_imports = None\n")
-    cfg = apis.load_config(str(config))
+    cfg = Config.fromfile(str(config))
     with pytest.raises(KeyError) as error:
         apis.build_runner(cfg, str(config))
     message = error.value.args[0]
@@ -246,10 +250,10 @@ def test_cpu_launchers():
 
 
 def test_launcher_options_export_local_rank(monkeypatch):
-    monkeypatch.delenv('LOCAL_RANK', raising=False)
-    args = apis.parse_with_launcher(argparse.ArgumentParser(),
-                                    ['--launcher', 'pytorch', '--local-rank', '3'])
-    assert args.launcher == 'pytorch' and os.environ['LOCAL_RANK'] == '3'
+    for tool, argv in ((train_tool, ['c.py']), (test_tool, ['c.py', 'c.pth'])):
+        monkeypatch.delenv('LOCAL_RANK', raising=False)
+        args = tool.parse_args(argv + ['--launcher', 'pytorch', '--local-rank', '3'])
+        assert args.launcher == 'pytorch' and os.environ['LOCAL_RANK'] == '3'
 
 
 # ----------------------------------------------------------- checkpoints ---
@@ -300,16 +304,6 @@ def test_foreign_checkpoints(detector, tmp_path):
 SEG_CONFIG = osp.join(REPO, 'configs/demo/upernet_soft-tiny_demo.py')
 
 
-def tool_module(name: str):
-    """``tools/<name>.py`` as a module (its ``parse_args``), not run."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        f'mmsoft_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def agg_backend():
     """matplotlib's non-interactive ``agg`` backend (a machine without a
@@ -322,7 +316,7 @@ def agg_backend():
 
 
 def test_test_tool_parses_tta_show_and_wait_time():
-    parse_args = tool_module('test').parse_args
+    parse_args = test_tool.parse_args
     args = parse_args(['c.py', 'c.pth'])
     assert (args.tta, args.show, args.wait_time) == (False, False, 2.0)
     args = parse_args(['c.py', 'c.pth', '--tta', '--show', '--wait-time', '0.5'])
@@ -330,22 +324,22 @@ def test_test_tool_parses_tta_show_and_wait_time():
 
 
 def test_tta_of_mmseg_uses_the_config_tta():
-    cfg = apis.load_config(SEG_CONFIG)
+    cfg = Config.fromfile(SEG_CONFIG)
     model, tta_pipeline = copy.deepcopy(cfg.model), copy.deepcopy(cfg.tta_pipeline)
-    apis.enable_tta(cfg, 'mmseg', SEG_CONFIG)
+    test_tool.enable_tta(cfg, SEG_CONFIG)
     assert cfg.model.type == 'SegTTAModel' and cfg.model.module == model
     assert cfg.test_dataloader.dataset.pipeline == tta_pipeline
     views = cfg.test_dataloader.dataset.pipeline[1]['transforms']
     assert [len(step) for step in views[:2]] == [6, 2]  # 6 scales x 2 flips
     for key in ('tta_model', 'tta_pipeline'):
-        cfg = apis.load_config(SEG_CONFIG)
+        cfg = Config.fromfile(SEG_CONFIG)
         cfg.pop(key)
         with pytest.raises(ValueError, match=re.escape(
                 f'--tta needs {key} in the config {SEG_CONFIG}')):
-            apis.enable_tta(cfg, 'mmseg', SEG_CONFIG)
+            test_tool.enable_tta(cfg, SEG_CONFIG)
     with pytest.raises(ValueError, match=re.escape(
             "--tta is for mmdet and mmseg configs; x.py has default_scope='mmengine'")):
-        apis.enable_tta(Config(dict()), 'mmengine', 'x.py')
+        test_tool.enable_tta(Config(dict(default_scope='mmengine')), 'x.py')
 
 
 def test_tta_of_mmdet_defaults_to_flips(det_cfg):
@@ -353,13 +347,13 @@ def test_tta_of_mmdet_defaults_to_flips(det_cfg):
     with pytest.raises(ValueError, match=re.escape(
             "--tta: mmdet's DetTTAModel merges boxes only and the model of "
             f'{DET_CONFIG} predicts masks (model.roi_head.mask_head)')):
-        apis.enable_tta(cfg, 'mmdet', DET_CONFIG)
+        test_tool.enable_tta(cfg, DET_CONFIG)
     cfg = copy.deepcopy(det_cfg)
     cfg.model.roi_head.mask_head = None
     model, test_pipeline = copy.deepcopy(cfg.model), copy.deepcopy(
         cfg.test_dataloader.dataset.pipeline)
     with pytest.warns(UserWarning, match='Cannot find ``tta_'):
-        apis.enable_tta(cfg, 'mmdet', DET_CONFIG)
+        test_tool.enable_tta(cfg, DET_CONFIG)
     assert cfg.model.type == 'DetTTAModel' and cfg.model.module == model
     assert cfg.model.tta_cfg == dict(nms=dict(type='nms', iou_threshold=0.5),
                                      max_per_img=100)
@@ -376,24 +370,22 @@ def test_tta_model_is_unwrapped_for_the_checkpoint_check(detector, tmp_path):
     from mmdet.models import DetTTAModel
     checkpoint = tmp_path / 'own.pth'
     torch.save({'state_dict': detector.state_dict()}, checkpoint)
-    from mmsoft.apis.test import innermost_model
     wrapped = DetTTAModel(module=detector)
     assert innermost_model(wrapped) is detector
-    check_checkpoint_fits(str(checkpoint), innermost_model(wrapped), 'demo.py')
+    check_checkpoint_fits(str(checkpoint), wrapped, 'demo.py')
 
 
 def test_show_sets_the_visualization_hook(agg_backend, tmp_path):
-    cfg = apis.load_config(SEG_CONFIG)
-    args = options_of_test(SEG_CONFIG, 'c.pth', str(tmp_path), show=True,
-                           wait_time=0.5, show_dir=str(tmp_path / 'painted'),
-                           tta=True)
+    args = test_tool.parse_args([SEG_CONFIG, 'c.pth', '--work-dir', str(tmp_path),
+                                 '--show', '--wait-time', '0.5', '--show-dir',
+                                 str(tmp_path / 'painted'), '--tta'])
     with pytest.warns(UserWarning, match=re.escape(
             "--show: matplotlib's backend 'agg' cannot open windows")):
-        show_dir = apis.apply_test_options(cfg, 'mmseg', args)
+        cfg = test_tool.setup_config(args)
     hook = cfg.default_hooks.visualization
     assert (hook.draw, hook.interval, hook.show, hook.wait_time) == (
         True, 1, True, 0.5)
-    assert show_dir == cfg.visualizer.save_dir == str(tmp_path / 'painted')
+    assert cfg.visualizer.save_dir == str(tmp_path / 'painted')
     assert cfg.model.type == 'SegTTAModel' and cfg.load_from == 'c.pth'
 
 
@@ -407,16 +399,16 @@ def test_show_wait_time_errors(agg_backend):
         apis.check_show(0)
     with pytest.raises(ValueError, match=re.escape(
             '--show needs default_hooks.visualization')):
-        apis.enable_visualization(Config(dict(default_hooks=dict())), 'mmdet',
-                                  show=True)
+        test_tool.trigger_visualization_hook(
+            Config(dict(default_hooks=dict())),
+            argparse.Namespace(show=True, show_dir=None, wait_time=2.0))
 
 
 def test_inference_options():
-    from mmsoft.apis import inference
+    inference = load_tool('inference_demo')
     with pytest.raises(ValueError, match=re.escape(
-            "inference takes mmdet or mmseg configs; p.py has "
-            "default_scope='mmengine'")):
-        inference.inferencer_class('mmengine', 'p.py')
+            "inference takes mmdet or mmseg configs, got default_scope='mmengine'")):
+        inference.paint_options('mmengine', None)
     assert inference.paint_options('mmdet', None) == dict(pred_score_thr=0.3)
     assert inference.paint_options('mmdet', 0.0) == dict(pred_score_thr=0.0)
     with pytest.raises(ValueError, match=re.escape(
@@ -437,4 +429,5 @@ def test_inference_of_a_config_without_mmsoft(tmp_path):
     config.write_text(f"_base_ = ['{DET_CONFIG}']\ncustom_imports = None\n")
     with pytest.raises(KeyError, match=re.escape(
             'is not in the mmdet::model registry unless mmsoft is imported')):
-        apis.paint_predictions(str(config), 'c.pth', 'x.png', 'y.png')
+        load_tool('inference_demo').paint_predictions(str(config), 'c.pth', 'x.png',
+                                                      'y.png')

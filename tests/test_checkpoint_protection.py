@@ -25,8 +25,8 @@ from mmsoft.checkpoint import allow_mmengine_checkpoint_globals
 # What the tools' runners do before they load a checkpoint.
 allow_mmengine_checkpoint_globals()
 from mmsoft.checkpoint import load_checkpoint_file, load_checkpoint_safely
-from mmsoft.checkpoint.safe_load import load_from_local, weights_only_load
-from mmsoft.utils.torch_compat import has_native_weights_only_globals
+from mmsoft.checkpoint.safe_load import (NATIVE_SAFE_GLOBALS, load_from_local,
+                                         weights_only_load)
 
 pytestmark = pytest.mark.openmmlab
 
@@ -114,7 +114,7 @@ def test_extra_globals_are_allowed_for_one_load_only(tmp_path):
 
 def test_mmengine_loads_local_files_through_mmsoft_on_older_torch():
     loader = CheckpointLoader._get_checkpoint_loader('work_dirs/epoch_1.pth')
-    if has_native_weights_only_globals():  # torch >= 2.6 protects mmengine's own
+    if NATIVE_SAFE_GLOBALS:  # torch >= 2.6 protects mmengine's own
         assert loader is not load_from_local
     else:
         assert loader is load_from_local

@@ -164,7 +164,7 @@ def test_config_parses(path):
     cfg = load(path)
     assert isinstance(cfg, Config)
     # The distributed backend is mmengine's (NCCL on GPUs); on a machine
-    # without CUDA, tools/train.py takes gloo (mmsoft.apis.distributed).
+    # without CUDA, tools/train.py takes gloo (mmsoft.apis.building.setup_cpu_distributed).
     backend = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('backend')
     assert backend in (None, 'nccl'), (path, backend)
 
@@ -284,7 +284,7 @@ def test_parameter_totals_near_published(path, published, built):
 ])
 @pytest.mark.mmcv_ops  # trains Mask R-CNN
 def test_smallest_detector_trains_one_step(path, built):
-    from mmsoft.testing import backbone_grad_norm, detector_train_step
+    from tests.helpers.dense_models import backbone_grad_norm, detector_train_step
     cfg, model = built(path)
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope(cfg.default_scope):

@@ -127,8 +127,8 @@ def test_closed_form_runs_the_iteration_on_the_gpu():
 @pytest.mark.parametrize('amp', [False, True], ids=['fp32', 'fp16-autocast'])
 def test_mask_rcnn_training_step(amp):
     pytest.importorskip('mmdet', reason='the Mask R-CNN step needs mmdet')
-    from mmsoft.testing.dense_models import (backbone_grad_norm, build_mask_rcnn,
-                                             detector_train_step)
+    from tests.helpers.dense_models import (backbone_grad_norm, build_mask_rcnn,
+                                            detector_train_step)
     model = build_mask_rcnn(dict(type='SOFT', arch='tiny', variant='soft++',
                                  solver='newton_closed_form',
                                  max_bottleneck_tokens=256),
@@ -144,8 +144,8 @@ def test_mask_rcnn_training_step(amp):
 @pytest.mark.parametrize('amp', [False, True], ids=['fp32', 'fp16-autocast'])
 def test_upernet_training_step(amp):
     pytest.importorskip('mmseg', reason='the UperNet step needs mmsegmentation')
-    from mmsoft.testing.dense_models import (backbone_grad_norm, build_upernet,
-                                             segmentor_train_step)
+    from tests.helpers.dense_models import (backbone_grad_norm, build_upernet,
+                                            segmentor_train_step)
     model = build_upernet(dict(type='UFOViT', arch='tiny'), [192] * 4).to(DEVICE)
     with torch.autocast(DEVICE, dtype=torch.float16, enabled=amp):
         losses = segmentor_train_step(model, size=(128, 128), batch_size=2)

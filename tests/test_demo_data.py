@@ -14,9 +14,9 @@ import cv2
 import numpy as np
 from pycocotools.coco import COCO
 
-from mmsoft.demo_data import (DEFAULT_CLASSES, ade_metainfo, coco_metainfo,
+from demo_data import (DEFAULT_CLASSES, ade_metainfo, coco_metainfo,
                              generate_ade_demo, generate_coco_demo)
-from mmsoft.demo_data.scenes import is_simple_region
+from demo_data.scenes import is_simple_region
 
 pytestmark = pytest.mark.openmmlab
 
@@ -233,7 +233,7 @@ def test_cli_rejects_bad_arguments(tmp_path, repo_root, capsys):
 
 
 def test_default_sizes_write_the_pinned_files(tmp_path):
-    from mmsoft.testing.dataset_digest import dataset_digest
+    from tests.helpers.dataset_digest import dataset_digest
 
     # Pinned from the generator before per-image sizes existed: without
     # img_side_range every image is img_size and the random streams are
@@ -244,7 +244,7 @@ def test_default_sizes_write_the_pinned_files(tmp_path):
 
 
 def test_digest_of_no_files_raises(tmp_path):
-    from mmsoft.testing.dataset_digest import dataset_digest
+    from tests.helpers.dataset_digest import dataset_digest
     (tmp_path / 'empty' / 'train').mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"root='.*empty' holds no file"):
         dataset_digest(str(tmp_path / 'empty'))

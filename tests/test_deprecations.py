@@ -1,15 +1,12 @@
-"""Renamed options and state-dict keys keep working, with a
-``DeprecationWarning`` naming the new spelling; checkpoints of earlier
-versions load strictly."""
+"""Checkpoints of earlier layouts load strictly under the current keys, with
+a ``DeprecationWarning`` naming the new key; options have one spelling."""
 import json
-import os
 import os.path as osp
-import warnings
+import re
 
 import pytest
 import torch
 
-from mmsoft import deprecations
 from mmsoft.deprecations import renamed_state_dict_keys
 from mmsoft.models import SOFT as PlainSOFT
 from mmsoft.models import UFOViT as PlainUFOViT
@@ -25,39 +22,19 @@ LAYOUT = osp.join(DATA, 'state_dict_layout_1656d82.json')
 LAYOUT_55CDA50 = osp.join(DATA, 'state_dict_layout_55cda50.json')
 
 
-@pytest.mark.parametrize('cls', [SOFT, PlainSOFT])
-def test_attention_is_variant(cls):
-    with pytest.warns(DeprecationWarning, match=r'attention=.*now spelled variant='):
-        model = cls(SMALL_SOFT, attention='soft')
-    assert model.variant == 'soft'
-    with pytest.raises(TypeError, match='attention= and variant='):
-        cls(SMALL_SOFT, attention='soft', variant='soft++')
-
-
-@pytest.mark.parametrize('cls,arch', [(SOFT, SMALL_SOFT), (UFOViT, TINY_UFO),
-                                      (PlainUFOViT, TINY_UFO)])
-def test_recompute_ffn_is_recompute_mlp(cls, arch):
-    with pytest.warns(DeprecationWarning, match='now spelled recompute_mlp='):
-        model = cls(arch, recompute_ffn=True)
-    mlps = [m for m in model.modules() if type(m).__name__ == 'MLP']
-    assert mlps and not any(m.keep_hidden for m in mlps)
-
-
-def test_lpi_kernel_size_is_local_kernel_size():
-    renamed = "'lpi_kernel_size'.*'local_kernel_size'"
-    with pytest.warns(DeprecationWarning, match=renamed):
-        model = UFOViT(dict(TINY_UFO, lpi_kernel_size=5))
-    assert model.blocks[0].lpi.conv1.kernel_size == (5, 5)
-    with pytest.raises(ValueError, match="'lpi_kernel_size' and 'local_kernel_size'"):
-        UFOViT(dict(TINY_UFO, lpi_kernel_size=5, local_kernel_size=3))
-
-
-def test_the_warning_names_the_callers_line():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
-        SOFT(SMALL_SOFT, attention='soft')
-    assert [osp.basename(w.filename) for w in caught
-            if w.category is DeprecationWarning] == ['test_deprecations.py']
+@pytest.mark.parametrize('cls,arch,option,error', [
+    (SOFT, SMALL_SOFT, dict(attention='soft'),
+     "unexpected keyword argument 'attention'"),
+    (PlainUFOViT, TINY_UFO, dict(recompute_ffn=True),
+     "unexpected keyword argument 'recompute_ffn'"),
+    (PlainSOFT, SMALL_SOFT, dict(solver='cholesky'),
+     "solver='cholesky' is not supported"),
+    (UFOViT, dict(TINY_UFO, lpi_kernel_size=5), {},
+     "arch dict has unknown keys ['lpi_kernel_size']")])
+def test_options_have_one_spelling(cls, arch, option, error):
+    """Spellings renamed before the first release are refused by name."""
+    with pytest.raises((TypeError, ValueError), match=re.escape(error)):
+        cls(arch, **option)
 
 
 @pytest.mark.parametrize('cls,arch', [(SOFT, SMALL_SOFT), (UFOViT, TINY_UFO)])
@@ -96,7 +73,7 @@ def test_checkpoints_of_the_previous_layout_load_strictly(name, cls, kwargs, tmp
                                         prefix='backbone.'))
     model.init_weights()
     loaded = model.state_dict()
-    state, _ = renamed_state_dict_keys(state, model.deprecation_name)
+    state, _ = renamed_state_dict_keys(state, model.family)
     assert set(loaded) == set(state)
     for key, value in state.items():
         torch.testing.assert_close(loaded[key], value.to(loaded[key].dtype))
@@ -128,7 +105,7 @@ def generated_weights(layout: dict) -> dict:
 def test_keys_of_55cda50_are_renamed_to_the_current_layout(name, cls, kwargs):
     old = json.load(open(LAYOUT_55CDA50))[name]
     model = cls('tiny', **kwargs)
-    renamed, old_keys = renamed_state_dict_keys(old, model.deprecation_name)
+    renamed, old_keys = renamed_state_dict_keys(old, model.family)
     assert {key: tuple(shape) for key, shape in renamed.items()} == {
         key: tuple(value.shape) for key, value in model.state_dict().items()}
     # SOFT's layout changed (stage modules); UFO-ViT's did not.
@@ -175,30 +152,6 @@ def test_old_keys_load_through_init_cfg_and_timm_filter(tmp_path):
         torch.testing.assert_close(value.double(), renamed[key].double())
 
 
-def test_the_tables_are_the_only_deprecation_mechanism():
-    # No stack walking: warnings name the caller through a fixed depth.
-    package = osp.dirname(osp.abspath(deprecations.__file__))
-    for folder, _, files in os.walk(package):
-        for name in files:
-            if name.endswith('.py'):
-                assert '_getframe' not in open(osp.join(folder, name)).read(), name
-    for table in (deprecations.RENAMED_ARGUMENTS, deprecations.RENAMED_VALUES,
-                  deprecations.RENAMED_ARCH_KEYS, deprecations.RENAMED_STATE_DICT_KEYS):
-        assert set(table) <= {'SOFT', 'SoftAttention', 'UFOViT'}
-
-
-@pytest.mark.parametrize('cls', [SOFT, PlainSOFT])
-def test_deprecated_value_warns_at_the_callers_line(cls):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
-        model = cls(SMALL_SOFT, solver='cholesky')
-    assert model.solver == 'exact'
-    assert [(osp.basename(w.filename), str(w.message)) for w in caught
-            if w.category is DeprecationWarning] == [
-        ('test_deprecations.py', "solver='cholesky' is deprecated: it is now spelled "
-         "solver='exact'.")]
-
-
 @pytest.mark.parametrize('name,cls,kwargs', [
     ('soft++-small', PlainSOFT, dict(variant='soft++')),
     ('ufo-vit-small', PlainUFOViT, dict(global_pool='token'))])
@@ -214,7 +167,7 @@ def test_a_seed_gives_the_initial_weights_of_55cda50(name, cls, kwargs):
     torch.manual_seed(0)
     model = cls(record['outputs'][name]['arch'], num_classes=5, **kwargs)
     sums, _ = renamed_state_dict_keys(record['seeded_init_sums'][version][name],
-                                      model.deprecation_name)
+                                      model.family)
     assert sums == pytest.approx({key: float(value.double().sum())
                                   for key, value in model.state_dict().items()},
                                  rel=1e-12, abs=1e-12)

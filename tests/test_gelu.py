@@ -5,7 +5,7 @@ GELU's input with the input's strides: wrong float32 gradients and NaN in
 bfloat16. SOFT attention's kernels return such (transposed) gradients to
 the GELU of the bottleneck tokens, so on that torch the plain-autograd
 path's gradients were wrong. These tests hold on every torch; on the
-affected ones they fail without :func:`mmsoft.models.functional.gelu`.
+affected ones they fail without :func:`mmsoft.models.common.gelu`.
 """
 import pytest
 import torch
@@ -15,7 +15,7 @@ from mmsoft.openmmlab import SOFT
 from mmsoft.models.common import GELU
 from mmsoft.models.common import gelu
 from mmsoft.models.common import set_memory_efficient
-from mmsoft.utils.torch_compat import GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT
+from mmsoft.models.common import GELU_BACKWARD_NEEDS_CONTIGUOUS_GRADIENT
 
 
 def _transposed_gradient(shape, dtype):

@@ -1,5 +1,5 @@
 """Host-device synchronisations inside the backbones, counted on the CPU
-(:class:`~mmsoft.testing.host_syncs.HostSyncCounter`)."""
+(:class:`~tests.helpers.host_syncs.HostSyncCounter`)."""
 import os.path as osp
 from collections import Counter
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmsoft.models import soft as soft_kernels
-from mmsoft.testing.host_syncs import PACKAGE_DIR, HostSyncCounter
+from tests.helpers.host_syncs import PACKAGE_DIR, HostSyncCounter
 
 from tests.helpers.small_backbones import BACKBONES, IMAGE_SIZE, VALID_SHAPES
 

@@ -375,14 +375,6 @@ def test_closed_form_gradient_with_repeated_eigenvalues():
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
 
 
-def test_solver_has_one_spelling():
-    """'exact' was once spelled 'cholesky': a name the package never released."""
-    from mmsoft.models.soft import SoftAttention
-    with pytest.raises(ValueError, match=r"solver='cholesky' is not supported; "
-                       r"expected one of \['newton', 'newton_closed_form', 'exact'\]"):
-        SoftAttention(16, 2, 2, 3, solver='cholesky')
-
-
 def two_nearly_equal_tokens(spread: float, seed: int) -> torch.Tensor:
     """Two bottleneck tokens ``spread`` apart around a common point: (1, 1, 2, 16)."""
     generator = torch.Generator().manual_seed(seed)

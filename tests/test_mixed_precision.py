@@ -341,7 +341,7 @@ def test_dense_model_training_step_under_autocast(name, dtype, repo_root):
                                num_items=[3, 3], with_mask=True,
                                num_classes=cfg.model.roi_head.bbox_head.num_classes)
     else:
-        from mmsoft.testing.dense_models import demo_seg_inputs
+        from tests.helpers.dense_models import demo_seg_inputs
 
         # The demo's crop size: no padding, whose label 255 mmseg's
         # class-weighted loss cannot index.

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
-from mmsoft.demo_data import generate_coco_demo
-from mmsoft.demo_data.coco_generator import image_sizes
+from demo_data import generate_coco_demo
+from demo_data.coco import image_sizes
 from mmsoft.openmmlab.backbones import registered_valid_shapes
-from mmsoft.testing.host_syncs import PACKAGE_DIR, HostSyncCounter
-from mmsoft.testing.dataset_digest import dataset_digest
+from tests.helpers.host_syncs import PACKAGE_DIR, HostSyncCounter
+from tests.helpers.dataset_digest import dataset_digest
 
 pytestmark = pytest.mark.openmmlab
 
@@ -168,16 +168,15 @@ MMSOFT_CODE = ('models/', 'openmmlab/', 'utils/')
 def package_files_run():
     """Collects, while inside, the files of the mmsoft package (relative to
     it, as ``'models/soft.py'``) whose functions run in this thread,
-    autograd's CPU backward included; :mod:`mmsoft.testing` left out."""
+    autograd's CPU backward included."""
     ran = set()
     prefix = PACKAGE_DIR + os.sep  # a real path
-    testing = osp.join(PACKAGE_DIR, 'testing') + os.sep
     real_path = functools.lru_cache(maxsize=None)(osp.realpath)
 
     def profile(frame, event, arg):
         if event == 'call':
             path = real_path(frame.f_code.co_filename)
-            if path.startswith(prefix) and not path.startswith(testing):
+            if path.startswith(prefix):
                 ran.add(osp.relpath(path, PACKAGE_DIR).replace(os.sep, '/'))
 
     previous = sys.getprofile()

@@ -22,6 +22,7 @@ from mmsoft.models.soft import cap_bottleneck_grid, capped_grid_size
 from mmsoft.deployment.traceable import (traceable_cap_bottleneck_grid,
                                          traceable_capped_grid_size)
 from mmsoft.utils.torch_compat import TORCH_VERSION  # noqa: E402
+from tests.helpers.tools import load_tool  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(REPO, 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py')
@@ -112,24 +113,21 @@ def test_traced_bottleneck_cap_equals_eager_cap(cap):
                                rtol=1e-6, atol=1e-6)
 
 
+def run_tool(argv):
+    """``tools/deployment/export_onnx.py``'s ``main`` in this process."""
+    return load_tool('deployment/export_onnx').main(argv)
+
+
+@pytest.mark.openmmlab  # the tool reads mmengine configs
 def test_checkpoint_without_neck_weights_is_refused(tmp_path):
+    tool = load_tool('deployment/export_onnx')
     backbone = small_soft()
     path = str(tmp_path / 'backbone.pth')
     torch.save(backbone.state_dict(), path)
-    onnx_export.load_feature_weights(onnx_export.FeatureMaps(small_soft()), path)
-    with_neck = onnx_export.FeatureMaps(small_soft(), torch.nn.Conv2d(1, 1, 1))
+    tool.load_feature_weights(tool.FeatureMaps(small_soft()), path)
+    with_neck = tool.FeatureMaps(small_soft(), torch.nn.Conv2d(1, 1, 1))
     with pytest.raises(ValueError, match='lacks 2 weights of the exported model'):
-        onnx_export.load_feature_weights(with_neck, path)
-
-
-def run_tool(argv):
-    """``tools/deployment/export_onnx.py``'s ``main`` in this process."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        'export_onnx_tool', osp.join(REPO, 'tools/deployment/export_onnx.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool.main(argv)
+        tool.load_feature_weights(with_neck, path)
 
 
 @pytest.mark.mmcv_ops  # the tool builds the detector config

@@ -26,7 +26,7 @@ MMPRETRAIN_ADDITIONS = {
     'MODELS': ['UFOViTClassAttentionHead', 'UFOViTStride16'],
 }
 # The DDP wrapper for CPU modules, registered when a distributed run on CPU
-# builds it (mmsoft.apis.distributed.register_cpu_ddp).
+# builds it (mmsoft.apis.building.register_cpu_ddp).
 CPU_DDP_ADDITIONS = {'MODEL_WRAPPERS': ['CPUDistributedDataParallel']}
 
 _LIST_OURS = r'''
@@ -51,7 +51,7 @@ def ours(registry_module, scope):
 
 for module in sys.argv[2:]:
     if module == 'cpu_ddp':
-        from mmsoft.apis.distributed import register_cpu_ddp
+        from mmsoft.apis import register_cpu_ddp
         register_cpu_ddp()
     else:
         importlib.import_module(module)

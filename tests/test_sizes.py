@@ -1,9 +1,9 @@
-"""mmsoft.utils.sizes.parse_size: the tools' ``HxW`` / ``N`` size option."""
+"""mmsoft_analysis.sizes.parse_size: the tools' ``HxW`` / ``N`` size option."""
 import argparse
 
 import pytest
 
-from mmsoft.utils.sizes import SizeError, parse_size
+from mmsoft_analysis.sizes import SizeError, parse_size
 
 
 @pytest.mark.parametrize('text, size', [
@@ -33,9 +33,3 @@ def test_argparse_shows_the_message(capsys):
         parser.parse_args(['--size', '224x'])
     assert info.value.code == 2
     assert "size '224x' is invalid; expected HxW" in capsys.readouterr().err
-
-
-def test_apis_reexports_it():
-    pytest.importorskip('mmengine', reason='mmsoft.apis needs mmengine')
-    from mmsoft.apis import parse_size as apis_parse_size
-    assert apis_parse_size is parse_size

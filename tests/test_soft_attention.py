@@ -176,6 +176,9 @@ def test_options_are_validated_at_construction():
         SoftAttention(64, 2, 2, 3, variant='softmax')
     with pytest.raises(ValueError, match="solver='lu'"):
         SoftAttention(64, 2, 2, 3, solver='lu')
+    with pytest.raises(ValueError, match="solver='cholesky' is not supported"):
+        SoftAttention(64, 2, 2, 3, solver='cholesky')
+
 
 
 def test_chunked_kernel_gives_same_output_and_gradients():

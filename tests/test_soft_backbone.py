@@ -7,7 +7,6 @@ import torch
 
 from mmsoft.openmmlab import SOFT
 from mmsoft.models.soft import ARCH_SETTINGS
-from mmsoft.models.soft import SoftAttention
 
 HERE = osp.dirname(osp.abspath(__file__))
 BACKBONES_DOC = osp.join(osp.dirname(HERE), 'docs', 'backbones.md')
@@ -116,16 +115,6 @@ def test_closed_form_solver_equals_newton_on_backbone(variant, cap):
         max_bottleneck_tokens=cap)
     for a, b in zip(newton, closed):
         assert float((a - b).norm() / a.norm()) < 1e-5
-
-
-def test_solver_is_named_once():
-    """The exact solver was once also named 'cholesky', before any release."""
-    with pytest.raises(ValueError, match=r"solver='cholesky' is not supported; "
-                       r"expected one of \['newton', 'newton_closed_form', 'exact'\]"):
-        SOFT(arch=tiny_arch(), solver='cholesky')
-    layers = [m for m in SOFT(arch=tiny_arch(), solver='exact').modules()
-              if isinstance(m, SoftAttention)]
-    assert {m.solver for m in layers} == {'exact'}
 
 
 @pytest.mark.parametrize('solver', ['newton', 'newton_closed_form', 'exact'])

@@ -6,9 +6,9 @@ pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the 
 import torch
 import torch.nn.functional as F
 
-from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn, build_upernet,
-                            demo_seg_inputs, detector_train_step,
-                            segmentor_train_step)
+from tests.helpers.dense_models import (backbone_grad_norm, build_mask_rcnn,
+                                        build_upernet, demo_seg_inputs,
+                                        detector_train_step, segmentor_train_step)
 
 # Mask R-CNN, UperNet and RoIAlign: mmcv's compiled ops; left out of the floor
 # run (mmcv-lite), see setup.cfg.

@@ -34,7 +34,7 @@ NO_TIMM_PROBE = textwrap.dedent('''
     sys.meta_path.insert(0, Absent())
     import os, runpy
     sys.path.insert(0, os.path.dirname(sys.argv[1]))  # as the tool runs
-    import mmsoft_analysis.detector_step, mmsoft.openmmlab.flop_handles  # noqa
+    import mmsoft_analysis.detector_step, mmsoft_analysis.flop_handles  # noqa
     import mmsoft_analysis.measure, mmsoft_analysis.report  # noqa
     from mmsoft_analysis.peers import build_backbone, parse_spec
     assert parse_spec('xcit-s12:drop_path_rate=0') == ('xcit-s12',
@@ -130,7 +130,7 @@ def test_xcit_reads_blocks_3_5_7_11_and_resamples_them_like_xcit_detection():
 def test_timm_peer_attention_is_counted(name):
     """mmengine's counter sees XCiT's ``q @ k^T`` and ``attn @ v`` (plain
     matmuls); PVTv2's fused attention only through mmsoft's handle."""
-    from mmsoft.openmmlab.flop_handles import count_flops
+    from mmsoft_analysis.flop_handles import count_flops
     from mmsoft_analysis.peers import build_backbone
     model = build_backbone(name)
     with torch.no_grad():

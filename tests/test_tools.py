@@ -317,7 +317,7 @@ def logged_miou(output: str, loop: str = 'test') -> float:
 def scene_image(path: str, seed: int = 5) -> np.ndarray:
     """Writes a rendered 96x128 shapes scene to ``path``; returns it (BGR)."""
     import mmcv
-    from mmsoft.demo_data import DEFAULT_CLASSES, SHAPES, render_scene
+    from demo_data import DEFAULT_CLASSES, SHAPES, render_scene
     scene = render_scene(np.random.default_rng(seed), 96, 128, len(DEFAULT_CLASSES),
                          [SHAPES[name] for name in DEFAULT_CLASSES])
     mmcv.imwrite(scene.image, path)
@@ -381,7 +381,8 @@ def test_paint_predictions_of_the_segmentor(trained_segmentor, tmp_path):
     """MMSegInferencer on the demo checkpoint: each pixel is the image blended
     with the palette colour of its predicted class (opacity 0.8), except
     under the class names written on the image."""
-    from mmsoft.apis import paint_predictions
+    from tests.helpers.tools import load_tool
+    paint_predictions = load_tool('inference_demo').paint_predictions
     image = scene_image(str(tmp_path / 'scene.png'))
     painted_file = str(tmp_path / 'painted.png')
     classes = paint_predictions(SEG_CONFIG, trained_segmentor['checkpoint'],

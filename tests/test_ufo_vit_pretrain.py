@@ -43,10 +43,10 @@ import mmsoft  # noqa: E402,F401  (registers UFOViT)
 from mmsoft.openmmlab import SOFT, UFOViT
 from mmsoft.models.ufo_vit import ARCH_SETTINGS
 from mmsoft.pretrain import (ClassAttentionBlock,  # noqa: E402
-                             UFOViTClassAttentionHead, UFOViTStride16,
-                             generate_classification_demo, ufo_vit_cls_to_backbone)
-from mmsoft.testing import (backbone_grad_norm, build_mask_rcnn,  # noqa: E402
-                            detector_train_step)
+                             UFOViTClassAttentionHead, UFOViTStride16)
+from demo_data import generate_classification_demo  # noqa: E402
+from tests.helpers.dense_models import (  # noqa: E402
+    backbone_grad_norm, build_mask_rcnn, detector_train_step)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PRETRAIN_DIR = osp.join(REPO, 'configs', 'ufo_vit', 'pretrain')
@@ -311,7 +311,7 @@ def test_converter_lists_missing_and_unexpected_keys():
     del state['backbone.blocks.2.mlp.fc2.bias']
     state['backbone.blocks.1.extra.weight'] = torch.zeros(3)
     with pytest.raises(ValueError) as info:
-        ufo_vit_cls_to_backbone({'state_dict': state})
+        converter_tool.ufo_vit_cls_to_backbone({'state_dict': state})
     message = str(info.value)
     assert 'missing keys: blocks.2.mlp.fc2.bias;' in message
     assert 'unexpected keys: blocks.1.extra.weight.' in message
@@ -320,9 +320,10 @@ def test_converter_lists_missing_and_unexpected_keys():
     state['backbone.blocks.0.norm3.weight'] = torch.zeros(5)
     with pytest.raises(ValueError, match=r'blocks.0.norm3.weight: \(5,\) '
                        r'\(expected \(32,\)\)'):
-        ufo_vit_cls_to_backbone({'state_dict': state})
+        converter_tool.ufo_vit_cls_to_backbone({'state_dict': state})
     with pytest.raises(ValueError, match="no tensors under 'backbone.'"):
-        ufo_vit_cls_to_backbone({'state_dict': {'head.fc.weight': torch.zeros(2)}})
+        converter_tool.ufo_vit_cls_to_backbone(
+            {'state_dict': {'head.fc.weight': torch.zeros(2)}})
 
 
 def test_converter_detects_custom_arch():
@@ -330,7 +331,7 @@ def test_converter_detects_custom_arch():
                 pos_hidden_dims=8)
     state = _classifier_state(UFOViTStride16(arch=arch, in_channels=4, qkv_bias=False))
     wrapped = {'module.' + k: v for k, v in state.items()}  # DDP prefix
-    backbone, info = ufo_vit_cls_to_backbone(wrapped)
+    backbone, info = converter_tool.ufo_vit_cls_to_backbone(wrapped)
     assert info['arch'] is None and info['arch_settings'] == arch
     assert info['in_channels'] == 4 and info['qkv_bias'] is False
     assert info['ema'] is False

@@ -1,24 +1,22 @@
-"""Writes the generated demo datasets (COCO instance segmentation, ADE20K-layout
-semantic segmentation) used by ``configs/demo``.
+"""Writes the generated demo datasets: COCO instance segmentation and
+ADE20K-layout semantic segmentation (``configs/demo``), and ImageNet-layout
+shape classification (``configs/ufo_vit/pretrain/ufo-vit-tiny_demo_cls.py``).
+The generators are in ``tools/demo_data/``.
 
 Examples::
 
-    python tools/generate_demo_data.py                  # both, default paths
+    python tools/generate_demo_data.py                  # coco and ade, default paths
     python tools/generate_demo_data.py coco --num-train 200 --seed 3
     python tools/generate_demo_data.py ade --ade-root /tmp/ade --img-size 128
     python tools/generate_demo_data.py coco --mixed-sizes  # data/demo_coco_mixed/
+    python tools/generate_demo_data.py cls              # data/demo_cls/
 """
 import argparse
-import os.path as osp
-import sys
 import time
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-from mmsoft.demo_data import (DEFAULT_CLASSES, SHAPES,  # noqa: E402
-                             generate_ade_demo, generate_coco_demo)
-from mmsoft.demo_data.coco_generator import check_side_range  # noqa: E402
-
+from demo_data import (DEFAULT_CLASSES, SHAPES, generate_ade_demo,
+                       generate_classification_demo, generate_coco_demo)
+from demo_data.coco import check_side_range
 
 #: Default COCO root, without and with --mixed-sizes.
 COCO_ROOTS = {False: 'data/demo_coco/', True: 'data/demo_coco_mixed/'}
@@ -31,21 +29,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description='Generate the demo datasets of random shape scenes.')
     parser.add_argument('kind', nargs='?', default='all',
-                        choices=['coco', 'ade', 'all'],
-                        help='which dataset to write (default: all)')
+                        choices=['coco', 'ade', 'cls', 'all'],
+                        help='which dataset to write (default: all, which is '
+                        'coco and ade)')
     parser.add_argument('--coco-root', default=None,
                         help='COCO-format dataset root (default: '
                         f'{COCO_ROOTS[False]}, or {COCO_ROOTS[True]} with '
                         '--mixed-sizes)')
     parser.add_argument('--ade-root', default='data/demo_ade/',
                         help='ADE20K-layout dataset root')
-    parser.add_argument('--num-train', type=int, default=600,
-                        help='training images per dataset')
-    parser.add_argument('--num-val', type=int, default=100,
-                        help='validation images per dataset')
+    parser.add_argument('--cls-root', default='data/demo_cls/',
+                        help='classification dataset root')
+    parser.add_argument('--num-train', type=int, default=None,
+                        help='training images per dataset (default: 600, cls 400)')
+    parser.add_argument('--num-val', type=int, default=None,
+                        help='validation images per dataset (default: 100)')
     parser.add_argument('--seed', type=int, default=0, help='random seed')
-    parser.add_argument('--img-size', type=int, nargs='+', default=[160],
-                        help='image side, or height and width')
+    parser.add_argument('--img-size', type=int, nargs='+', default=None,
+                        help='image side, or height and width (default: 160, '
+                        'cls 64)')
     parser.add_argument('--mixed-sizes', action='store_true',
                         help='COCO only: draw each image\'s height and width '
                         'from --side-range instead of using --img-size')
@@ -57,9 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         choices=sorted(SHAPES),
                         help='shape classes (at least 3)')
     args = parser.parse_args(argv)
-    if len(args.img_size) not in (1, 2) or min(args.img_size) < 32:
+    if args.img_size is not None and (len(args.img_size) not in (1, 2)
+                                      or min(args.img_size) < 32):
         parser.error('--img-size takes one or two values, each >= 32')
-    if args.num_train < 1 or args.num_val < 1:
+    if any(n is not None and n < 1 for n in (args.num_train, args.num_val)):
         parser.error('--num-train and --num-val must be >= 1')
     if args.mixed_sizes and args.kind != 'coco':
         parser.error(f'--mixed-sizes applies to the coco dataset only, got kind '
@@ -90,24 +93,35 @@ def ade_summary(stats: dict, args: argparse.Namespace) -> str:
             f'{["background"] + list(args.classes)}')
 
 
+def cls_summary(stats: dict, args: argparse.Namespace) -> str:
+    """One line on the written classification dataset."""
+    return (f'classification dataset in {args.cls_root}: train '
+            f'{stats["train"]["images"]} images, val {stats["val"]["images"]} '
+            f'images, classes {stats["classes"]}')
+
+
 #: kind -> (generator, argument holding its root, summary line).
 DATASETS = {
     'coco': (generate_coco_demo, 'coco_root', coco_summary),
     'ade': (generate_ade_demo, 'ade_root', ade_summary),
+    'cls': (generate_classification_demo, 'cls_root', cls_summary),
 }
 
 
 def main(argv=None) -> None:
     """Generates the requested datasets and prints a summary."""
     args = parse_args(argv)
-    size = tuple(args.img_size) * (3 - len(args.img_size))
-    common = dict(num_train=args.num_train, num_val=args.num_val, seed=args.seed,
-                  classes=args.classes, img_size=size)
+    common = dict(seed=args.seed, classes=args.classes)
+    for name in ('num_train', 'num_val'):
+        if getattr(args, name) is not None:
+            common[name] = getattr(args, name)
+    if args.img_size is not None:
+        common['img_size'] = tuple(args.img_size) * (3 - len(args.img_size))
     if args.mixed_sizes:
         common['img_side_range'] = tuple(args.side_range)
-    for kind, (generate, root_arg, summary) in DATASETS.items():
-        if args.kind not in (kind, 'all'):
-            continue
+    kinds = ('coco', 'ade') if args.kind == 'all' else (args.kind, )
+    for kind in kinds:
+        generate, root_arg, summary = DATASETS[kind]
         start = time.time()
         stats = generate(getattr(args, root_arg), **common)
         print(f'{summary(stats, args)} ({time.time() - start:.1f} s)')

@@ -1,71 +1,169 @@
-"""Evaluate a checkpoint of a detector (mmdet) or segmentor (mmseg).
+"""Test (and evaluate) a checkpoint of a detector (mmdet) or a segmentor (mmseg).
 
-The library is chosen from the config's ``default_scope``; options follow
-mmdet's and mmseg's ``tools/test.py``::
+mmdet's and mmseg's ``tools/test.py``, for either library (the config's
+``default_scope``), with mmsoft's checks before the run (:mod:`mmsoft.apis`):
+the test data paths, the checkpoint (read weights-only, and fitting the
+model), ``--tta`` and ``--show`` options the config or the machine cannot
+take. The metrics are printed as a table at the end::
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE_OR_DIR]
         [--show-dir DIR] [--show] [--wait-time SECONDS] [--tta]
         [--cfg-options k=v ...] [--launcher none|pytorch|slurm]
 
-``--out``: mmdet: a ``.pkl`` file of the raw predictions; mmseg: a folder of
-predicted label maps. ``--show-dir``: a folder for images painted with the
-predictions by the library's visualizer (relative paths are taken from the
-current directory). ``--show``: each painted image in a window for
-``--wait-time`` seconds (without a display: a warning, nothing shown).
-``--tta``: test-time augmentation with the config's ``tta_model`` and
-``tta_pipeline`` (mmdet supplies a flip default). The metrics are logged and
-printed as a table at the end.
-
-Before the runner is built, the test data paths are checked; after, the
-checkpoint is loaded with ``weights_only=True`` and compared with the model, so
-a truncated file, a file that is not a checkpoint or a checkpoint of another
-model is reported by name with the reason.
-
-The steps are functions of :mod:`mmsoft.apis` (:func:`mmsoft.apis.test`).
+``--out``: mmdet: a ``.pkl`` file of the predictions; mmseg: a folder of
+label maps. ``--show-dir``: a folder (from the current directory) of the
+images painted with the predictions.
 """
 import argparse
+import os
 import os.path as osp
 import sys
-from typing import List, Optional
+import warnings
+from copy import deepcopy
 
-# The repository root, so that ``import mmsoft`` and ``custom_imports=['mmsoft']``
-# resolve also without an installed package.
+from mmengine.config import ConfigDict, DictAction
+
+# The repository root, so that ``custom_imports=['mmsoft']`` resolves also
+# without an installed package.
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(1, REPO_ROOT)
 
+from mmsoft import apis  # noqa: E402
+from mmsoft.checkpoint import check_checkpoint_fits  # noqa: E402
 
-from mmsoft.apis import add_cfg_options, parse_with_launcher, test  # noqa: E402
-from mmsoft.apis.visualization import DEFAULT_WAIT_TIME  # noqa: E402
 
-
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """Command-line arguments (mmdet's and mmseg's ``test.py`` options)."""
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Test (and evaluate) a detector or a segmentor checkpoint.')
+        description='Test (and evaluate) a detector or a segmentor checkpoint')
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='the dir to save logs and metrics')
-    parser.add_argument(
-        '--out', help='mmdet: .pkl file for the predictions; mmseg: folder for '
-        'the predicted label maps')
-    parser.add_argument('--show-dir',
-                        help='folder for images painted with the predictions')
+    parser.add_argument('--out', help='mmdet: .pkl file for the predictions; '
+                        'mmseg: folder for the predicted label maps')
     parser.add_argument('--show', action='store_true',
                         help='show each painted prediction in a window')
-    parser.add_argument('--wait-time', type=float, default=DEFAULT_WAIT_TIME,
-                        help='seconds each --show window stays (0: until a key '
-                        'press)')
+    parser.add_argument('--show-dir', help='folder for images painted with the '
+                        'predictions')
+    parser.add_argument('--wait-time', type=float, default=2,
+                        help='seconds each --show window stays (0: until a key press)')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override settings of the config, e.g. test_dataloader.batch_size=2; '
+        'lists as key="[a,b]"')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
     parser.add_argument('--tta', action='store_true',
-                        help="test-time augmentation (the config's tta_model "
-                        'and tta_pipeline)')
-    add_cfg_options(parser, 'test_dataloader.batch_size=2')
-    return parse_with_launcher(parser, argv)
+                        help="test-time augmentation (the config's tta_model and "
+                        'tta_pipeline)')
+    # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
-    """Parses the command line, tests the checkpoint and returns the metrics."""
-    return test(parse_args(argv))
+def trigger_visualization_hook(cfg, args):
+    """Paints every test image: in a window (``--show``), into ``--show-dir``."""
+    if 'visualization' not in cfg.get('default_hooks', {}):
+        options = [name for name, on in (('--show-dir', args.show_dir),
+                                         ('--show', args.show)) if on]
+        raise ValueError(f'{" and ".join(options)} needs default_hooks.visualization '
+                         "(the library's VisualizationHook) in the config")
+    hook = cfg.default_hooks.visualization
+    hook['draw'] = True
+    hook['interval'] = 1
+    if args.show:
+        apis.check_show(args.wait_time)
+        hook['show'] = True
+        hook['wait_time'] = args.wait_time
+    if args.show_dir and cfg.default_scope == 'mmdet':
+        # An absolute path: mmdet's hook joins a relative one to work_dir/timestamp.
+        hook['test_out_dir'] = osp.abspath(args.show_dir)
+    elif args.show_dir:
+        cfg.visualizer['save_dir'] = osp.abspath(args.show_dir)
+
+
+def enable_tta(cfg, config_path):
+    """The model inside ``tta_model`` and the test images through
+    ``tta_pipeline``; an mmdet config without them gets mmdet's defaults."""
+    mmdet = cfg.get('default_scope') == 'mmdet'
+    if mmdet and 'tta_model' not in cfg:
+        warnings.warn('Cannot find ``tta_model`` in config, we will set it as '
+                      'default (DetTTAModel, NMS at IoU 0.5).')
+        cfg.tta_model = dict(type='DetTTAModel', tta_cfg=dict(
+            nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
+    if mmdet and 'tta_pipeline' not in cfg:
+        warnings.warn('Cannot find ``tta_pipeline`` in config, we will set it as '
+                      'default (the test pipeline with and without a flip).')
+        test_data_cfg = cfg.test_dataloader.dataset
+        while 'dataset' in test_data_cfg:
+            test_data_cfg = test_data_cfg['dataset']
+        cfg.tta_pipeline = deepcopy(test_data_cfg.pipeline)
+        flip_tta = dict(type='TestTimeAug', transforms=[
+            [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+            [dict(type='PackDetInputs',
+                  meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                             'scale_factor', 'flip', 'flip_direction'))]])
+        cfg.tta_pipeline[-1] = flip_tta
+    apis.check_tta(cfg, cfg.get('default_scope'), config_path)
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+    for dataset, _ in apis.leaf_datasets(cfg.test_dataloader.dataset, 'test'):
+        dataset['pipeline'] = deepcopy(cfg.tta_pipeline)
+
+
+def setup_config(args):
+    """The config with the options applied, as mmdet's and mmseg's tools set it up."""
+    cfg = apis.load_config(args)
+    library = cfg.default_scope
+    cfg.load_from = args.checkpoint
+    if args.show or args.show_dir:
+        trigger_visualization_hook(cfg, args)
+    if args.tta:
+        enable_tta(cfg, args.config)
+    if args.out and library == 'mmdet' and not args.out.endswith(('.pkl', '.pickle')):
+        raise ValueError(f'--out must be a .pkl or .pickle file for mmdet configs, '
+                         f'got {args.out}')
+    if args.out and library == 'mmseg':
+        cfg.test_evaluator['output_dir'] = args.out
+        cfg.test_evaluator['keep_results'] = True
+    return cfg
+
+
+def print_metrics(metrics, show_dir):
+    """The metrics as a two-column table, on rank 0."""
+    from mmengine.dist import get_rank
+    if get_rank() != 0:
+        return
+    width = max([len(key) for key in metrics] + [6])
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  ------"]
+    lines += [f'{key:<{width}}  {value:.4f}' if isinstance(value, float)
+              else f'{key:<{width}}  {value}' for key, value in metrics.items()]
+    if show_dir:
+        lines.append(f'painted predictions: {osp.abspath(show_dir)}')
+    print('\n'.join(lines), flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = setup_config(args)
+    apis.check_dataset_paths(cfg, ('test', ), args.config)
+    apis.require_checkpoint(args.checkpoint)
+    if cfg.default_scope == 'mmdet':
+        # Fewer repeated compilations (mmdet's tool does this too).
+        from mmdet.utils import setup_cache_size_limit_of_dynamo
+        setup_cache_size_limit_of_dynamo()
+
+    apis.setup_cpu_distributed(cfg)
+    runner = apis.build_runner(cfg, args.config)
+    check_checkpoint_fits(args.checkpoint, runner.model, args.config)
+    if args.out and cfg.default_scope == 'mmdet':
+        from mmdet.evaluation import DumpDetResults
+        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
+    metrics = runner.test()
+    print_metrics(metrics, args.show_dir)
+    return metrics
 
 
 if __name__ == '__main__':

@@ -1,64 +1,96 @@
-"""Train a detector (mmdet) or segmentor (mmseg) from a config.
+"""Train a detector (mmdet) or a segmentor (mmseg) from a config.
 
-The library is chosen from the config's ``default_scope`` (``'mmdet'`` or
-``'mmseg'``); options follow mmdet's and mmseg's ``tools/train.py``::
+mmdet's and mmseg's ``tools/train.py``, for either library (the config's
+``default_scope``), with mmsoft's checks before the run (:mod:`mmsoft.apis`):
+the dataset paths, the ``--resume`` checkpoint and its fit to the model, a
+config that uses mmsoft's backbones without importing mmsoft, ``--amp``
+without a GPU, and torchrun on a machine without CUDA::
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
         [--auto-scale-lr] [--cfg-options k=v ...] [--launcher none|pytorch|slurm]
-
-mmsoft's backbones are registered by the config itself
-(``custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)``),
-exactly as with mmdet's and mmseg's own tools, so a config that trains here
-trains there too; a config that uses them without importing mmsoft is
-reported with that hint. Before the runner is built, the dataset paths of the
-config are checked and a missing data root or annotation file is reported by
-name. A model type missing from the registry is reported with the hint to
-import mmsoft. Checkpoints are loaded with ``torch.load(weights_only=True)``;
-the few globals of mmengine checkpoints are allow-listed by
-:mod:`mmsoft.checkpoint.safe_load`.
-
-``--resume`` without a path resumes from the latest checkpoint in the work
-directory (if any); with a path, from that checkpoint. The iteration and
-epoch counters, optimizer, parameter schedulers and message hub continue from
-the checkpoint.
-
-The steps are functions of :mod:`mmsoft.apis` (:func:`mmsoft.apis.train`).
 """
 import argparse
+import os
 import os.path as osp
 import sys
-from typing import List, Optional
 
-# The repository root, so that ``import mmsoft`` and ``custom_imports=['mmsoft']``
-# resolve also without an installed package.
+from mmengine.config import DictAction
+
+# The repository root, so that ``custom_imports=['mmsoft']`` resolves also
+# without an installed package.
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(1, REPO_ROOT)
 
-from mmsoft.apis import add_cfg_options, parse_with_launcher, train  # noqa: E402
+from mmsoft import apis  # noqa: E402
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """Command-line arguments (mmdet's and mmseg's ``train.py`` options)."""
-    parser = argparse.ArgumentParser(
-        description='Train a detector or a segmentor (mmdet / mmseg config).')
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a detector or a segmentor')
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='the dir to save logs and models')
     parser.add_argument(
-        '--resume', nargs='?', type=str, const='auto',
-        help='resume from the given checkpoint, or, without a value, from the '
-        'latest checkpoint in the work directory')
-    parser.add_argument('--amp', action='store_true',
-                        help='automatic mixed precision (needs a CUDA device)')
+        '--amp', action='store_true', default=False,
+        help='enable automatic-mixed-precision training (needs a CUDA device)')
     parser.add_argument('--auto-scale-lr', action='store_true',
-                        help='scale the learning rate by the total batch size')
-    add_cfg_options(parser, "train_cfg.max_epochs=2 'optim_wrapper.optimizer.lr=1e-4'")
-    return parse_with_launcher(parser, argv)
+                        help='enable automatically scaling LR.')
+    parser.add_argument(
+        '--resume', nargs='?', type=str, const='auto',
+        help='resume from the given checkpoint, or without one from the latest '
+        'checkpoint in the work directory')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override settings of the config, e.g. train_cfg.max_epochs=2 '
+        '"optim_wrapper.optimizer.lr=1e-4"; lists as key="[a,b]"')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    """Parses the command line and trains."""
-    train(parse_args(argv))
+def setup_config(args):
+    """The config with the options applied, as mmdet's tool sets it up."""
+    cfg = apis.load_config(args)
+    if args.amp:
+        apis.check_amp(cfg)
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'
+
+    if args.auto_scale_lr:
+        if 'base_batch_size' not in (cfg.get('auto_scale_lr') or {}):
+            raise ValueError('--auto-scale-lr needs auto_scale_lr = dict(enable=False, '
+                             'base_batch_size=N) in the config')
+        cfg.auto_scale_lr.enable = True
+
+    # resume: from the given checkpoint, else the latest in work_dir
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        apis.require_checkpoint(args.resume, '--resume')
+        cfg.resume = True
+        cfg.load_from = args.resume
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = setup_config(args)
+    splits = ('train', 'val') if cfg.get('val_cfg') else ('train', )
+    apis.check_dataset_paths(cfg, splits, args.config)
+    if cfg.default_scope == 'mmdet':
+        # Fewer repeated compilations (mmdet's tool does this too).
+        from mmdet.utils import setup_cache_size_limit_of_dynamo
+        setup_cache_size_limit_of_dynamo()
+
+    apis.setup_cpu_distributed(cfg)
+    runner = apis.build_runner(cfg, args.config)
+    apis.check_resumed_checkpoint(cfg, runner.model, args.config)
+    runner.train()
 
 
 if __name__ == '__main__':

@@ -1,18 +1,17 @@
-"""Reference SOFT / SOFT++ checkpoints (fudan-zvg/SOFT) to mmsoft's key layout.
+"""Official SOFT / SOFT++ checkpoints (fudan-zvg/SOFT) in mmsoft's key layout.
 
-The attention variant is in no tensor; :func:`resolve_variant` takes it from
-the argument, else the checkpoint's metadata (timm's ``arch`` and
-``args.model``), else the file name (see :func:`variant_hint`).
+The renaming is a table of rules. No tensor tells SOFT from SOFT++: the
+variant comes from the argument, the checkpoint's metadata or the file name.
 """
+import math
 import os.path as osp
 import re
 from typing import List, Mapping, Optional, Tuple
 
 import torch
 
-from .pos_embed import square_side
-from .state_dict import StateDict, key_list, strip_key_prefixes, unwrap_state_dict
-from .strict import fit_state_dict
+from .strict import (WRAPPER_PREFIXES, StateDict, fit_state_dict, key_list,
+                     unwrap_state_dict)
 
 #: Stages of the reference layout (``patch_embed1``..``4``, ``block1``..``4``).
 NUM_STAGES = 4
@@ -58,15 +57,8 @@ _SIZES = r'(tiny|small|medium|large|huge)'
 
 
 def rename_official_key(key: str) -> Optional[str]:
-    """The mmsoft name of a reference key, or None when no rule places it.
-
-    Args:
-        key (str): A reference key without wrapper prefixes, e.g.
-            ``'block1.0.att.mha.W_q.weight'``.
-
-    Returns:
-        str | None: e.g. ``'stages.0.blocks.0.attn.q_proj.weight'``.
-    """
+    """The mmsoft key of an official key (``'block1.0.att.mha.W_q.weight'`` ->
+    ``'stages.0.blocks.0.attn.q_proj.weight'``), or None."""
     for pattern, template in KEY_RULES:
         match = pattern.fullmatch(key)
         if match:
@@ -78,16 +70,8 @@ def rename_official_key(key: str) -> Optional[str]:
 
 
 def variant_hint(text: Optional[str]) -> Optional[str]:
-    """The attention variant a model or file name points to, if any.
-
-    Args:
-        text (str | None): e.g. ``'soft_norm_tiny'``, ``'SOFT_Tiny.pth'``.
-
-    Returns:
-        str | None: ``'soft++'`` when the name contains ``norm``, ``'soft'``
-        for another reference model name (``soft_<size>``,
-        ``softmaxfreevisiontransformer``), None otherwise.
-    """
+    """``'soft++'`` for a model or file name with ``norm``, ``'soft'`` for
+    another official name (``soft_tiny``), else None."""
     if not isinstance(text, str):
         return None
     text = text.lower()
@@ -114,20 +98,9 @@ def _metadata_model_names(checkpoint: Mapping) -> List[str]:
 def resolve_variant(checkpoint: Mapping, variant: Optional[str] = None,
                     name_hint: Optional[str] = None
                       ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
-    """Decides the variant (SOFT or SOFT++) of a reference checkpoint.
-
-    Args:
-        checkpoint (Mapping): The loaded checkpoint (wrapper included).
-        variant (str, optional): One of :data:`OFFICIAL_VARIANTS`; it
-            takes precedence.
-        name_hint (str, optional): The checkpoint's file name.
-
-    Returns:
-        tuple: ``(variant, source, detected)``: the variant (None when
-        undecided), where it came from (``'argument'``, ``'checkpoint
-        metadata'``, ``'file name'`` or None) and the variant the checkpoint
-        itself points to (None when it points to none), which may differ from
-        an explicit ``variant``.
+    """``(variant, source, detected)`` of an official checkpoint: the argument
+    wins over the metadata (timm's ``arch``, ``args.model``), which wins over
+    the file name; ``detected`` is what the file itself points to.
 
     Raises:
         ValueError: ``variant`` is not one of :data:`OFFICIAL_VARIANTS`.
@@ -152,21 +125,13 @@ def _tensor_shape(state_dict: Mapping, key: str) -> torch.Size:
 
 
 def detect_soft_settings(state_dict: Mapping) -> dict:
-    """Reads the architecture of a SOFT state dict off its tensor shapes.
-
-    Args:
-        state_dict (Mapping): Tensors in the mmsoft key layout.
-
-    Returns:
-        dict: ``embed_dims``, ``num_heads``, ``depths``, ``sr_ratios``
-        (3 values), ``local_kernel_sizes``, ``mlp_ratios``, ``stem_channels``,
-        ``in_channels`` and ``pretrain_img_size`` (None unless the
-        position-embedding grids are square and consistent). The last
-        stage's head count is in no shape and is None.
+    """The architecture of a state dict in mmsoft's layout, read off its shapes:
+    ``embed_dims``, ``num_heads`` (the last stage's is in no shape: None),
+    ``depths``, ``sr_ratios``, ``local_kernel_sizes``, ``mlp_ratios``,
+    ``stem_channels``, ``in_channels`` and ``pretrain_img_size``.
 
     Raises:
-        ValueError: Tensors the settings are read from are missing, or their
-            shapes are inconsistent.
+        ValueError: Missing tensors, or inconsistent shapes.
     """
     required = [f'stages.0.patch_embed.proj.{layer}.weight' for layer in (0, 6)]
     required += [f'stages.{i}.patch_embed.proj.0.weight' for i in range(1, NUM_STAGES)]
@@ -218,13 +183,10 @@ def detect_soft_settings(state_dict: Mapping) -> dict:
 
 
 def _pretrain_img_size(state_dict: Mapping) -> Optional[int]:
-    """Image size whose stage grids (size / 4, / 8, ...) the position
-    embeddings hold, or None when they are not such grids."""
-    sides = [
-        square_side(state_dict[f'stages.{i}.pos_embed'].shape[1]
-                    - (i == NUM_STAGES - 1))
-        for i in range(NUM_STAGES)
-    ]
+    """The image size whose stage grids the position embeddings hold, or None."""
+    tokens = [state_dict[f'stages.{i}.pos_embed'].shape[1] - (i == NUM_STAGES - 1)
+              for i in range(NUM_STAGES)]
+    sides = [math.isqrt(n) if math.isqrt(n) ** 2 == n else None for n in tokens]
     if sides[0] is None:
         return None
     size = sides[0] * 4
@@ -235,21 +197,9 @@ def _pretrain_img_size(state_dict: Mapping) -> Optional[int]:
 
 def match_arch_name(settings: Mapping, arch_table: Mapping,
                     arch_defaults: Optional[Mapping] = None) -> Optional[str]:
-    """The name of the architecture in ``arch_table`` that ``settings`` are.
-
-    The last stage's head count and bottleneck stride (in no tensor shape)
-    are not compared.
-
-    Args:
-        settings (Mapping): As returned by :func:`detect_soft_settings`.
-        arch_table (Mapping): Name -> architecture settings (``embed_dims``,
-            ``num_heads``, ``depths``, ...), e.g. ``SOFT``'s ``ARCH_SETTINGS``.
-        arch_defaults (Mapping, optional): Settings the entries of
-            ``arch_table`` leave out. Default: None.
-
-    Returns:
-        str | None: The name, or None when no entry matches.
-    """
+    """The name in ``arch_table`` of the detected ``settings``, or None; the
+    last stage's head count and bottleneck stride are in no shape and not
+    compared."""
     compared = [(key, slice(None)) for key in (
         'embed_dims', 'depths', 'local_kernel_sizes', 'mlp_ratios')]
     compared += [(key, slice(NUM_STAGES - 1)) for key in ('num_heads', 'sr_ratios')]
@@ -265,26 +215,18 @@ def match_arch_name(settings: Mapping, arch_table: Mapping,
 
 def rename_official_state_dict(state_dict: Mapping
                                ) -> Tuple[StateDict, List[str], List[str]]:
-    """Renames every tensor of a reference state dict to the mmsoft layout.
-
-    Args:
-        state_dict (Mapping): Reference keys, possibly with leading
-            ``module.`` / ``backbone.`` prefixes.
-
-    Returns:
-        tuple: The renamed tensors (the tensors themselves), the dropped keys
-        (``head.*``) and the prefixes that were removed.
+    """The tensors of an official state dict under mmsoft's keys, the dropped
+    keys (``head.*``) and the wrapper prefixes removed.
 
     Raises:
-        ValueError: Keys that no rule places (all listed), or two keys
-            mapping to one name.
+        ValueError: Keys no rule places (all listed), or two keys mapping to one.
     """
     converted, origin = {}, {}
     unplaced, dropped, prefixes = [], [], set()
     for key, value in state_dict.items():
-        bare, removed = strip_key_prefixes(str(key))
-        if removed:
-            prefixes.add(removed)
+        bare = WRAPPER_PREFIXES.sub('', str(key))
+        if bare != key:
+            prefixes.add(str(key)[:len(str(key)) - len(bare)])
         if DROPPED_KEY.fullmatch(bare):
             dropped.append(key)
             continue
@@ -298,7 +240,7 @@ def rename_official_state_dict(state_dict: Mapping
         converted[new_key], origin[new_key] = value, key
     if unplaced:
         hint = ''
-        if any(strip_key_prefixes(str(k))[0].startswith(
+        if any(WRAPPER_PREFIXES.sub('', str(k)).startswith(
                 ('patch_embeds.', 'stages.', 'pos_embeds.')) for k in unplaced):
             hint = (' Some keys are in the mmsoft layout already: load such files '
                     'with convert_weights=False.')
@@ -316,16 +258,8 @@ def rename_official_state_dict(state_dict: Mapping
 
 def check_detected_arch(converted: Mapping, settings: Mapping,
                         layout: Mapping) -> None:
-    """Checks converted tensors against the state dict of their architecture.
-
-    Position embeddings are not compared when their grids give no image size
-    (``settings['pretrain_img_size']`` None).
-
-    Args:
-        converted (Mapping): Tensors in the mmsoft key layout.
-        settings (Mapping): As returned by :func:`detect_soft_settings`.
-        layout (Mapping): The state dict (or tensors of its shapes) of a
-            ``SOFT`` of ``settings``.
+    """Checks converted tensors against ``layout``, the state dict of a SOFT of
+    ``settings`` (position embeddings left out without an image size).
 
     Raises:
         ValueError: Missing, unexpected or mis-shaped keys, all listed.
@@ -342,33 +276,24 @@ def soft_official_to_mmsoft(checkpoint: Mapping, variant: Optional[str] = None,
                             arch_table: Optional[Mapping] = None,
                             arch_defaults: Optional[Mapping] = None
                             ) -> Tuple[StateDict, dict]:
-    """Converts a reference SOFT / SOFT++ checkpoint to the mmsoft layout.
+    """Converts an official SOFT / SOFT++ checkpoint to mmsoft's layout.
 
     Args:
-        checkpoint (Mapping): A bare state dict of the reference model, or a
-            dict holding it under ``'state_dict'`` or ``'model'``. Keys may
-            carry leading ``module.`` / ``backbone.`` prefixes.
-        variant (str, optional): ``'soft'`` or ``'soft++'``; see
-            :func:`resolve_variant`. Default: None.
-        name_hint (str, optional): The checkpoint's file name. Default: None.
-        arch_table (Mapping, optional): Named architectures to recognise the
-            detected one among; see :func:`match_arch_name`. Default: None.
-        arch_defaults (Mapping, optional): Settings the entries of
-            ``arch_table`` leave out. Default: None.
+        checkpoint (Mapping): A state dict, bare or under ``'state_dict'`` or
+            ``'model'``; keys may carry ``module.`` / ``backbone.``.
+        variant (str, optional): ``'soft'`` or ``'soft++'``. Default: None.
+        name_hint (str, optional): The file name. Default: None.
+        arch_table, arch_defaults (Mapping, optional): Named architectures
+            to recognise the detected one among. Default: None.
 
     Returns:
-        tuple[dict, dict]: The converted state dict (the tensors themselves,
-        renamed; ``head.*`` dropped) and what was recognised: ``arch`` (a
-        name of ``arch_table`` or None), ``arch_settings`` (see
-        :func:`detect_soft_settings`; the last stage's head count is taken
-        from ``arch_table`` when ``arch`` is named), ``variant`` (None when
-        undecided), ``variant_source``, ``variant_detected``,
-        ``pretrain_img_size``, ``num_tensors``, ``dropped`` (keys),
-        ``wrapper`` and ``stripped_prefixes``.
+        tuple[dict, dict]: The renamed tensors (``head.*`` dropped) and what
+        was recognised: ``arch``, ``arch_settings``, ``variant``,
+        ``variant_source``, ``variant_detected``, ``pretrain_img_size``,
+        ``num_tensors``, ``dropped``, ``wrapper``, ``stripped_prefixes``.
 
     Raises:
-        ValueError: Keys that no rule places (all listed), two keys mapping
-            to one name, shapes the architecture cannot be read from, or an
+        ValueError: Unplaced keys, shapes that give no architecture, or an
             unsupported ``variant``.
     """
     state_dict, wrapper = unwrap_state_dict(checkpoint)

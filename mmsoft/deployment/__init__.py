@@ -1,17 +1,11 @@
-"""Deployment of the backbones: ONNX export and onnxruntime inference.
-
-Importing :mod:`.onnx_export` needs only PyTorch (mmengine only for a
-config's model, :func:`~.onnx_export.build_feature_model`); onnx and
-onnxruntime (``requirements/deploy.txt``) are imported when a function needs
-them. Its names load when first used, so that :mod:`.traceable` (torch alone,
-run by the models' export formulation) imports without them.
-"""
+"""ONNX export and onnxruntime runs (:mod:`.onnx_export`, needs onnx and
+onnxruntime only to check and run a file). Its names load when first used, so
+that :mod:`.traceable`, which the models import, needs torch alone."""
 import importlib
 
-_ONNX_EXPORT = ('FeatureMaps', 'FlatOutputs', 'build_feature_model',
-                'check_onnx_file', 'compare_outputs', 'export_formulation',
+_ONNX_EXPORT = ('FlatOutputs', 'check_onnx_file', 'export_formulation',
                 'export_onnx', 'onnxruntime_session', 'output_tensors',
-                'profile_onnxruntime', 'run_onnxruntime', 'verify_onnx')
+                'run_onnxruntime', 'verify_onnx')
 
 
 def __getattr__(name: str):

@@ -1,9 +1,5 @@
-"""The bottleneck cap of SOFT attention in the operators ONNX has.
-
-:func:`traceable_cap_bottleneck_grid` computes what
-:func:`mmsoft.models.soft.cap_bottleneck_grid` does, on sizes that follow the
-traced input; ``SoftAttention`` runs it in its export formulation.
-"""
+"""SOFT's bottleneck cap in ONNX's operators, on sizes that follow the traced
+input: what SOFT attention's export formulation runs."""
 from typing import Optional, Tuple
 
 import torch
@@ -11,8 +7,7 @@ import torch
 
 def traceable_capped_grid_size(height: torch.Tensor, width: torch.Tensor,
                                max_tokens: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`mmsoft.models.soft.capped_grid_size` on 0-dim int64 tensors,
-    without branches."""
+    """``capped_grid_size`` on 0-dim int64 tensors, without branches."""
     cap = torch.tensor(max_tokens, dtype=torch.float64)
     scale = torch.sqrt(cap / (height.to(torch.float64) * width.to(torch.float64)))
     # Truncation is the floor here: both products are positive.
@@ -25,10 +20,8 @@ def traceable_capped_grid_size(height: torch.Tensor, width: torch.Tensor,
 
 def averaging_matrix(size_in: torch.Tensor, size_out: torch.Tensor,
                      dtype: torch.dtype, device=None) -> torch.Tensor:
-    """Adaptive average pooling of n cells to k along one axis, as a (k, n) matrix.
-
-    Row i is ``1 / len(bin_i)`` on bin i ``= [floor(i n / k), ceil((i + 1) n / k))``.
-    """
+    """Adaptive average pooling of n cells to k as a (k, n) matrix: row i is
+    ``1 / len(bin_i)`` on ``[floor(i n / k), ceil((i + 1) n / k))``."""
     index = torch.arange(size_out, device=device)  # (k, )
     start = torch.div(index * size_in, size_out, rounding_mode='floor')
     end = torch.div((index + 1) * size_in + size_out - 1, size_out,
@@ -40,8 +33,7 @@ def averaging_matrix(size_in: torch.Tensor, size_out: torch.Tensor,
 
 def traceable_cap_bottleneck_grid(grid: torch.Tensor,
                                   max_tokens: Optional[int]) -> torch.Tensor:
-    """:func:`mmsoft.models.soft.cap_bottleneck_grid` as matrix products,
-    traceable for any grid size."""
+    """``cap_bottleneck_grid`` as matrix products, for any grid size."""
     if max_tokens is None:
         return grid
     shape = torch._shape_as_tensor(grid)  # (4, ) int64

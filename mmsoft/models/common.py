@@ -4,8 +4,7 @@ Mixed precision, valid regions of padded batches, the MLP, the convolutional
 stem, stochastic depth, and the backbone base class with its input checks
 and timm's model API. The memory-saving twins are in :mod:`.memory_efficient`.
 """
-import re
-import warnings
+import importlib
 from contextlib import nullcontext
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -13,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..deprecations import rename_deprecated_keys
 from ..utils.validation import (check_choice, check_out_indices, check_positive_int,
                                 check_rate)
 
@@ -23,7 +23,7 @@ ValidShapes = List[Tuple[int, int]]
 if hasattr(getattr(torch, 'compiler', None), 'is_compiling'):
     is_compiling = torch.compiler.is_compiling
 else:  # torch < 2.3
-    is_compiling = torch._dynamo.is_compiling
+    is_compiling = importlib.import_module('torch._dynamo').is_compiling
 
 
 def records_forward_only() -> bool:
@@ -444,43 +444,11 @@ def set_memory_efficient(model: nn.Module, enabled: bool) -> nn.Module:
     return model
 
 
-#: State-dict keys of earlier layouts: (old key pattern, new key), in order.
-#: ``.ffn.`` became ``.mlp.``; SOFT's per-stage lists became stage modules.
-RENAMED_STATE_DICT_KEYS = {
-    'SOFT': [(r'(^|\.)ffn\.', r'\1mlp.'),
-             (r'^patch_embeds\.(\d+)\.', r'stages.\1.patch_embed.'),
-             (r'^pos_embeds\.(\d+)$', r'stages.\1.pos_embed'),
-             (r'^stages\.(\d+)\.(\d+)\.', r'stages.\1.blocks.\2.'),
-             (r'^cls_token$', 'stages.3.cls_token'),
-             (r'^norm\.', 'stages.3.norm.')],
-    'UFOViT': [(r'(^|\.)ffn\.', r'\1mlp.')],
-}
-
-
-def rename_state_dict_keys(state_dict: dict, family: str) -> dict:
-    """``state_dict`` with the keys of earlier layouts of ``family`` renamed
-    (:data:`RENAMED_STATE_DICT_KEYS`), with a ``DeprecationWarning`` naming them."""
-    renamed, moved = {}, []
-    for key, value in state_dict.items():
-        new = key
-        for pattern, replacement in RENAMED_STATE_DICT_KEYS.get(family, []):
-            new = re.sub(pattern, replacement, new)
-        if new != key:
-            moved.append(f'{key} -> {new}')
-        renamed[new] = value
-    if moved:
-        warnings.warn(f'the checkpoint has state-dict keys of an earlier {family} '
-                      f'layout, loaded renamed: {", ".join(moved[:5])}'
-                      f'{", ..." if len(moved) > 5 else ""}.', DeprecationWarning,
-                      stacklevel=4)
-    return renamed
-
-
 class DenseBackbone(nn.Module):
     """The base of SOFT and UFO-ViT: input checks, memory path, timm's model API.
 
-    Subclasses set ``feature_info``, ``num_features`` and ``family`` (the
-    key of their earlier state-dict layouts) and implement
+    Subclasses set ``feature_info``, ``num_features`` and ``family`` (the key
+    of their earlier state-dict layouts in ``mmsoft.deprecations``) and implement
     ``forward_intermediates``, ``forward_features`` and ``forward_head``.
     """
 
@@ -575,8 +543,9 @@ class DenseBackbone(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Loads the keys of earlier layouts too, renamed."""
         ours = [key for key in state_dict if key.startswith(prefix)]
-        renamed = rename_state_dict_keys(
-            {key[len(prefix):]: state_dict.pop(key) for key in ours}, self.family)
+        renamed = rename_deprecated_keys(
+            {key[len(prefix):]: state_dict.pop(key) for key in ours}, self.family,
+            stacklevel=4)
         state_dict.update({prefix + key: value for key, value in renamed.items()})
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 

@@ -16,6 +16,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_soft_checkpoint, load_ufo_vit_checkpoint
 from ..models import soft, ufo_vit
+from ..models.common import check_valid_shapes
 from ..utils import check_frozen_stages
 
 _RECORDS: Dict[int, Tuple[weakref.ref, List[Tuple[int, int]]]] = {}
@@ -28,13 +29,7 @@ def register_valid_shapes(inputs: torch.Tensor, valid_shapes: Sequence) -> None:
         ValueError: A count that does not match the batch, or a region that
             does not fit the canvas.
     """
-    batch, height, width = inputs.shape[0], inputs.shape[-2], inputs.shape[-1]
-    shapes = [(int(shape[0]), int(shape[1])) for shape in valid_shapes]
-    if len(shapes) != batch or any(not (0 < h <= height and 0 < w <= width)
-                                   for h, w in shapes):
-        raise ValueError(f'valid_shapes={shapes} does not fit the batch of shape '
-                         f'{tuple(inputs.shape)}; expected {batch} (h, w) with '
-                         f'0 < h <= {height} and 0 < w <= {width}.')
+    shapes = check_valid_shapes(valid_shapes, inputs.shape)
     key = id(inputs)
     _RECORDS[key] = (weakref.ref(inputs, lambda _: _RECORDS.pop(key, None)), shapes)
 

@@ -1,9 +1,6 @@
-"""The OpenMMLab adapter's registrations: the backbones (``type='SOFT'``,
-``type='UFOViT'``) and the valid-region data preprocessors in mmengine's
-root ``MODELS`` registry, where mmdet and mmseg configs find them; and the
-globals of mmengine checkpoints allow-listed for
-``torch.load(weights_only=True)``. ``import mmsoft`` imports this module
-where mmengine is installed."""
+"""Registers the backbones (``type='SOFT'``, ``'UFOViT'``) and the
+valid-region data preprocessors in mmengine's root ``MODELS``, where mmdet and
+mmseg configs find them, and lets torch load mmengine checkpoints weights-only."""
 from mmengine.registry import MODELS
 
 from ..checkpoint.safe_load import allow_mmengine_checkpoint_globals

@@ -1,4 +1,4 @@
-"""Class-attention classification head (XCiT) over a backbone's tokens."""
+"""A classification head of XCiT's class attention over a backbone's tokens."""
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -14,47 +14,10 @@ from .class_attention import ClassAttentionBlock
 
 @MODELS.register_module()
 class UFOViTClassAttentionHead(ClsHead):
-    """Image classification from the tokens of a backbone's last output.
-
-    The last map of the backbone's outputs, (B, C, h, w), is read as
-    ``h * w`` tokens (tokens (B, N, C) are taken as they are). With
-    ``num_layers >= 1`` (XCiT's recipe, 2 layers) a learnable class token is
-    put before them and the sequence goes through ``num_layers``
-    :class:`ClassAttentionBlock` s, as in XCiT's class-attention stage; the
-    class token is layer-normalised and fed to a linear classifier. With
-    ``num_layers=0`` the tokens are averaged instead (then LayerNorm and the
-    linear classifier).
-
-    Losses, training accuracy and predictions are mmpretrain's
-    :class:`~mmpretrain.models.heads.ClsHead` ones: the loss module compares
-    the logits with the ``gt_score`` of the data samples (class-probability
-    vectors written by Mixup/CutMix) when present, else with their
-    ``gt_label``; :meth:`predict` sets ``pred_score`` (softmax) and
-    ``pred_label``.
-
-    Args:
-        num_classes (int): Number of classes K.
-        in_channels (int): Channels C of the backbone's last output.
-        num_layers (int): Class-attention layers; 0 means average pooling.
-            Default: 2.
-        num_heads (int): Heads of the class attention; must divide
-            ``in_channels``. Default: 8.
-        mlp_ratio (float): MLP width ratio of the class-attention layers.
-            Default: 4.
-        drop_path_rate (float): Stochastic depth of the class-attention
-            layers (all layers alike), in [0, 1). Default: 0.
-        layer_scale_init_value (float): Initial residual scales of the
-            class-attention layers. Default: 1e-5.
-        loss (dict): Config of the loss module (mmpretrain's registry).
-            Default: ``dict(type='CrossEntropyLoss', loss_weight=1.0)``.
-        topk (int | Sequence[int]): Training accuracies computed when
-            ``cal_acc``. Default: (1, ).
-        cal_acc (bool): Log training accuracies (only for hard labels, i.e.
-            without Mixup/CutMix). Default: False.
-        init_cfg (dict, optional): Initialization config; None gives
-            truncated-normal (std 0.02) Linear weights and class token.
-            Default: None.
-    """
+    """Classifies the tokens of the backbone's last output (B, C, h, w) or
+    (B, N, C): a class token through ``num_layers`` class-attention blocks
+    (XCiT's recipe: 2), or the mean token with ``num_layers=0``; then a
+    LayerNorm and a linear layer. Losses and predictions are ``ClsHead``'s."""
 
     def __init__(self,
                  num_classes: int,
@@ -64,7 +27,7 @@ class UFOViTClassAttentionHead(ClsHead):
                  mlp_ratio: float = 4.,
                  drop_path_rate: float = 0.,
                  layer_scale_init_value: float = 1e-5,
-                 loss: dict = dict(type='CrossEntropyLoss', loss_weight=1.0),
+                 loss: Optional[dict] = None,
                  topk: Union[int, Sequence[int]] = (1, ),
                  cal_acc: bool = False,
                  init_cfg: Optional[dict] = None):
@@ -78,7 +41,8 @@ class UFOViTClassAttentionHead(ClsHead):
         if num_layers > 0:
             check_positive_int('num_heads', num_heads)
             check_divisible('in_channels', [in_channels], 'num_heads', [num_heads])
-        super().__init__(loss=loss, topk=topk, cal_acc=cal_acc, init_cfg=init_cfg)
+        super().__init__(loss=loss or dict(type='CrossEntropyLoss', loss_weight=1.0),
+                         topk=topk, cal_acc=cal_acc, init_cfg=init_cfg)
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.num_layers = num_layers
@@ -93,8 +57,7 @@ class UFOViTClassAttentionHead(ClsHead):
         self.fc = nn.Linear(in_channels, num_classes)
 
     def init_weights(self) -> None:
-        """Truncated-normal (std 0.02) Linear weights and class token, zero
-        biases, unit LayerNorms; ``init_cfg`` when given."""
+        """Truncated-normal linear weights and class token, unless ``init_cfg``."""
         super().init_weights()
         if self.init_cfg is None:
             self.apply(init_transformer_weights)
@@ -103,12 +66,8 @@ class UFOViTClassAttentionHead(ClsHead):
 
     def tokens(self, feats: Union[torch.Tensor, Sequence[torch.Tensor]]
                ) -> torch.Tensor:
-        """The tokens (B, N, C) of the backbone's last output.
-
-        Raises:
-            ValueError: The output is neither (B, C, h, w) nor (B, N, C) with
-                ``C = in_channels``.
-        """
+        """The tokens (B, N, C) of the last output; a ``ValueError`` for another
+    shape."""
         if isinstance(feats, (tuple, list)):
             feats = feats[-1]
         if feats.dim() == 4:
@@ -121,15 +80,7 @@ class UFOViTClassAttentionHead(ClsHead):
 
     def pre_logits(self, feats: Union[torch.Tensor, Tuple[torch.Tensor, ...]]
                    ) -> torch.Tensor:
-        """The normalised image embedding.
-
-        Args:
-            feats (Tensor | tuple[Tensor]): Backbone outputs; the last one,
-                shape (B, C, h, w) or tokens (B, N, C), is used.
-
-        Returns:
-            Tensor: Shape (B, C).
-        """
+        """The normalised image embedding (B, C)."""
         tokens = self.tokens(feats)  # (B, N, C)
         if self.num_layers == 0:
             return self.norm(tokens.mean(dim=1))
@@ -141,5 +92,5 @@ class UFOViTClassAttentionHead(ClsHead):
 
     def forward(self, feats: Union[torch.Tensor, Tuple[torch.Tensor, ...]]
                 ) -> torch.Tensor:
-        """Class logits, shape (B, K)."""
+        """Class logits (B, K)."""
         return self.fc(self.pre_logits(feats))

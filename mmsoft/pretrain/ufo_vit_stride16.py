@@ -6,27 +6,10 @@ from ..openmmlab import UFOViT
 
 @MODELS.register_module()
 class UFOViTStride16(UFOViT):
-    """:class:`~mmsoft.openmmlab.UFOViT` whose only output is the last
-    block's token map at stride 16.
-
-    ``UFOViT(out_indices=(3, ))`` reads the tokens after the last block and
-    max-pools them 2x2 to stride 32. This backbone returns them unpooled, one
-    map (B, C, ceil(H/16), ceil(W/16)) for an H x W image, so that a
-    classification head (:class:`~mmsoft.pretrain.UFOViTClassAttentionHead`)
-    reads every token of the last block, as XCiT's class attention does. It
-    runs all blocks and has exactly the parameters and state-dict keys of
-    ``UFOViT(out_indices=(3, ))``, so its checkpoints load into ``UFOViT``
-    (``tools/model_converters/ufo_vit_cls2backbone.py``). Valid regions of
-    padded batches are honoured as in ``UFOViT`` (the map is zero outside
-    them).
-
-    Args:
-        **kwargs: The arguments of ``UFOViT`` (``arch``, ``drop_path_rate``,
-            ``frozen_stages``, ``init_cfg``, ...) except ``out_indices``.
-
-    Raises:
-        ValueError: ``out_indices`` is given.
-    """
+    """``UFOViT(out_indices=(3, ))`` without its final 2x2 max-pool: one map
+    (B, C, H / 16, W / 16) of the last block's tokens, every one of which a
+    class-attention head reads. Its state-dict keys are ``UFOViT``'s; it
+    takes ``UFOViT``'s arguments but ``out_indices`` (a ``ValueError``)."""
 
     def __init__(self, **kwargs):
         if 'out_indices' in kwargs:

@@ -1,8 +1,5 @@
-"""Argument and input checks shared by the backbones.
-
-Every check raises :class:`ValueError` with a message that names the argument,
-the value received and what would be accepted.
-"""
+"""Argument checks: each raises a ``ValueError`` naming the argument, the
+value and what is accepted."""
 from typing import Iterable, Sequence, Tuple
 
 import torch
@@ -52,8 +49,8 @@ def check_lengths(arch: dict, keys: Sequence[str], length: int) -> None:
 
 
 def check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int]:
-    """Validates ``out_indices`` and returns them as a sorted tuple of
-    non-negative indices; negative ones count from the end, as in timm."""
+    """``out_indices`` as sorted non-negative indices; negative ones count from
+    the end, as in timm."""
     if isinstance(out_indices, int):
         out_indices = (out_indices, )
     out_indices = tuple(out_indices)
@@ -79,8 +76,7 @@ def check_frozen_stages(frozen_stages: int, num_stages: int) -> None:
 
 
 def check_mlp_ratio(name: str, ratio, embed_dims: int) -> None:
-    """Raises unless ``ratio`` is a number with ``int(embed_dims * ratio) >= 1``
-    (an MLP hidden width of at least one channel)."""
+    """Raises unless ``ratio`` is a number with ``int(embed_dims * ratio) >= 1``."""
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
             int(embed_dims * ratio) < 1:
         raise ValueError(f'{name}={ratio!r} is invalid; expected a positive number '
@@ -93,34 +89,10 @@ def check_rate(name: str, value: float) -> None:
         raise ValueError(f'{name}={value!r} is invalid; expected a float in [0, 1).')
 
 
-def check_image_batch(x: torch.Tensor, in_channels: int, min_size: int) -> None:
-    """Raises unless ``x`` is (B, in_channels, H, W) with H, W >= min_size."""
-    if x.dim() != 4:
-        raise ValueError(f'input must be a 4-D tensor (B, C, H, W); got shape '
-                         f'{tuple(x.shape)}.')
-    if x.shape[1] != in_channels:
-        raise ValueError(f'input has {x.shape[1]} channels but the backbone was '
-                         f'built with in_channels={in_channels}; got shape '
-                         f'{tuple(x.shape)}.')
-    height, width = x.shape[-2:]
-    if height < min_size or width < min_size:
-        raise ValueError(f'input of size {height}x{width} is too small; both '
-                         f'sides must be at least {min_size} pixels.')
-
-
 def resolve_arch(arch, arch_table: dict, required_keys: Sequence[str],
                  defaults: dict = None) -> dict:
-    """Returns the settings of a named ``arch`` or validates a custom dict.
-
-    Args:
-        arch (str | dict): A key of ``arch_table`` or a dict of settings.
-        arch_table (dict): Named architectures.
-        required_keys (Sequence[str]): Keys a custom dict must define.
-        defaults (dict, optional): Values for keys a custom dict may omit.
-
-    Returns:
-        dict: A fresh copy of the settings, ``defaults`` filled in.
-    """
+    """A copy of ``arch_table[arch]``, or the dict ``arch`` checked for
+    ``required_keys``, with ``defaults`` filled in."""
     settings = dict(defaults or {})
     if isinstance(arch, str):
         check_choice('arch', arch, arch_table)

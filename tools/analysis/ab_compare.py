@@ -54,7 +54,7 @@ from typing import Dict, List, Optional, Tuple
 from mmsoft_analysis import worker_env
 from mmsoft_analysis.gpu_backbones import BACKBONES
 
-from mmsoft.utils.sizes import parse_size
+from mmsoft_analysis.sizes import parse_size
 
 MODES = ('inference', 'train')
 

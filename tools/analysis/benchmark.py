@@ -48,7 +48,7 @@ import time
 
 import torch
 
-from mmsoft.apis import parse_size
+from mmsoft_analysis.sizes import parse_size
 from mmsoft_analysis import worker_command, worker_env
 from mmsoft_analysis.batch_capacity import largest_batch
 from mmsoft_analysis.detector_step import DETECTOR_CONFIGS

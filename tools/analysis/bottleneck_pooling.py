@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from mmsoft.apis import parse_size
+from mmsoft_analysis.sizes import parse_size
 from mmsoft.openmmlab import SOFT
 from mmsoft.models.soft import capped_grid_size
 

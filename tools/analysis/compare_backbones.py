@@ -48,7 +48,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from mmsoft.apis import parse_size
+from mmsoft_analysis.sizes import parse_size
 from mmsoft_analysis import REPO
 from mmsoft_analysis.comparison import (BBOX_METRIC, DEMO_EPOCH_ITERS, DETECTORS,
                                         MIOU_METRIC, PROBE_DETECTORS, RECIPES,

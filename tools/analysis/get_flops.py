@@ -2,7 +2,7 @@
 
 FLOPs are multiply-adds counted by mmengine's FlopAnalyzer plus handles for
 what it misses (Gaussian kernel, SOFT's inverse, XNorm, element-wise work,
-fused softmax attention): see ``mmsoft/models/flop_handles.py``. Needs no
+fused softmax attention): see ``mmsoft_analysis/flop_handles.py``. Needs no
 dataset and no checkpoint. The model's weights and the input image are drawn
 from a fixed seed, and a two-stage detector's RPN passes its ``max_per_img``
 highest-scoring candidates (1,000 in mmdet's configs) to the RoI head without
@@ -24,10 +24,10 @@ import json
 from typing import Optional, Sequence
 
 import torch
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 
-from mmsoft.apis import add_cfg_options, build_model_from_config
-from mmsoft.openmmlab.flop_handles import count_flops
+from mmsoft.apis import build_model_from_config
+from mmsoft_analysis.flop_handles import count_flops
 from mmsoft_analysis.config_models import DEFAULT_SHAPES, TensorModeModel, config_scope
 
 SEED = 0
@@ -102,7 +102,8 @@ def parse_args():
     parser.add_argument('--mmengine-only', action='store_true',
                         help="mmengine's plain count, without mmsoft's handles")
     parser.add_argument('--json', help='also write the figures to this JSON file')
-    add_cfg_options(parser)
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override settings of the config; lists as key="[a,b]"')
     return parser.parse_args()
 
 

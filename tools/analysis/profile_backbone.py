@@ -35,7 +35,7 @@ from mmsoft_analysis import worker_env
 from mmsoft_analysis.gpu_backbones import BACKBONES
 from mmsoft_analysis.op_profile import CLASS_ORDER, REGION_ORDER
 
-from mmsoft.utils.sizes import parse_size
+from mmsoft_analysis.sizes import parse_size
 
 DEFAULT_BACKBONES = ('soft++-tiny', 'soft++-small', 'ufo-vit-small', 'swin-t',
                      'pvtv2-b2', 'pvtv2-b2-li')

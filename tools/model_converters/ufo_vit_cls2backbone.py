@@ -4,33 +4,170 @@ Usage::
 
     python tools/model_converters/ufo_vit_cls2backbone.py SRC DST
 
-SRC is a checkpoint of the mmpretrain pre-training
-(``configs/ufo_vit/pretrain``: an mmpretrain ``ImageClassifier``, mmengine
-format, ``state_dict`` with the backbone under ``backbone.`` and the head
-under ``head.``; with ``EMAHook`` the ``state_dict`` holds the EMA weights),
-a path or URL. DST receives ``{'state_dict': ..., 'meta': ...}`` with the
-backbone tensors in ``UFOViT``'s key layout, loadable in the detection and
-segmentation configs with ``init_cfg=dict(type='Pretrained',
-checkpoint=DST)``. The architecture is read from the tensor shapes and every
-key is checked against a ``UFOViT`` of it; the head is dropped. The
-resampling branches of outputs 0 and 1 (strides 4 and 8) are not trained by
-classification and are not in DST: the dense-prediction model starts them
-from their initial values.
+SRC (path or URL) is a checkpoint of the mmpretrain pre-training
+(``configs/ufo_vit/pretrain``): the backbone under ``backbone.``, the head
+under ``head.``; with ``EMAHook`` its ``state_dict`` holds the EMA weights.
+DST receives ``{'state_dict': ..., 'meta': ...}`` in ``UFOViT``'s layout,
+for ``init_cfg=dict(type='Pretrained', checkpoint=DST)``. The architecture
+is read off the shapes and every key checked against a ``UFOViT`` of it. The
+resampling branches of outputs 0 and 1 are not trained by classification:
+they are the only keys allowed to be missing, and start from their initial
+values in the dense model.
 """
 import argparse
 import os
 import os.path as osp
+import re
 import sys
-from typing import List, Optional
+from typing import List, Mapping, Optional, Tuple
 
 import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from mmsoft.checkpoint import load_checkpoint_file  # noqa: E402
-from mmsoft.pretrain.cls_to_backbone import (  # noqa: E402
-    backbone_checkpoint, ufo_vit_cls_to_backbone)
+from mmsoft.checkpoint import (  # noqa: E402
+    fit_state_dict, key_list, load_checkpoint_file, split_prefix, unwrap_state_dict)
+from mmsoft.checkpoint.loading import UFO_VIT_OPTIONAL_KEY  # noqa: E402
+from mmsoft.models.ufo_vit import ARCH_DEFAULTS, ARCH_SETTINGS, NUM_STAGES  # noqa: E402
+from mmsoft.openmmlab import UFOViT  # noqa: E402
 from mmsoft.version import __version__  # noqa: E402
+
+#: Prefix of the backbone's tensors in a classifier (or detector) checkpoint.
+BACKBONE_PREFIX = 'backbone.'
+#: Keys read to recognise the architecture.
+ARCH_KEYS = ('patch_embed.proj.0.weight', 'pos_embed.proj.weight',
+             'blocks.0.norm1.weight', 'blocks.0.attn.gamma_q',
+             'blocks.0.mlp.fc1.weight', 'blocks.0.lpi.conv1.weight')
+_BLOCK = re.compile(r'blocks\.(\d+)\.')
+
+
+def _key_pattern(key: str) -> str:
+    """The key with its block index as ``N``."""
+    return _BLOCK.sub('blocks.N.', key, count=1)
+
+
+def _reference_patterns() -> set:
+    """Key patterns of a four-output ``UFOViT``."""
+    model = UFOViT(arch=dict(embed_dims=16, depth=4, num_heads=2))
+    return {_key_pattern(key) for key in model.state_dict()}
+
+
+def select_backbone_tensors(state_dict: Mapping, prefix: str = BACKBONE_PREFIX
+                            ) -> Tuple[dict, List[str], List[str]]:
+    """The backbone tensors under ``prefix`` (``module.`` ignored), prefix
+    removed, the other keys and the non-tensor entries; a ``ValueError``
+    when there are none."""
+    selected, dropped = split_prefix(state_dict, prefix)
+    backbone = {k: v for k, v in selected.items() if isinstance(v, torch.Tensor)}
+    skipped = [f'{prefix}{k}' for k, v in selected.items()
+               if not isinstance(v, torch.Tensor)]
+    if not backbone:
+        raise ValueError(
+            f'the checkpoint has no tensors under {prefix!r}; expected an image '
+            f'classifier checkpoint with the backbone under {prefix!r} and the '
+            f'head under "head." (its keys: {key_list(state_dict, 20)}).')
+    return backbone, dropped, skipped
+
+
+def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
+    """The ``arch``, ``in_channels`` and ``qkv_bias`` of ``UFOViT`` backbone
+    tensors, read off their shapes; a ``ValueError`` lists what is missing
+    and unexpected."""
+    missing = [key for key in ARCH_KEYS if key not in state_dict]
+    if missing:
+        patterns = _reference_patterns()
+        unexpected = [k for k in state_dict if _key_pattern(k) not in patterns]
+        raise ValueError(
+            f'not a UFO-ViT backbone: missing keys: {key_list(missing)}; '
+            f'unexpected keys: {key_list(unexpected)}.')
+    dims = int(state_dict['blocks.0.norm1.weight'].shape[0])
+    indices = sorted({int(m.group(1)) for m in map(_BLOCK.match, state_dict) if m})
+    if indices != list(range(len(indices))):
+        raise ValueError(f'block indices {indices} are not consecutive from 0.')
+    mlp_ratio = state_dict['blocks.0.mlp.fc1.weight'].shape[0] / dims
+    arch = dict(
+        embed_dims=dims,
+        depth=len(indices),
+        num_heads=int(state_dict['blocks.0.attn.gamma_q'].shape[0]),
+        mlp_ratio=int(mlp_ratio) if float(mlp_ratio).is_integer() else mlp_ratio,
+        local_kernel_size=int(state_dict['blocks.0.lpi.conv1.weight'].shape[-1]),
+        pos_hidden_dims=int(state_dict['pos_embed.proj.weight'].shape[1]) // 2)
+    return dict(arch=arch,
+                in_channels=int(state_dict['patch_embed.proj.0.weight'].shape[1]),
+                qkv_bias='blocks.0.attn.qkv.bias' in state_dict)
+
+
+def match_ufo_vit_arch(arch: Mapping) -> Optional[str]:
+    """The name in ``ARCH_SETTINGS`` of ``arch``, or None."""
+    for name, settings in ARCH_SETTINGS.items():
+        full = dict(ARCH_DEFAULTS, **settings)
+        if all(arch.get(key) == value for key, value in full.items()):
+            return name
+    return None
+
+
+def ufo_vit_state_layout(settings: Mapping) -> dict:
+    """The state dict of a four-output ``UFOViT`` of ``settings``."""
+    model = UFOViT(arch=dict(settings['arch']), in_channels=settings['in_channels'],
+                   qkv_bias=settings['qkv_bias'],
+                   out_indices=tuple(range(NUM_STAGES)))
+    return model.state_dict()
+
+
+def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping
+                             ) -> List[str]:
+    """Checks the tensors against a ``UFOViT`` of ``settings``; returns the
+    missing resampling-branch keys, a ``ValueError`` lists any other
+    difference."""
+    result = fit_state_dict(
+        state_dict, ufo_vit_state_layout(settings), optional=UFO_VIT_OPTIONAL_KEY,
+        context=f'the backbone tensors do not match UFOViT(arch='
+        f'{dict(settings["arch"])}, in_channels={settings["in_channels"]}, '
+        f'qkv_bias={settings["qkv_bias"]})')
+    return result.optional_missing
+
+
+def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
+                            ) -> Tuple[dict, dict]:
+    """The backbone state dict of a classifier checkpoint and what was found:
+    ``arch`` (or None), ``arch_settings``, ``in_channels``, ``qkv_bias``,
+    ``num_tensors``, ``dropped``, ``not_pretrained``, ``wrapper``, ``ema``
+    and, from ``meta``, ``epoch`` and ``iter``."""
+    state_dict, wrapper = unwrap_state_dict(checkpoint)
+    backbone, dropped, skipped = select_backbone_tensors(state_dict, prefix)
+    settings = detect_ufo_vit_settings(backbone)
+    not_pretrained = check_ufo_vit_state_dict(backbone, settings)
+    info = dict(arch=match_ufo_vit_arch(settings['arch']),
+                arch_settings=dict(settings['arch']),
+                in_channels=settings['in_channels'],
+                qkv_bias=settings['qkv_bias'],
+                num_tensors=len(backbone),
+                dropped=sorted(dropped + skipped),
+                not_pretrained=not_pretrained,
+                wrapper=wrapper,
+                ema=wrapper is not None and 'ema_state_dict' in checkpoint)
+    meta = checkpoint.get('meta') if wrapper else None
+    if isinstance(meta, Mapping):
+        for key in ('epoch', 'iter'):
+            if isinstance(meta.get(key), int):
+                info[key] = meta[key]
+    return backbone, info
+
+
+def backbone_checkpoint(state_dict: dict, info: Mapping, **meta) -> dict:
+    """``{'state_dict': ..., 'meta': ...}`` as the converter writes it:
+    contiguous copies of the tensors, plain Python values in ``meta``."""
+    meta_out = dict(arch=info['arch'], arch_settings=dict(info['arch_settings']),
+                    in_channels=info['in_channels'], qkv_bias=info['qkv_bias'],
+                    not_pretrained=list(info['not_pretrained']),
+                    num_dropped=len(info['dropped']), ema=bool(info.get('ema')))
+    for key in ('epoch', 'iter'):
+        if key in info:
+            meta_out[f'source_{key}'] = info[key]
+    meta_out.update(meta)
+    tensors = {key: value.detach().clone().contiguous()
+               for key, value in state_dict.items()}
+    return dict(state_dict=tensors, meta=meta_out)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

@@ -13,8 +13,7 @@ images leave the validation accuracy near chance (25%; measured 26-29%,
 training loss 1.38 ~ ln 4, in 2 minutes on one thread of a 2-core CPU).
 Data, training and test::
 
-    python -c "from mmsoft.pretrain.demo_data import \\
-generate_classification_demo as g; g('data/demo_cls')"
+    python tools/generate_demo_data.py cls
     MMPRETRAIN=$(python -c "import mmpretrain, os; \\
 print(os.path.dirname(mmpretrain.__file__))")
     python $MMPRETRAIN/.mim/tools/train.py \\

@@ -58,7 +58,7 @@ import torch.nn as nn
 
 from mmsoft.models.soft import SOLVERS, solver_that_runs
 from mmsoft.utils import check_choice, check_positive_int
-from mmsoft.utils.sizes import parse_size  # noqa: F401 (the tool's --sizes)
+from .sizes import parse_size  # noqa: F401 (the tool's --sizes)
 
 from . import REPO, worker_command, worker_env
 from .gpu_backbones import (BACKBONES, DEFAULT_BACKBONES, build_maps, is_mmsoft,

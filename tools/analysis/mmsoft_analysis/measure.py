@@ -239,7 +239,7 @@ def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
         result.update(timing_fields(lambda: run_once(model, images, backward),
                                     images.device, warmup, repeats))
     if flops:
-        from mmsoft.openmmlab.flop_handles import count_flops
+        from mmsoft_analysis.flop_handles import count_flops
         eager.eval()
         with torch.no_grad():
             total, _ = count_flops(eager, (images, ))

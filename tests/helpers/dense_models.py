@@ -9,7 +9,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 from mmengine.hub import get_config
 
-from ..apis.runner import build_in_scope
+from mmsoft.apis import build_in_scope
 
 MASK_RCNN_BASE = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
 UPERNET_BASE = 'mmseg::_base_/models/upernet_r50.py'

@@ -17,6 +17,8 @@ from typing import List
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+import mmsoft
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: aten operations that read a device tensor's values on the host.
@@ -26,7 +28,7 @@ HANDS_TO_PYTHON = ('tolist', 'cpu', 'numpy')
 
 
 #: The folder of the mmsoft package; counts name files relative to it.
-PACKAGE_DIR = osp.dirname(osp.dirname(osp.realpath(__file__)))
+PACKAGE_DIR = osp.dirname(osp.realpath(mmsoft.__file__))
 
 
 def _folders(*paths: str) -> tuple:
@@ -34,9 +36,8 @@ def _folders(*paths: str) -> tuple:
 
 
 #: Frames that act for their caller: torch's Python code, this counter
-#: (:mod:`mmsoft.testing`) and the standard library (not its site-packages).
-_PASS_THROUGH = _folders(osp.dirname(torch.__file__),
-                         osp.join(PACKAGE_DIR, 'testing'))
+#: and the standard library (not its site-packages).
+_PASS_THROUGH = _folders(osp.dirname(torch.__file__)) + (osp.realpath(__file__), )
 _STDLIB = _folders(sysconfig.get_paths()['stdlib'])
 _SITE_PACKAGES = _folders(sysconfig.get_paths()['purelib'],
                           sysconfig.get_paths()['platlib'])

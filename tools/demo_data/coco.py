@@ -1,20 +1,7 @@
-"""A generated COCO-format instance-segmentation dataset.
-
-Layout under ``root`` (the names mmdet's COCO configs expect, with the split
-names ``train``/``val``)::
-
-    annotations/instances_train.json
-    annotations/instances_val.json
-    train/000000000001.png ...
-    val/000000000601.png ...
-
-Images are lossless PNGs (COCO allows any format), so visualizers that name
-their output after the input (mmdet's ``--show-dir``) write PNGs too.
-
-Every annotation is a single polygon (``iscrowd=0``); its ``area`` and
-``bbox`` are those of the polygon rasterised by pycocotools, exactly as COCO's
-own tools compute them, so the mask of an annotation lies inside its box.
-"""
+"""A generated COCO-format instance-segmentation dataset: ``annotations/
+instances_{train,val}.json`` and PNG images in ``train/`` and ``val/``. Each
+annotation is one polygon (``iscrowd=0``) whose ``area`` and ``bbox`` are
+those of its rasterised mask, as COCO's tools compute them."""
 import json
 import os
 import os.path as osp
@@ -33,21 +20,9 @@ COCO_IMG_DIRS = dict(train='train/', val='val/')
 
 
 def mask_to_polygon(mask: np.ndarray, upsample: int = 4) -> List[float]:
-    """Outline of a simple region as a flat COCO polygon ``[x1, y1, ...]``.
-
-    The contour is traced on the mask upsampled ``upsample`` times, so that it
-    runs along the pixel borders rather than through the boundary pixels'
-    centres, and simplified by at most a quarter pixel: rasterised by
-    pycocotools, the polygon gives back the mask.
-
-    Args:
-        mask (np.ndarray): bool (H, W), one connected region.
-        upsample (int): Tracing resolution. Default: 4.
-
-    Returns:
-        list[float]: At least 3 vertices, in COCO's continuous coordinates
-        (pixel ``i`` spans ``[i, i + 1)``).
-    """
+    """The outline of one connected region of ``mask`` as a flat COCO polygon,
+    traced at ``upsample`` times the resolution along the pixel borders, so
+    that pycocotools rasterises it back to the mask."""
     fine = cv2.resize(mask.astype(np.uint8), None, fx=upsample, fy=upsample,
                       interpolation=cv2.INTER_NEAREST)
     contours, _ = cv2.findContours(fine, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
@@ -91,26 +66,9 @@ def image_sizes(num_images: int,
                 img_size: Tuple[int, int] = (160, 160),
                 img_side_range: Optional[Tuple[int, int]] = None
                 ) -> List[Tuple[int, int]]:
-    """The (height, width) of each image of a split.
-
-    Args:
-        num_images (int): Number of images.
-        seed (int): Seed of the split; the sizes are drawn from their own
-            stream of it, so they leave the scenes' random stream untouched.
-        img_size (tuple[int, int]): (height, width) of every image when
-            ``img_side_range`` is None.
-        img_side_range (tuple[int, int], optional): Inclusive (min, max) of
-            an image side. Height and width are drawn independently and
-            uniformly from it, so aspect ratios range from ``min:max`` to
-            ``max:min``. Default: None (every image is ``img_size``).
-
-    Returns:
-        list[tuple[int, int]]: One (height, width) per image.
-
-    Raises:
-        ValueError: If ``img_side_range`` is not two sides with
-            ``32 <= min <= max``.
-    """
+    """The (height, width) of each image of a split: ``img_size``, or drawn
+    from the inclusive ``img_side_range`` on a stream of ``seed`` of their
+    own. A ``ValueError`` for a bad range."""
     if img_side_range is None:
         return [tuple(img_size)] * num_images
     check_side_range(img_side_range)
@@ -129,26 +87,8 @@ def generate_coco_split(root: str,
                         first_image_id: int = 1,
                         img_side_range: Optional[Tuple[int, int]] = None,
                         **scene_kwargs) -> Dict[str, int]:
-    """Writes one split: its images and its annotation file.
-
-    Args:
-        root (str): Dataset root.
-        split (str): ``'train'`` or ``'val'``.
-        num_images (int): Number of images.
-        seed (int): Seed of this split's random generator.
-        classes (Sequence[str]): Shape names (keys of
-            :data:`~mmsoft.demo_data.scenes.SHAPES`), category ids 1..K.
-        img_size (tuple[int, int]): (height, width).
-        first_image_id (int): Id of the first image (ids are unique across
-            splits when the caller offsets them).
-        img_side_range (tuple[int, int], optional): Draws each image's
-            height and width from this inclusive range instead of using
-            ``img_size`` (see :func:`image_sizes`). Default: None.
-        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
-
-    Returns:
-        dict: ``images`` and ``annotations`` counts.
-    """
+    """Writes one split's images and annotation file; ids start at
+    ``first_image_id``. Returns the ``images`` and ``annotations`` counts."""
     classes = check_classes(classes)
     sizes = image_sizes(num_images, seed, img_size, img_side_range)
     rng = np.random.default_rng(seed)
@@ -193,29 +133,9 @@ def generate_coco_demo(root: str,
                        img_size: Tuple[int, int] = (160, 160),
                        img_side_range: Optional[Tuple[int, int]] = None,
                        **scene_kwargs) -> Dict[str, Dict[str, int]]:
-    """Writes the train and val splits of the generated COCO dataset.
-
-    The splits use different streams of the same seed, so they share no image;
-    the same arguments always produce the same files.
-
-    Args:
-        root (str): Dataset root, created if missing.
-        num_train (int): Training images. Default: 600.
-        num_val (int): Validation images. Default: 100.
-        seed (int): Random seed. Default: 0.
-        classes (Sequence[str]): Shape classes. Default:
-            :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
-        img_size (tuple[int, int]): (height, width). Default: (160, 160).
-        img_side_range (tuple[int, int], optional): Inclusive (min, max) of
-            the sides: each image's height and width are drawn from it, so
-            sizes and aspect ratios vary (see :func:`image_sizes`); the
-            ``mixed`` demo uses (96, 192). Default: None (every image is
-            ``img_size``).
-        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
-
-    Returns:
-        dict: Per split, the ``images`` and ``annotations`` counts.
-    """
+    """Writes the train and val splits (``num_train``, ``num_val`` images of
+    ``img_size``, or of sides drawn from ``img_side_range``) of ``classes``
+    from ``seed``; returns each split's counts."""
     train_seed, val_seed = split_seeds(seed)
     return dict(
         train=generate_coco_split(root, 'train', num_train, train_seed,

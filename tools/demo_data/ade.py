@@ -1,18 +1,7 @@
-"""A generated semantic-segmentation dataset in the ADE20K directory layout.
-
-Layout under ``root`` (as in ``ADEChallengeData2016``)::
-
-    images/training/ADE_train_00000001.jpg ...
-    images/validation/ADE_val_00000001.jpg ...
-    annotations/training/ADE_train_00000001.png ...
-    annotations/validation/ADE_val_00000001.png ...
-
-Label PNGs follow ADE20K's encoding: single-channel uint8, ``0`` is reserved
-for "unlabelled" (mmseg's ``reduce_zero_label=True`` maps it to the ignore
-index 255 and shifts the others down by one), ``1`` is the background and
-``2..K+1`` are the shape classes. After the reduction the training classes
-are therefore ``('background', *shapes)``.
-"""
+"""A generated semantic-segmentation dataset in the ADE20K layout
+(``images/`` and ``annotations/``, each ``training/`` and ``validation/``).
+Labels follow ADE20K: 0 unlabelled (mmseg's ``reduce_zero_label`` ignores it),
+1 the background, 2..K+1 the shapes."""
 import os
 import os.path as osp
 from typing import Dict, Optional, Sequence, Tuple
@@ -36,20 +25,8 @@ def generate_ade_split(root: str,
                        classes: Sequence[str] = DEFAULT_CLASSES,
                        img_size: Tuple[int, int] = (160, 160),
                        **scene_kwargs) -> Dict[str, int]:
-    """Writes one split's images and label maps.
-
-    Args:
-        root (str): Dataset root.
-        split (str): ``'train'`` or ``'val'``.
-        num_images (int): Number of images.
-        seed (int): Seed of this split's random generator.
-        classes (Sequence[str]): Shape names, label values 2..K+1.
-        img_size (tuple[int, int]): (height, width).
-        **scene_kwargs: Passed to :func:`~mmsoft.demo_data.scenes.render_scene`.
-
-    Returns:
-        dict: ``images`` count and ``pixels`` per label value.
-    """
+    """Writes one split's JPEG images and PNG label maps; returns the
+    ``images`` count and the ``pixels`` of each label value."""
     classes = check_classes(classes)
     height, width = img_size
     rng = np.random.default_rng(seed)
@@ -80,16 +57,8 @@ def generate_ade_demo(root: str, num_train: int = 600, num_val: int = 100,
                       seed: int = 0, classes: Sequence[str] = DEFAULT_CLASSES,
                       img_size: Tuple[int, int] = (160, 160),
                       **scene_kwargs) -> Dict[str, dict]:
-    """Writes the training and validation splits of the generated ADE data.
-
-    Args:
-        root, num_train, num_val, seed, classes, img_size, **scene_kwargs: As
-            for :func:`~mmsoft.demo_data.coco_generator.generate_coco_demo`
-            (its default image size, without its mixed sizes).
-
-    Returns:
-        dict: Per split, the ``images`` count and ``pixels`` per label value.
-    """
+    """Writes the training and validation splits, with the arguments of
+    :func:`~demo_data.coco.generate_coco_demo`."""
     train_seed, val_seed = split_seeds(seed)
     return dict(
         train=generate_ade_split(root, 'train', num_train, train_seed, classes,

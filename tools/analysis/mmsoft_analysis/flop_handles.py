@@ -108,7 +108,7 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
         dict[str, Handle | None]: Operator name to handle (None: known, not
         counted).
     """
-    from ..models.soft import SoftAttention
+    from mmsoft.models.soft import SoftAttention
     handles = {op: elementwise_flops for op in ELEMENTWISE_OPS}
     handles.update({op: reduction_flops for op in REDUCTION_OPS})
     handles.update({op: None for op in NOT_COUNTED_OPS})

@@ -1,21 +1,8 @@
-"""A generated image-classification dataset in the ImageNet folder layout.
-
-Every image shows one shape (a class of
-:data:`~mmsoft.demo_data.scenes.SHAPES`) on a textured, noisy background; the
-class is told by the outline only (colour, shading and size are random and
-independent of it). Layout under ``root``::
-
-    train/<class>/000001.png ...     one folder per class
-    val/<class>/000401.png ...
-    meta/train.txt, meta/val.txt     "<class>/<file> <label>" lines
-    meta/classes.txt                 class names, one per line, label order
-
-which mmpretrain's ``CustomDataset`` reads, from the class folders
-(``data_prefix='train'``) or from the list files (``ann_file=
-'meta/train.txt'``). Classes are balanced (image ``i`` of a split
-has label ``i mod K``); class names are sorted so that the folder order and
-the labels agree.
-"""
+"""A generated classification dataset in the ImageNet folder layout: one
+shape per image, ``train/<class>/*.png`` and ``val/<class>/*.png``, lists
+``meta/{train,val}.txt`` ("<class>/<file> <label>") and ``meta/classes.txt``,
+as mmpretrain's ``CustomDataset`` reads them. Classes are balanced and
+sorted, so folder order and labels agree."""
 import os
 import os.path as osp
 import shutil
@@ -24,7 +11,7 @@ from typing import Dict, Sequence, Tuple
 import cv2
 import numpy as np
 
-from ..demo_data.scenes import (DEFAULT_CLASSES, SHAPES, check_classes,
+from .scenes import (DEFAULT_CLASSES, SHAPES, check_classes,
                                 render_scene, split_seeds)
 
 #: Folders and files written under ``root``.
@@ -36,19 +23,7 @@ CLS_CLASSES_FILE = 'meta/classes.txt'
 def render_shape_image(rng: np.random.Generator, height: int, width: int,
                        shape: str, size_range: Tuple[float, float] = (0.45, 0.85)
                        ) -> np.ndarray:
-    """One image of one shape on a noisy background.
-
-    Args:
-        rng (np.random.Generator): Source of randomness.
-        height (int): Image height.
-        width (int): Image width.
-        shape (str): A key of :data:`~mmsoft.demo_data.scenes.SHAPES`.
-        size_range (tuple[float, float]): Range of the shape's diameter as a
-            fraction of the shorter side. Default: (0.45, 0.85).
-
-    Returns:
-        np.ndarray: uint8 (H, W, 3), BGR.
-    """
+    """One BGR image of ``shape`` on a noisy background."""
     scene = render_scene(rng, height, width, 1, [SHAPES[shape]], num_objects=(1, 1),
                          size_range=size_range)
     return scene.image
@@ -58,22 +33,8 @@ def generate_classification_split(root: str, split: str, num_images: int,
                                   seed: int, classes: Sequence[str],
                                   img_size: Tuple[int, int], first_index: int = 1,
                                   **shape_kwargs) -> Dict[str, int]:
-    """Writes one split: ``root/<split>/<class>/*.png`` and its list file.
-
-    Args:
-        root (str): Dataset root.
-        split (str): ``'train'`` or ``'val'``.
-        num_images (int): Number of images.
-        seed (int): Seed of this split's generator.
-        classes (Sequence[str]): Sorted shape names; label = index.
-        img_size (tuple[int, int]): (height, width).
-        first_index (int): Number in the first file name (file names are
-            unique across splits when the caller offsets them).
-        **shape_kwargs: Passed to :func:`render_shape_image`.
-
-    Returns:
-        dict: ``images`` and the number of images per class, ``per_class``.
-    """
+    """Writes one split's images and list file; returns ``images`` and the
+    count ``per_class``."""
     height, width = img_size
     rng = np.random.default_rng(seed)
     split_dir = osp.join(root, split)
@@ -101,29 +62,9 @@ def generate_classification_demo(root: str, num_train: int = 400, num_val: int =
                                  classes: Sequence[str] = DEFAULT_CLASSES,
                                  img_size: Tuple[int, int] = (64, 64),
                                  **shape_kwargs) -> Dict[str, Dict[str, int]]:
-    """Writes the train and val splits of the generated classification dataset.
-
-    As :func:`~mmsoft.demo_data.coco_generator.generate_coco_demo`, the splits
-    come from separate streams of ``seed`` and the output is deterministic.
-
-    Args:
-        root, num_train, num_val, seed: As for ``generate_coco_demo``
-            (400 training images by default).
-        classes (Sequence[str]): At least 3 distinct shape names; they are
-            sorted (label order = folder order). Default:
-            :data:`~mmsoft.demo_data.scenes.DEFAULT_CLASSES`.
-        img_size (tuple[int, int]): (height, width), each >= 32.
-            Default: (64, 64).
-        **shape_kwargs: Passed to :func:`render_shape_image`
-            (``size_range``).
-
-    Returns:
-        dict: Per split, ``images`` and ``per_class`` counts; ``classes``.
-
-    Raises:
-        ValueError: Unknown or too few classes, a non-positive image count or
-            an image side below 32.
-    """
+    """Writes the train and val splits (64x64 images of sorted ``classes``)
+    from ``seed``; returns their counts and the ``classes``. A
+    ``ValueError`` for unknown or too few classes, no images or sides < 32."""
     classes = tuple(sorted(check_classes(classes)))
     if num_train < 1 or num_val < 1:
         raise ValueError(f'num_train={num_train} and num_val={num_val} must be '

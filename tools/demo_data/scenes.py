@@ -1,16 +1,7 @@
-"""Random scenes of overlapping shapes on textured backgrounds.
-
-This is the renderer shared by the generated detection (COCO layout) and
-semantic-segmentation (ADE20K layout) datasets. A scene holds 2-6 objects of a
-few shape classes. The class of an object is told by its outline only: every
-object gets a random colour, a random shading and noise, independent of its
-class, so colour carries no information about the label.
-
-Objects are painted one after the other; a later object may partially cover
-earlier ones. Placement rejects configurations in which an earlier object
-would keep less than ``min_visible`` of its area, so every object stays
-recognisable and has a single well-defined visible mask.
-"""
+"""Random scenes of overlapping shapes on textured backgrounds, the renderer
+of every demo dataset. An object's class is told by its outline only: colour,
+shading and noise are random. A later object may cover an earlier one, which
+keeps at least ``min_visible`` of its area."""
 import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -71,14 +62,8 @@ DEFAULT_CLASSES: Tuple[str, ...] = ('circle', 'triangle', 'square', 'star')
 
 @dataclass(eq=False)
 class SceneObject:
-    """One painted object.
-
-    Attributes:
-        label (int): Index into the scene's class list.
-        full_mask (np.ndarray): bool (H, W), the whole shape.
-        visible_mask (np.ndarray): bool (H, W), the part not covered by
-            objects painted later.
-    """
+    """One painted object: its ``label``, and its ``full_mask`` and
+    ``visible_mask``, bool (H, W)."""
     label: int
     full_mask: np.ndarray
     visible_mask: Optional[np.ndarray] = None
@@ -86,21 +71,13 @@ class SceneObject:
 
 @dataclass(eq=False)
 class Scene:
-    """A rendered image and its objects in painting order.
-
-    Attributes:
-        image (np.ndarray): uint8 (H, W, 3), BGR (OpenCV order).
-        objects (list[SceneObject]): Objects, earliest painted first.
-    """
+    """A rendered BGR ``image``, uint8 (H, W, 3), and its ``objects`` in
+    painting order."""
     image: np.ndarray
     objects: List[SceneObject]
 
     def label_map(self, background: int = 0, offset: int = 1) -> np.ndarray:
-        """Per-pixel class map: ``background`` or ``label + offset``.
-
-        Returns:
-            np.ndarray: uint8 (H, W).
-        """
+        """The uint8 (H, W) class map: ``background`` or ``label + offset``."""
         out = np.full(self.image.shape[:2], background, np.uint8)
         for obj in self.objects:
             out[obj.visible_mask] = obj.label + offset
@@ -108,21 +85,15 @@ class Scene:
 
 
 def split_seeds(seed: int) -> Tuple[int, int]:
-    """Independent integer seeds of the train and val splits from one seed.
-
-    The two come from different streams of ``SeedSequence(seed)``, so the
-    splits share no image and the same seed always gives the same files.
-    """
+    """Seeds of the train and val splits from two streams of ``seed``: the
+    splits share no image, and a seed always gives the same files."""
     train, val = np.random.SeedSequence(seed).spawn(2)
     return int(train.generate_state(1)[0]), int(val.generate_state(1)[0])
 
 
 def check_classes(classes: Sequence[str]) -> Tuple[str, ...]:
-    """Validates a class list against :data:`SHAPES`.
-
-    Raises:
-        ValueError: Unknown shape names, duplicates or fewer than 3 classes.
-    """
+    """``classes`` as a tuple; a ``ValueError`` unless 3 or more distinct
+    known shapes."""
     classes = tuple(classes)
     unknown = [c for c in classes if c not in SHAPES]
     if unknown:
@@ -142,11 +113,7 @@ def _smooth_noise(rng: np.random.Generator, height: int, width: int,
 
 def render_background(rng: np.random.Generator, height: int,
                       width: int) -> np.ndarray:
-    """Textured, noisy background: colour gradient, blotches, clutter, grain.
-
-    Returns:
-        np.ndarray: float32 (H, W, 3) in [0, 255].
-    """
+    """A uint8 (H, W, 3) background: a random colour, tint gradient and noise."""
     base = rng.uniform(40, 215, 3)
     tint = rng.uniform(-60, 60, 3)
     # float64 explicitly: ``np.cos(angle)`` is a float64 scalar, which NumPy 2
@@ -198,25 +165,11 @@ def render_scene(rng: np.random.Generator,
                  min_visible: float = 0.6,
                  min_pixels: int = 40,
                  max_tries: int = 60) -> Scene:
-    """Renders one scene.
-
-    Args:
-        rng (np.random.Generator): Source of randomness.
-        height (int): Image height.
-        width (int): Image width.
-        num_classes (int): Number of classes; labels are drawn uniformly.
-        shape_fns (Sequence[Callable]): Outline generator of each class.
-        num_objects (tuple[int, int]): Inclusive range of objects per image.
-        size_range (tuple[float, float]): Range of an object's diameter as a
-            fraction of the shorter image side, sampled log-uniformly.
-        min_visible (float): Fraction of its area every object keeps visible.
-        min_pixels (int): Least visible pixels of an object.
-        max_tries (int): Placement attempts per object before it is skipped
-            (the scene is then re-drawn if it has too few objects).
-
-    Returns:
-        Scene: The image and its objects with visible masks.
-    """
+    """Renders one scene of ``num_objects`` (an inclusive range) objects,
+    each of a uniformly drawn class, its diameter a log-uniform fraction
+    ``size_range`` of the shorter side, placed in at most ``max_tries``
+    attempts so that every object keeps ``min_visible`` of its area and
+    ``min_pixels`` pixels."""
     side = min(height, width)
     lo, hi = np.log(size_range[0] * side), np.log(size_range[1] * side)
     while True:
@@ -280,11 +233,7 @@ def _keeps_visible(objects: List[SceneObject], new_mask: np.ndarray,
 
 
 def is_simple_region(mask: np.ndarray) -> bool:
-    """Whether ``mask`` is one 8-connected piece without holes.
-
-    Such a region is described exactly by one polygon, as COCO expects for
-    ``iscrowd=0`` objects.
-    """
+    """Whether ``mask`` is one connected region without holes."""
     num, _ = cv2.connectedComponents(mask.astype(np.uint8), connectivity=8)
     if num != 2:
         return False
