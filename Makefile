@@ -44,15 +44,25 @@ PYTEST_ARGS ?= --durations=15
 # no OpenMMLab package. GPU_CHECK_PYTHON=... picks another.
 GPU_CHECK_PYTHON ?= python
 GPU_CHECK_ARGS ?=
+# `make gpu-benchmark` runs the GPU benchmark of docs/cost.md ("On a GPU")
+# with this machine's torch: GPU_BENCHMARK_ARGS passes its options.
+GPU_BENCHMARK_ARGS ?=
 # `make gpu-bundle` writes the offline bundle for a GPU node without
 # internet (tools/gpu_bundle.sh; docs/gpu.md): pytest's wheels, mmsoft's
 # wheel, their lock and SHA256SUMS. `make gpu-bundle-lock` rewrites the lock
 # (requirements/locks/gpu-bundle.txt, CPython 3.12, manylinux x86-64).
 GPU_BUNDLE ?= work_dirs/gpu_bundle
 GPU_BUNDLE_ARGS ?=
+# `make gpu-train-bundle` writes the offline OpenMMLab bundle for training on
+# a GPU node (tools/gpu_train_bundle.sh; docs/gpu.md): the wheels of mmengine,
+# mmdet, mmsegmentation and pycocotools, and mmcv compiled with its CUDA ops
+# against torch 2.11 (CUDA 13.0), once (hours on 2 cores; then from
+# $MMSOFT_WHEEL_CACHE). `make test` does not run it. `make
+# gpu-train-bundle-lock` rewrites its locks (requirements/locks/gpu-train*.txt).
+GPU_TRAIN_BUNDLE ?= work_dirs/gpu_train_bundle
 
 .PHONY: install install-floor install-newest lock demo test test-stack test-floor \
-	test-newest gpu-check gpu-bundle gpu-bundle-lock clean-venv
+	test-newest gpu-check gpu-benchmark gpu-bundle gpu-bundle-lock clean-venv
 
 $(STAMP): requirements/locks/stack.txt requirements/locks/mmcv.txt setup.cfg \
 		tools/install_env.sh tools/build_mmcv_wheel.sh tools/install_common.sh
@@ -124,11 +134,22 @@ test-newest: $(NEWEST_STAMP)
 gpu-check:
 	$(GPU_CHECK_PYTHON) tools/analysis/gpu_check.py --out work_dirs/gpu_check/gpu_check.json $(GPU_CHECK_ARGS)
 
+gpu-benchmark:
+	$(GPU_CHECK_PYTHON) tools/analysis/gpu_benchmark.py --out work_dirs/gpu_benchmark/gpu_benchmark.json $(GPU_BENCHMARK_ARGS)
+
 gpu-bundle:
 	bash tools/gpu_bundle.sh $(GPU_BUNDLE) $(GPU_BUNDLE_ARGS)
 
 gpu-bundle-lock:
 	bash tools/gpu_bundle.sh lock
+
+.PHONY: gpu-train-bundle gpu-train-bundle-lock
+
+gpu-train-bundle:
+	bash tools/gpu_train_bundle.sh $(GPU_TRAIN_BUNDLE)
+
+gpu-train-bundle-lock:
+	bash tools/gpu_train_bundle.sh lock
 
 clean-venv:
 	rm -rf $(VENV) $(FLOOR_VENV) $(NEWEST_VENV) .venv-lock

@@ -29,6 +29,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=tools/install_common.sh
 source tools/install_common.sh
+# shellcheck source=tools/_bundle.sh
+source tools/_bundle.sh
 TAG=gpu-bundle
 LOCK_VENV="${LOCK_VENV:-.venv-lock}"
 REQUIREMENTS=requirements/gpu-bundle.txt
@@ -37,12 +39,6 @@ DEFAULT_PYTHON_VERSION=3.12
 DEFAULT_PLATFORM=manylinux_2_28_x86_64
 MAX_BYTES=60000000
 
-usage() {
-    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-    exit "${1:-2}"
-}
-
-MODE=bundle
 OUT=work_dirs/gpu_bundle
 PYTHON_VERSION=$DEFAULT_PYTHON_VERSION
 PLATFORM=$DEFAULT_PLATFORM
@@ -58,58 +54,18 @@ while [ $# -gt 0 ]; do
         *) positional+=("$1"); shift ;;
     esac
 done
-if [ "${positional[0]:-}" = lock ]; then
-    MODE=lock
-    positional=("${positional[@]:1}")
-fi
-[ "${#positional[@]}" -le 1 ] || { echo "[$TAG] one OUT_DIR at most (see --help)" >&2; exit 2; }
-[ "${#positional[@]}" -eq 0 ] || OUT="${positional[0]}"
+parse_mode ${positional[@]+"${positional[@]}"}
 
-# Platform in both spellings: pip's (manylinux_2_28_x86_64) and uv's
-# (x86_64-manylinux_2_28).
-if [[ "$PLATFORM" =~ ^(x86_64|aarch64)-(manylinux.*)$ ]]; then
-    PLATFORM="${BASH_REMATCH[2]}_${BASH_REMATCH[1]}"
-fi
-if [[ "$PLATFORM" =~ ^(manylinux.*)_(x86_64|aarch64)$ ]]; then
-    UV_PLATFORM="${BASH_REMATCH[2]}-${BASH_REMATCH[1]}"
-else
-    echo "[$TAG] --platform $PLATFORM: expected a manylinux tag such as $DEFAULT_PLATFORM" >&2
-    exit 2
-fi
-[[ "$PYTHON_VERSION" =~ ^3\.[0-9]+$ ]] || {
-    echo "[$TAG] --python-version $PYTHON_VERSION: expected e.g. 3.12" >&2; exit 2; }
-TARGET_LINE="# target: CPython $PYTHON_VERSION, $PLATFORM"
+parse_platform
 
-ensure_uv() {
-    if [ ! -x "$LOCK_VENV/bin/uv" ]; then
-        run_step "$TAG" "creating $LOCK_VENV" python3 python3 -m venv "$LOCK_VENV"
-        run_step "$TAG" "installing the lock tool (requirements/lock-tool.txt)" uv \
-            "$LOCK_VENV/bin/python" -m pip install --quiet -r requirements/lock-tool.txt
-    fi
-    UV="$LOCK_VENV/bin/uv"
-}
-
-# write_lock OUTPUT: resolves requirements/gpu-bundle.txt for the target.
-write_lock() {
-    local out="$1" resolved
-    resolved="$(mktemp)"
-    run_step "$TAG" "writing $out (CPython $PYTHON_VERSION, $PLATFORM)" "$REQUIREMENTS" \
-        "$UV" pip compile --quiet --python-version "$PYTHON_VERSION" \
-        --python-platform "$UV_PLATFORM" --generate-hashes --only-binary :all: \
-        --custom-compile-command 'make gpu-bundle-lock' -o "$resolved" "$REQUIREMENTS"
-    mkdir -p "$(dirname "$out")"
-    { head -n 2 "$resolved"; echo "$TARGET_LINE"; tail -n +3 "$resolved"; } > "$out"
-    rm -f "$resolved"
-}
-
-ensure_uv
+ensure_uv "$TAG"
 if [ "$MODE" = lock ]; then
     if [ "$PYTHON_VERSION" != "$DEFAULT_PYTHON_VERSION" ] || [ "$PLATFORM" != "$DEFAULT_PLATFORM" ]; then
         echo "[$TAG] $REPO_LOCK is for CPython $DEFAULT_PYTHON_VERSION, $DEFAULT_PLATFORM;" \
              "other targets are locked into their bundle folder" >&2
         exit 2
     fi
-    write_lock "$REPO_LOCK"
+    write_lock "$REPO_LOCK" "$REQUIREMENTS" 'make gpu-bundle-lock'
     exit 0
 fi
 
@@ -118,18 +74,14 @@ OUT="$(cd "$OUT" && pwd)"
 check_registry "$TAG" "$LOCK_VENV/bin/python"
 rm -f "$OUT"/*.whl "$OUT/gpu-bundle-lock.txt" "$OUT/SHA256SUMS"
 if [ "$PYTHON_VERSION" = "$DEFAULT_PYTHON_VERSION" ] && [ "$PLATFORM" = "$DEFAULT_PLATFORM" ]; then
-    [ -f "$REPO_LOCK" ] || write_lock "$REPO_LOCK"
+    [ -f "$REPO_LOCK" ] || write_lock "$REPO_LOCK" "$REQUIREMENTS" 'make gpu-bundle-lock'
     cp "$REPO_LOCK" "$OUT/gpu-bundle-lock.txt"
 else
     echo "[$TAG] target CPython $PYTHON_VERSION, $PLATFORM: its lock is written into $OUT only"
-    write_lock "$OUT/gpu-bundle-lock.txt"
+    write_lock "$OUT/gpu-bundle-lock.txt" "$REQUIREMENTS" 'make gpu-bundle-lock'
 fi
 
-run_step "$TAG" "downloading the locked wheels into $OUT (hash-checked)" "$REPO_LOCK" \
-    "$LOCK_VENV/bin/python" -m pip download --disable-pip-version-check \
-    --require-hashes --no-deps --only-binary :all: \
-    --python-version "$PYTHON_VERSION" --platform "$PLATFORM" --implementation cp \
-    -r "$OUT/gpu-bundle-lock.txt" -d "$OUT"
+download_locked "$OUT/gpu-bundle-lock.txt" "$OUT"
 
 # mmsoft's wheel, built from a copy of what the wheel is made of.
 SRC="$(mktemp -d)"
@@ -145,14 +97,10 @@ run_step "$TAG" "building mmsoft's wheel" mmsoft \
     "$UV" build --wheel --quiet --python "$LOCK_VENV/bin/python" \
     --build-constraints requirements/build-constraints.txt --out-dir "$OUT" "$SRC"
 
-(cd "$OUT" && sha256sum -- *.whl gpu-bundle-lock.txt > SHA256SUMS)
-echo "[$TAG] $OUT:"
-(cd "$OUT" && ls -l -- *.whl gpu-bundle-lock.txt SHA256SUMS | awk '{printf "    %10d  %s\n", $5, $9}')
-bytes=$(du -sb "$OUT" | cut -f1)
-echo "[$TAG] size: $(awk -v b="$bytes" 'BEGIN { printf "%.1f MB (%d bytes)", b / 1e6, b }'), limit 60 MB"
-if [ "$bytes" -gt "$MAX_BYTES" ]; then
-    echo "[$TAG] the bundle is over 60 MB: remove what requirements/gpu-bundle.txt does not need" >&2
-    exit 1
-fi
+shopt -s nullglob
+wheels=("$OUT"/*.whl)
+shopt -u nullglob
+seal_bundle "$OUT" "$MAX_BYTES" "remove what requirements/gpu-bundle.txt does not need" \
+    "${wheels[@]##*/}" gpu-bundle-lock.txt
 echo "[$TAG] copy $OUT beside the checkout on the node, then run there:"
 echo "    bash tools/gpu_check_offline.sh $(basename "$OUT") work_dirs/gpu_check"

@@ -4,7 +4,7 @@
 # tools/gpu_bundle.sh (`make gpu-bundle`).
 #
 #   bash tools/gpu_check_offline.sh BUNDLE OUT_DIR [--budget-s N] [--allow-cpu]
-#       [extra arguments of tools/analysis/gpu_check.py]
+#       [--benchmark] [extra arguments of the tool it runs]
 #
 # 1. Checks that the python imports torch and sees a CUDA device; otherwise
 #    stops at once, exit status 3, saying which: no torch, torch without
@@ -22,10 +22,21 @@
 # 4. Adds the time of each phase to OUT_DIR/gpu_check.md (or, when the
 #    check wrote no table, writes one with the end of its log).
 #
+# --benchmark (or MMSOFT_GPU_CHECK_TOOL=benchmark) runs
+# tools/analysis/gpu_benchmark.py instead: the GPU benchmark, the
+# eager tables first, then the memory at 1536x1536, Mask R-CNN, the CUDA
+# tests, the regions, the other Mask R-CNNs, one 800x1333 image and
+# torch.compile, as far as the budget goes. Its total budget is 560 s by
+# default: the benchmark gets what is left as its --budget-s and writes
+# OUT_DIR/gpu_benchmark.json, OUT_DIR/gpu_benchmark.md and
+# OUT_DIR/gpu_benchmark.log the same way. Where the bundle brings mmdet and
+# mmcv's ops, it takes mmdet's Swin-T, PVTv2-b2 and Mask R-CNN; otherwise
+# timm's and torchvision's.
+#
 # --allow-cpu (or MMSOFT_GPU_CHECK_DEVICE=cpu) runs the CPU smoke mode
 # instead: --device cpu --sizes 64x64 --repeats 1 --warmup 0, every phase
-# (tests/test_cuda.py is collected and skipped). PYTHON=... picks the
-# interpreter (default python3).
+# (tests/test_cuda.py is collected and skipped); with --benchmark,
+# --device cpu --smoke. PYTHON=... picks the interpreter (default python3).
 #
 # Exit status: the check's (0 passed, 1 a test or measurement failed), 2 on
 # invalid arguments or an unusable bundle, 3 when torch or the GPU is
@@ -33,30 +44,13 @@
 set -uo pipefail
 TAG=gpu-check-offline
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-PYTHON="${PYTHON:-python3}"
-case "$PYTHON" in /*) ;; */*) PYTHON="$PWD/$PYTHON" ;; esac
-BUDGET_S=420
+BUDGET_S=
+TOOL=check
+[ "${MMSOFT_GPU_CHECK_TOOL:-}" = benchmark ] && TOOL=benchmark
 DEVICE=cuda
 [ "${MMSOFT_GPU_CHECK_DEVICE:-}" = cpu ] && DEVICE=cpu
-START=$SECONDS
-PHASES=()
-
-say() { echo "[$TAG] $*"; }
-fail() { local code="$1"; shift; echo "[$TAG] $*" >&2; exit "$code"; }
-usage() {
-    local text
-    text=$(sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//')
-    if [ "${1:-2}" = 0 ]; then echo "$text"; else echo "$text" >&2; fi
-    exit "${1:-2}"
-}
-elapsed() { echo $((SECONDS - START)); }
-remaining() { echo $((BUDGET_S - (SECONDS - START))); }
-# phase NAME SINCE: records and prints how long a phase took.
-phase() {
-    local seconds=$((SECONDS - $2))
-    PHASES+=("$1=$seconds")
-    say "$1: ${seconds} s (total $(elapsed) s of $BUDGET_S s)"
-}
+# shellcheck source=tools/_offline.sh
+source "$ROOT/tools/_offline.sh"
 
 case "${1:-}" in -h|--help) usage 0 ;; esac
 [ $# -ge 2 ] && [[ "$1" != -* ]] && [[ "$2" != -* ]] || usage 2
@@ -69,137 +63,77 @@ while [ $# -gt 0 ]; do
         --budget-s) BUDGET_S="${2:-}"; shift 2 || shift ;;
         --budget-s=*) BUDGET_S="${1#*=}"; shift ;;
         --allow-cpu) DEVICE=cpu; shift ;;
+        --benchmark) TOOL=benchmark; shift ;;
         --) shift; EXTRA+=("$@"); break ;;
         *) EXTRA+=("$1"); shift ;;
     esac
 done
+if [ -z "$BUDGET_S" ]; then
+    if [ "$TOOL" = benchmark ]; then BUDGET_S=560; else BUDGET_S=420; fi
+fi
 [[ "$BUDGET_S" =~ ^[0-9]+$ ]] && [ "$BUDGET_S" -ge 30 ] \
     || fail 2 "--budget-s $BUDGET_S: expected whole seconds, 30 or more"
 
 # 1. torch and the device.
 since=$SECONDS
-command -v "$PYTHON" >/dev/null 2>&1 \
-    || fail 3 "no torch: PYTHON=$PYTHON cannot be run (not found). Point PYTHON at the node's python that has torch."
-probe=$(timeout 120 "$PYTHON" - 2>/dev/null <<'PY'
-import os
-import sys
-where = f'{sys.executable} (Python {sys.version.split()[0]})'
-try:
-    import torch
-except Exception as error:  # any import failure means: no usable torch
-    print(f'no torch: {where} cannot import torch ({type(error).__name__}: {error})')
-    sys.exit(10)
-build = f'torch {torch.__version__} in {where}'
-if torch.version.cuda is None and getattr(torch.version, 'hip', None) is None:
-    print(f'torch without CUDA: {build} is a CPU-only build (torch.version.cuda is None)')
-    sys.exit(11)
-if not torch.cuda.is_available():
-    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
-    print(f'no GPU visible: {build}, built for CUDA {torch.version.cuda}, sees no '
-          f'device (torch.cuda.is_available() is False'
-          + ('' if visible is None else f', CUDA_VISIBLE_DEVICES={visible!r}') + ')')
-    sys.exit(12)
-print(f'{build}, CUDA {torch.version.cuda}: {torch.cuda.device_count()} device(s), '
-      f'{torch.cuda.get_device_name(0)}')
-PY
-)
-probe_status=$?
-case "$probe_status" in
-    0) say "$probe" ;;
-    11|12)
-        if [ "$DEVICE" = cpu ]; then
-            say "$probe; CPU smoke mode (--allow-cpu)"
-        else
-            fail 3 "$probe. Run on a node with a GPU and its CUDA build of torch, or pass --allow-cpu for the CPU smoke mode."
-        fi ;;
-    10) fail 3 "$probe. The check uses the node's own torch: activate the environment that has it, or set PYTHON=..." ;;
-    124) fail 3 "no torch: importing torch in $PYTHON took over 120 s" ;;
-    *) fail 3 "no torch: $PYTHON exited with status $probe_status while importing torch" ;;
-esac
+require_device
 phase device "$since"
-
-[ "$DEVICE" = cpu ] && [ "$probe_status" = 0 ] && say "CPU smoke mode (--allow-cpu)"
 
 # 2. The bundle, installed into a temporary folder.
 since=$SECONDS
-[ -d "$BUNDLE" ] || fail 2 "bundle $BUNDLE: no such folder (write it with 'make gpu-bundle')"
-BUNDLE="$(cd "$BUNDLE" && pwd)"
-shopt -s nullglob
-wheels=("$BUNDLE"/*.whl)
-shopt -u nullglob
-[ "${#wheels[@]}" -gt 0 ] || fail 2 "bundle $BUNDLE holds no wheels"
-for wheel in "${wheels[@]}"; do
-    case "$(basename "$wheel")" in
-        torch-*|torchvision-*|numpy-*|timm-*|triton-*|nvidia_*)
-            fail 2 "bundle $BUNDLE holds $(basename "$wheel"): the node's own is used, remove it" ;;
-    esac
-done
-if [ -f "$BUNDLE/SHA256SUMS" ] && command -v sha256sum >/dev/null; then
-    (cd "$BUNDLE" && sha256sum --quiet -c SHA256SUMS) \
-        || fail 2 "bundle $BUNDLE does not match its SHA256SUMS (an incomplete copy?)"
-fi
+check_bundle "$BUNDLE" "write it with 'make gpu-bundle'"
 mkdir -p "$OUT" || fail 2 "cannot create $OUT"
 OUT="$(cd "$OUT" && pwd)"
-TMP="$(mktemp -d "${TMPDIR:-/tmp}/mmsoft-gpu-check.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
-SITE="$TMP/site"
-if "$PYTHON" -m pip --version >/dev/null 2>&1; then
-    timeout "$(remaining)" "$PYTHON" -m pip install --isolated --disable-pip-version-check \
-        --no-index --no-deps --no-warn-script-location --target "$SITE" "${wheels[@]}" \
-        >"$OUT/install.log" 2>&1 \
-        || { tail -n 20 "$OUT/install.log" >&2; fail 2 "installing the bundle failed (log: $OUT/install.log)"; }
-else
-    # No pip: the wheels (pure Python) unpacked as they are.
-    "$PYTHON" -c 'import sys, zipfile
-for wheel in sys.argv[2:]:
-    zipfile.ZipFile(wheel).extractall(sys.argv[1])' "$SITE" "${wheels[@]}" \
-        >"$OUT/install.log" 2>&1 || fail 2 "unpacking the bundle failed (log: $OUT/install.log)"
-fi
-export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-say "installed ${#wheels[@]} wheels into $SITE"
+install_bundle "$OUT"
 phase install "$since"
 
-# 3. The check, under what is left of the budget.
+# 3. The check (or the benchmark), under what is left of the budget.
 since=$SECONDS
-args=(--out "$OUT/gpu_check.json" --markdown "$OUT/gpu_check.md")
-[ "$DEVICE" = cpu ] && args+=(--device cpu --sizes 64x64 --repeats 1 --warmup 0)
-# The check's own budget ends 10 s before the hard limit (`timeout`), so that
+NAME="gpu_$TOOL"
+SCRIPT="tools/analysis/$NAME.py"
+args=(--out "$OUT/$NAME.json" --markdown "$OUT/$NAME.md")
+if [ "$DEVICE" = cpu ] && [ "$TOOL" = benchmark ]; then
+    args+=(--device cpu --smoke)
+elif [ "$DEVICE" = cpu ]; then
+    args+=(--device cpu --sizes 64x64 --repeats 1 --warmup 0)
+fi
+# The tool's own budget ends 10 s before the hard limit (`timeout`), so that
 # it writes its results before it could be killed.
 left=$(($(remaining) - 2))
-[ "$left" -ge 20 ] || fail 124 "the total budget of $BUDGET_S s is spent before the check"
-args+=(--total-budget-s "$((left - 10))")
-rm -f "$OUT/gpu_check.json" "$OUT/gpu_check.md"
-say "running tools/analysis/gpu_check.py ${args[*]}${EXTRA[*]:+ ${EXTRA[*]}} (hard limit ${left} s)"
-(cd "$ROOT" && timeout --kill-after=5 "$left" "$PYTHON" tools/analysis/gpu_check.py \
-    "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"}) 2>&1 | tee "$OUT/gpu_check.log"
+[ "$left" -ge 20 ] || fail 124 "the total budget of $BUDGET_S s is spent before the $TOOL"
+if [ "$TOOL" = benchmark ]; then
+    args+=(--budget-s "$((left - 10))")
+else
+    args+=(--total-budget-s "$((left - 10))")
+fi
+rm -f "$OUT/$NAME.json" "$OUT/$NAME.md"
+say "running $SCRIPT ${args[*]}${EXTRA[*]:+ ${EXTRA[*]}} (hard limit ${left} s)"
+(cd "$ROOT" && timeout --kill-after=5 "$left" "$PYTHON" "$SCRIPT" \
+    "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"}) 2>&1 | tee "$OUT/$NAME.log"
 status=${PIPESTATUS[0]}
 [ "$status" = 137 ] && status=124
 [ "$status" = 124 ] && say "stopped by the total budget of $BUDGET_S s: what was measured is kept"
-phase check "$since"
+phase "$TOOL" "$since"
 
-# 4. The phases' times in the table (a table of the log's end when the check
+# 4. The phases' times in the table (a table of the log's end when the tool
 #    wrote none).
 note=""
 [ "$status" = 124 ] && note=" (stopped by the total budget)"
 {
-    if [ ! -s "$OUT/gpu_check.md" ]; then
-        echo "# GPU check"
+    if [ ! -s "$OUT/$NAME.md" ]; then
+        if [ "$TOOL" = benchmark ]; then echo "# GPU benchmark"; else echo "# GPU check"; fi
         echo
-        echo "The check wrote no table. The end of its output:"
+        echo "The $TOOL wrote no table. The end of its output:"
         echo
         echo '```'
-        tail -n 40 "$OUT/gpu_check.log" 2>/dev/null
+        tail -n 40 "$OUT/$NAME.log" 2>/dev/null
         echo '```'
     fi
     echo
-    phases=""
-    for item in "${PHASES[@]}"; do
-        phases+="${phases:+, }${item%%=*} ${item#*=} s"
-    done
-    echo "Offline run: exit status $status$note; total $(elapsed) s of a $BUDGET_S s budget. Phases: $phases."
-} >> "$OUT/gpu_check.md"
+    echo "Offline run: exit status $status$note; total $(elapsed) s of a $BUDGET_S s budget. Phases: $(phases_line)."
+} >> "$OUT/$NAME.md"
 written=()
-for name in gpu_check.json gpu_check.md gpu_check.log; do
+for name in "$NAME.json" "$NAME.md" "$NAME.log"; do
     [ -f "$OUT/$name" ] && written+=("$OUT/$name")
 done
 say "written: ${written[*]:-nothing} (total $(elapsed) s)"

@@ -1,5 +1,6 @@
 # Sourced by the installers (tools/install_env.sh, tools/install_floor_env.sh,
-# tools/build_mmcv_wheel.sh, tools/lock.sh).
+# tools/build_mmcv_wheel.sh, tools/lock.sh) and the bundle writers
+# (tools/gpu_bundle.sh, tools/gpu_train_bundle.sh).
 #
 # Each step runs through run_step, which writes the step's output to a log
 # (install-logs/ in the checkout, or $MMSOFT_INSTALL_LOGS) and, when the step
@@ -179,6 +180,18 @@ PY
         } >&2
         exit 1
     fi
+}
+
+# ensure_uv TAG: the lock tool of requirements/lock-tool.txt in $LOCK_VENV
+# (created when missing); sets UV.
+ensure_uv() {
+    local tag="$1"
+    if [ ! -x "$LOCK_VENV/bin/uv" ]; then
+        run_step "$tag" "creating $LOCK_VENV" python3 python3 -m venv "$LOCK_VENV"
+        run_step "$tag" "installing the lock tool (requirements/lock-tool.txt)" uv \
+            "$LOCK_VENV/bin/python" -m pip install --quiet -r requirements/lock-tool.txt
+    fi
+    UV="$LOCK_VENV/bin/uv"
 }
 
 # ensure_venv DIR TAG: creates the virtual environment DIR when it has no

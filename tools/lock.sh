@@ -34,12 +34,7 @@ source tools/install_common.sh
 LOCK_VENV="${LOCK_VENV:-.venv-lock}"
 TAG=lock
 
-if [ ! -x "$LOCK_VENV/bin/uv" ]; then
-    run_step "$TAG" "creating $LOCK_VENV" python3 python3 -m venv "$LOCK_VENV"
-    run_step "$TAG" "installing the lock tool (requirements/lock-tool.txt)" uv \
-        "$LOCK_VENV/bin/python" -m pip install --quiet -r requirements/lock-tool.txt
-fi
-UV="$LOCK_VENV/bin/uv"
+ensure_uv "$TAG"
 
 # compile OUTPUT INPUT... [-- UV_OPTIONS...]: for CPython $LOCK_PYTHON (3.11).
 compile() {

@@ -49,9 +49,10 @@ def check(cuda_version: Optional[str], require_cuda: bool) -> List[str]:
         if keep.cpu().tolist() != [3, 2]:
             raise RuntimeError(f'nms on {device} kept boxes {keep.cpu().tolist()}, '
                                'expected [3, 2]')
-        pooled[device] = roi_align(features.to(device), rois.to(device), (2, 2),
-                                   spatial_scale=1.0, sampling_ratio=2, pool_mode='avg',
-                                   aligned=True).cpu()
+        # An autograd Function's apply: output size, spatial scale, sampling
+        # ratio, pooling mode, aligned; positional only.
+        pooled[device] = roi_align(features.to(device), rois.to(device), (2, 2), 1.0, 2,
+                                   'avg', True).cpu()
         total = pooled[device].sum().item()
         lines.append(f'{device}: nms kept [3, 2]; roi_align '
                      f'{tuple(pooled[device].shape)}, sum {total:.4f}')
