@@ -29,11 +29,8 @@ NUM_OUTPUTS = 4
 SOFT_NAMES = {'soft': 'soft', 'soft_plus_plus': 'soft++'}
 
 
-# Leaves of torch.fx's symbolic trace, as timm's FX feature extraction runs it
-# (torchvision's create_feature_extractor with timm's lists): each is one
-# graph node. Inside them, input checks and grids of Python ints steer control
-# flow, and the memory-saving autograd functions read the device and autocast
-# state, none of which a symbolic trace can follow.
+# Leaves of timm's torch.fx feature extraction: inside them input checks,
+# grids of Python ints, the device and the autocast state steer control flow.
 for _function in (check_image_batch, tokens_as_map, tokens_to_map, mask_map):
     register_notrace_function(_function)
 for _module in (ConvPatchEmbed, soft.SoftStage, ufo_vit.FourierPositionEncoding,

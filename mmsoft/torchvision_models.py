@@ -42,17 +42,9 @@ EXTRA_BLOCKS = ('max_pool', 'p6p7', 'none')
 
 
 class FPNBackbone(nn.Module):
-    """An mmsoft model's maps through torchvision's ``FeaturePyramidNetwork``.
-
-    The output keys follow torchvision's ``BackboneWithFPN``: ``'0'``, ``'1'``,
-    ... for ``out_indices`` in order, then the extra block's.
-
-    Args:
-        body (SOFT | UFOViT): The model giving the maps.
-        out_indices (Sequence[int]): Its outputs (0-3, sorted) fed to the FPN.
-        fpn (FeaturePyramidNetwork): Takes those maps, keyed ``'0'``, ``'1'``, ...
-        out_channels (int): The FPN's width.
-    """
+    """An mmsoft model's maps (``out_indices``) through torchvision's
+    ``FeaturePyramidNetwork``, keyed as ``BackboneWithFPN``'s: ``'0'``, ``'1'``,
+    ..., then the extra block's."""
 
     def __init__(self, body: nn.Module, out_indices: Sequence[int],
                  fpn: FeaturePyramidNetwork, out_channels: int):
@@ -80,36 +72,20 @@ def fpn_backbone(model: Union[str, nn.Module], out_channels: int = 256,
                  **model_kwargs) -> FPNBackbone:
     """A torchvision detection backbone: an mmsoft model under an FPN.
 
-    ``fpn_backbone('soft_plus_plus_tiny')`` is Mask R-CNN's and Faster
-    R-CNN's (P2-P5 and a max-pooled P6); ``fpn_backbone(name,
-    out_indices=(1, 2, 3), extra_blocks='p6p7')`` is RetinaNet's (P3-P7, as
-    mmsoft's RetinaNet configs: P6 from the last body map).
+    ``fpn_backbone('soft_plus_plus_tiny')`` is Mask R-CNN's and Faster R-CNN's
+    (P2-P5 and a max-pooled P6); ``fpn_backbone(name, out_indices=(1, 2, 3),
+    extra_blocks='p6p7')`` is RetinaNet's (P3-P7).
 
     Args:
-        model (str | SOFT | UFOViT): A timm name of the models (``'soft_tiny'``,
-            ``'soft_plus_plus_small'``, ``'ufo_vit_tiny'``, ... :data:`MODEL_CONFIGS`),
-            built with ``model_kwargs``; or a built model (a UFO-ViT with its
-            feature pyramid, ``multi_scale=True``).
-        out_channels (int): The FPN's width. Default: 256.
-        out_indices (Sequence[int]): Model outputs (0-3, strides 4 * 2**i) fed to
-            the FPN. Default: (0, 1, 2, 3).
+        model (str | SOFT | UFOViT): A timm name (:data:`MODEL_CONFIGS`), built
+            with ``model_kwargs``, or a built model.
         extra_blocks (str | ExtraFPNBlock): One of :data:`EXTRA_BLOCKS`, or a
-            torchvision ``ExtraFPNBlock``. Default: ``'max_pool'``.
-        norm_layer (callable, optional): Norm layer of the FPN's convolutions.
-            Default: None.
-        **model_kwargs: The model's arguments, with a name (e.g.
-            ``solver='newton_closed_form'``, ``drop_path_rate=0.2``).
-
-    Returns:
-        FPNBackbone: ``body`` (the model), ``fpn``, ``out_channels``.
+            torchvision ``ExtraFPNBlock``.
 
     Raises:
-        ValueError: An unknown name, an argument that the name fixes, invalid
-            ``out_indices``, ``out_channels`` or ``extra_blocks``, or a UFO-ViT
-            without the maps of ``out_indices``.
-        TypeError: ``model`` neither a name nor a SOFT / UFO-ViT, or
-            ``model_kwargs`` with a built model.
-    """
+        ValueError: An unknown name or argument, or outputs the model lacks.
+        TypeError: ``model`` neither a name nor a model, or ``model_kwargs``
+            with a built model."""
     out_indices = check_out_indices(out_indices, 4)
     check_positive_int('out_channels', out_channels)
     if not isinstance(extra_blocks, ExtraFPNBlock) and (

@@ -5,7 +5,7 @@ fails on any break) and AOT autograd traces forward and backward together,
 as inductor does, but runs torch's own kernels (inductor's C++ code
 generation takes minutes per model on two cores; ``tools/analysis/benchmark.py
 --compile`` measures it). While compiling, the layers take their plain path
-(:func:`~mmsoft.models.functional.is_tracing`): the compiler plans the memory.
+(:func:`~mmsoft.models.common.is_tracing`): the compiler plans the memory.
 """
 import copy
 

@@ -14,8 +14,7 @@ import cv2
 import numpy as np
 from pycocotools.coco import COCO
 
-from demo_data import (DEFAULT_CLASSES, ade_metainfo, coco_metainfo,
-                             generate_ade_demo, generate_coco_demo)
+from demo_data import DEFAULT_CLASSES, ade_metainfo, coco_metainfo, generate_coco_demo
 from demo_data.scenes import is_simple_region
 
 pytestmark = pytest.mark.openmmlab

@@ -168,6 +168,9 @@ def test_a_seed_gives_the_initial_weights_of_55cda50(name, cls, kwargs):
     model = cls(record['outputs'][name]['arch'], num_classes=5, **kwargs)
     sums, _ = renamed_state_dict_keys(record['seeded_init_sums'][version][name],
                                       model.family)
+    # A weight drawn in another order or by another initialiser changes its
+    # sum entirely; torch's vectorised math (trunc_normal_'s erfinv) differs
+    # between CPUs (AVX2, AVX-512) in the last bits of a float32.
     assert sums == pytest.approx({key: float(value.double().sum())
                                   for key, value in model.state_dict().items()},
-                                 rel=1e-12, abs=1e-12)
+                                 rel=1e-6, abs=1e-6)

@@ -295,7 +295,7 @@ def test_markdown_has_the_targets_every_row_and_the_ratios():
         'train', 'float32', 'skipped', note='the budget was spent'))
     data = dict(meta=dict(device='cuda', device_name='GPU', protocol=dict(
         warmup=10, steps_per_round=15, rounds=2, steps=30, profile_steps=2,
-        meets_issue_minimum=True)), records=records, tests=dict(ran=False),
+        meets_protocol_minimum=True)), records=records, tests=dict(ran=False),
         phases=dict(eager=dict(seconds=12.5, cases=12)))
     data['rows'] = aggregate(records)
     data['ratios'] = ratio_rows(data['rows'])
@@ -303,7 +303,7 @@ def test_markdown_has_the_targets_every_row_and_the_ratios():
     data['summary'] = bench.summarise(records)
     markdown = format_markdown(data)
     assert markdown.startswith('# GPU benchmark')
-    assert '## Targets (issue 57, point 3)' in markdown
+    assert '## Targets on the GPU' in markdown
     assert markdown.count('| soft++-tiny / swin-t, training step time <= 1x |') == 2
     assert '## Backbones, eager (eager): batch 2: 800x1199, 800x1067 on 800x1216' \
         in markdown
@@ -319,7 +319,8 @@ def test_markdown_has_the_targets_every_row_and_the_ratios():
 
 def test_budget_skips_the_rest_and_the_phases_run_in_the_order_given(monkeypatch,
                                                                    tmp_path):
-    """Measured cases are faked; the clock moves 100 s per case."""
+    """Measured cases are faked; the clock moves 100 s per case. (Two of
+    mmsoft's models: the floor environment has no timm for the peers.)"""
     now = [0.]
     ran = []
 
@@ -333,25 +334,25 @@ def test_budget_skips_the_rest_and_the_phases_run_in_the_order_given(monkeypatch
     (tmp_path / 'test_ok.py').write_text('def test_ok():\n    assert True\n')
     settings = BenchmarkSettings(
         out=str(tmp_path / 'out' / 'b.json'), device='cpu',
-        models=['soft++-tiny', 'swin-t'], phases=['single', 'tests', 'eager'],
+        models=['soft++-tiny', 'ufo-vit-small'], phases=['single', 'tests', 'eager'],
         budget_s=450, case_timeout_s=150, tests=[str(tmp_path / 'test_ok.py')])
     data = bench.run_benchmark(settings, log=lambda line: None,
                                clock=lambda: now[0])
     # Each case gets its hard limit, or what is left of the budget.
     assert ran == [('single', 'soft++-tiny', 0, 150, False),
-                   ('single', 'swin-t', 0, 150, False),
-                   ('single', 'swin-t', 1, 150, False),
+                   ('single', 'ufo-vit-small', 0, 150, False),
+                   ('single', 'ufo-vit-small', 1, 150, False),
                    ('single', 'soft++-tiny', 1, 150, True),
                    ('eager', 'soft++-tiny', 0, 50, True)]
     assert data['tests']['passed'] == 1  # with 50 s left
     skipped = [r for r in data['records'] if r['status'] == 'skipped']
     assert {r['note'] for r in skipped} == {'the budget was spent'}
     assert [(r['phase'], r['model'], r['round']) for r in skipped[::4]] == [
-        ('eager', 'swin-t', 0), ('eager', 'swin-t', 1), ('eager', 'soft++-tiny', 1)]
+        ('eager', 'ufo-vit-small', 0), ('eager', 'ufo-vit-small', 1), ('eager', 'soft++-tiny', 1)]
     assert list(data['phases']) == ['single', 'tests', 'eager']
     written = json.loads((tmp_path / 'out' / 'b.json').read_text())
     assert len(written['records']) == len(data['records']) == 8 * 4
-    assert 'Skipped: eager swin-t float32 train, round 1;' in \
+    assert 'Skipped: eager ufo-vit-small float32 train, round 1;' in \
         (tmp_path / 'out' / 'b.md').read_text()
     assert bench.passed(data)
 
@@ -471,7 +472,7 @@ def test_cpu_smoke_run_writes_every_table_from_its_numbers(tmp_path):
                   'cuda', 'device_name', 'commit'):
         assert field in meta
     assert meta['protocol']['steps'] == 2 and meta['protocol']['rounds'] == 1
-    assert not meta['protocol']['meets_issue_minimum']
+    assert not meta['protocol']['meets_protocol_minimum']
     records = data['records']
     assert [(r['model'], r['round']) for r in records[::4]] == [
         ('soft++-tiny', 0), ('swin-t', 0)]

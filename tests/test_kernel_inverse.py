@@ -7,7 +7,7 @@ import torch
 
 from functools import partial
 
-from mmsoft.models.soft import (SOLVERS, check_kernel_inverse_options, exact_inverse, gaussian_kernel, kernel_inverse, newton_closed_form, newton_divided_differences, newton_iterations, newton_on_eigenvalues, newton_operand, newton_scale, solver_that_runs)
+from mmsoft.models.soft import (SOLVERS, SoftAttention, exact_inverse, gaussian_kernel, kernel_inverse, newton_closed_form, newton_divided_differences, newton_iterations, newton_on_eigenvalues, newton_operand, newton_scale, solver_that_runs)
 from mmsoft.models.memory_efficient import recomputed_newton_iterations
 from mmsoft.utils.torch_compat import TORCH_VERSION
 
@@ -231,10 +231,10 @@ def test_closed_form_runs_the_iteration_off_the_closed_form_devices():
 
 def test_unknown_attention_or_solver_raises():
     with pytest.raises(ValueError, match="variant='softmax'"):
-        check_kernel_inverse_options('softmax', 'newton')
+        SoftAttention(16, 2, 2, 3, variant='softmax', solver='newton')
     with pytest.raises(ValueError, match="solver='lu'"):
-        check_kernel_inverse_options('soft', 'lu')
-    assert check_kernel_inverse_options('soft++', 'newton_closed_form') == (
+        SoftAttention(16, 2, 2, 3, variant='soft', solver='lu')
+    assert SoftAttention(16, 2, 2, 3, solver='newton_closed_form').solver == (
         'newton_closed_form')
 
 

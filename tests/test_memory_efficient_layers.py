@@ -15,7 +15,7 @@ from mmsoft_analysis.saved_tensors import SavedTensorRecorder
 from mmsoft.models.common import MLP, regions_on_grid, set_memory_efficient
 from mmsoft.models.memory_efficient import (chunked_kernel_product, fold_layer_norm,
                                             layer_norm_mlp, normalize,
-                                            recomputed_mlp, recomputed_newton_iterations)
+                                            recomputed_newton_iterations)
 from mmsoft.models.soft import SoftBlock, SoftmaxBlock, TanhGELU
 
 from tests.helpers.plain_autograd import LayerNormThenMLP, assert_same_as_plain
@@ -153,35 +153,6 @@ def test_one_chunk_backward_equals_several_chunks(backward_chunk, monkeypatch):
         torch.testing.assert_close(one, several, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize('act_layer', [TanhGELU, torch.nn.GELU])
-def test_recomputed_mlp_equals_plain_autograd(act_layer):
-    torch.manual_seed(0)
-    mlp = MLP(8, 32, act_layer).double()
-    scale = torch.rand(8, dtype=torch.float64) + 0.5
-    tokens = torch.randn(2, 30, 8, dtype=torch.float64)
-    results = []
-    for function in (lambda x: scale * mlp(x), lambda x: recomputed_mlp(x, mlp, scale)):
-        leaf = tokens.clone().requires_grad_()
-        mlp.zero_grad()
-        out = function(leaf)
-        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
-        results.append((out.detach(), leaf.grad, [p.grad for p in mlp.parameters()]))
-    for mine, expected in zip(results[1][:2], results[0][:2]):
-        torch.testing.assert_close(mine, expected)
-    for mine, expected in zip(results[1][2], results[0][2]):
-        torch.testing.assert_close(mine, expected)
-
-
-@pytest.mark.parametrize('keep_hidden', [True, False])
-def test_recomputed_mlp_gradcheck(keep_hidden):
-    torch.manual_seed(0)
-    mlp = MLP(4, 6, TanhGELU, keep_hidden=keep_hidden).double()
-    tokens = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-    params = [mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias]
-    assert torch.autograd.gradcheck(lambda x, *_: recomputed_mlp(x, mlp),
-                                    (tokens, *params))
-
-
 @pytest.mark.parametrize('residual', [True, False])
 @pytest.mark.parametrize('keep_hidden', [True, False])
 def test_layer_norm_mlp_equals_plain_autograd(residual, keep_hidden):
@@ -243,15 +214,6 @@ def test_normalize_keeps_its_output_only():
     assert out.grad_fn.saved_tensors[0].data_ptr() == out.data_ptr()
 
 
-def test_recomputed_mlp_keeps_no_activation_output():
-    mlp = MLP(8, 32, TanhGELU)
-    tokens = torch.randn(30, 8, requires_grad=True)
-    with SavedTensorRecorder(mlp) as recorder:
-        recomputed_mlp(tokens, mlp)
-    # The input (30 x 8) and fc1's output (30 x 32), not GELU's output.
-    assert sorted(record.shape for record in recorder.records) == [(30, 8), (30, 32)]
-
-
 class _OnGrid(torch.nn.Module):
     """A block on the 5 x 6 grid, for ``torch.jit.trace``."""
 
@@ -269,8 +231,8 @@ def test_twin_runs_where_a_gradient_is_recorded_and_no_tracer(monkeypatch):
     (``torch.jit.trace``) run the plain path."""
     calls = []
     twin = memory_efficient.soft_block
-    monkeypatch.setattr(memory_efficient, 'soft_block',
-                        lambda *args: calls.append(1) or twin(*args))
+    monkeypatch.setattr(SoftBlock, 'twin',
+                        staticmethod(lambda *args: calls.append(1) or twin(*args)))
     block = soft_block().float()
     tokens = torch.randn(1, 30, 16)
     block(tokens, (5, 6))

@@ -161,7 +161,7 @@ def test_train_step_on_padded_batch(repo_root, mixed_coco, config,
 #: the models, the OpenMMLab adapter (backbone and valid-region data
 #: preprocessor) and the helpers they call. mmdet's heads sync by design
 #: (proposals, NMS, target assignment) and are not counted.
-MMSOFT_CODE = ('models/', 'openmmlab/', 'utils/')
+MMSOFT_CODE = ('models/', 'openmmlab/')
 
 
 @contextlib.contextmanager

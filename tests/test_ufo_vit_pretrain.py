@@ -42,8 +42,8 @@ from timm.models.xcit import \
 import mmsoft  # noqa: E402,F401  (registers UFOViT)
 from mmsoft.openmmlab import SOFT, UFOViT
 from mmsoft.models.ufo_vit import ARCH_SETTINGS
-from mmsoft.pretrain import (ClassAttentionBlock,  # noqa: E402
-                             UFOViTClassAttentionHead, UFOViTStride16)
+from mmsoft.models.ufo_vit import ClassAttentionBlock  # noqa: E402
+from mmsoft.pretrain import UFOViTClassAttentionHead, UFOViTStride16  # noqa: E402
 from demo_data import generate_classification_demo  # noqa: E402
 from tests.helpers.dense_models import (  # noqa: E402
     backbone_grad_norm, build_mask_rcnn, detector_train_step)
@@ -342,14 +342,22 @@ def test_converter_detects_custom_arch():
 
 
 # ------------------------------------------------------------ mmsoft parts ---
-def _timm_block_state(block: ClassAttentionBlock) -> dict:
-    """Our block's tensors under timm's XCiT names (``mlp.fc1``/``mlp.fc2``)."""
-    rename = {'ffn.layers.0.0.': 'mlp.fc1.', 'ffn.layers.1.': 'mlp.fc2.'}
+def _renamed_block_state(block: ClassAttentionBlock, mmpretrain: bool = False) -> dict:
+    """Our block's tensors under timm's XCiT names (``attn.q``, ``attn.k``,
+    ``attn.v``, ``attn.proj``), or mmpretrain's (its FFN ``ffn.layers``)."""
     state = {}
     for key, value in block.state_dict().items():
-        for old, new in rename.items():
-            key = key.replace(old, new)
-        state[key] = value
+        name, _, param = key.rpartition('.')  # name '' for gamma1, gamma2
+        if name == 'kv':
+            keys, values = value.chunk(2)
+            state.update({f'attn.k.{param}': keys, f'attn.v.{param}': values})
+        elif name in ('q', 'proj'):
+            state[f'attn.{key}'] = value
+        elif mmpretrain and name.startswith('mlp.'):
+            fc = {'mlp.fc1': 'ffn.layers.0.0', 'mlp.fc2': 'ffn.layers.1'}[name]
+            state[f'{fc}.{param}'] = value
+        else:
+            state[key] = value
     return state
 
 
@@ -367,7 +375,7 @@ def test_head_is_xcit_class_attention_stage():
                                 norm_layer=partial(nn.LayerNorm, eps=1e-6))
         for _ in range(2)).eval()
     for ours, theirs in zip(head.layers, reference):
-        theirs.load_state_dict(_timm_block_state(ours), strict=True)
+        theirs.load_state_dict(_renamed_block_state(ours), strict=True)
 
     feats = torch.randn(3, 32, 4, 5)
     tokens = feats.flatten(2).transpose(1, 2)  # (B, 20, C)
@@ -382,14 +390,22 @@ def test_head_is_xcit_class_attention_stage():
         assert torch.allclose(logits, expected, atol=1e-5)
         # Tokens (B, N, C) are read as they are; their order does not matter.
         assert torch.allclose(head(tokens[:, torch.randperm(20)]), logits, atol=1e-5)
-        # One block: the class token of timm's block; the tokens are unchanged.
-        cls_token = torch.randn(3, 1, 32)
-        before = tokens.clone()
-        new_cls = head.layers[0](cls_token, tokens)
-        assert new_cls.shape == (3, 1, 32) and torch.equal(tokens, before)
-        assert torch.allclose(
-            new_cls, reference[0](torch.cat((cls_token, tokens), dim=1))[:, :1],
-            atol=1e-5)
+        # One block: timm's block, class token and patch tokens.
+        joint = torch.cat((torch.randn(3, 1, 32), tokens), dim=1)
+        assert torch.allclose(head.layers[0](joint), reference[0](joint), atol=1e-5)
+
+    # A head saved with mmpretrain's block layout loads, to the same logits.
+    state = {key: value for key, value in head.state_dict().items()
+             if not key.startswith('layers.')}
+    for i, block in enumerate(head.layers):
+        state.update({f'layers.{i}.{key}': value for key, value in
+                      _renamed_block_state(block, mmpretrain=True).items()})
+    assert 'layers.0.attn.k.weight' in state and 'layers.0.kv.weight' not in state
+    reloaded = class_attention_head(num_classes=5, in_channels=32, num_layers=2,
+                                    num_heads=4).eval()
+    reloaded.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded((feats, )), logits)
 
 
 def test_head_losses_and_predictions_are_mmpretrains():

@@ -37,8 +37,10 @@ import torch.nn as nn
 xcit = pytest.importorskip('timm.models.xcit')
 cait = pytest.importorskip('timm.models.cait')
 
-from mmsoft.models.common import ConvPatchEmbed
-from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction, UFOAttention, UFOBlock)
+from mmsoft.models.common import ConvPatchEmbed, regions_on_grid
+from mmsoft.models.memory_efficient import scaled_weight_and_bias
+from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction, UFOAttention,
+                                   UFOBlock, ufo_attention)
 
 pytestmark = pytest.mark.torchvision
 
@@ -342,8 +344,8 @@ def lpi_pair(dims: int = 16, kernel_size: int = 3, seed: int = 7):
 @pytest.mark.parametrize('grid', [(5, 7), (1, 9), (8, 3)])
 def test_lpi_matches_xcit(grid, kernel_size):
     """Same tokens (B, N, C) and input gradient on non-square grids; with a
-    LayerScale folded into ``conv2`` (as the UFO block passes it) the same as
-    XCiT's ``gamma3 * LPI(x)``."""
+    LayerScale folded into ``conv2``'s weight and bias (as the memory-saving
+    twin runs it) the same as XCiT's ``gamma3 * LPI(x)``."""
     timm_lpi, mm_lpi = lpi_pair(kernel_size=kernel_size)
     tokens = randn(2, grid[0] * grid[1], 16, seed=8)  # (B, N, C)
     timm_out, timm_grad = input_grad(lambda x: timm_lpi(x, *grid), tokens, seed=9)
@@ -352,8 +354,10 @@ def test_lpi_matches_xcit(grid, kernel_size):
     assert_close(mm_grad, timm_grad, f'LPI k{kernel_size} {grid} input grad')
     scale = randn(16, seed=10)
     with torch.no_grad():
-        assert_close(mm_lpi(tokens, grid, layer_scale=scale), scale * timm_out,
-                     f'LPI k{kernel_size} {grid} with a folded scale')
+        weight2, bias2 = scaled_weight_and_bias(mm_lpi.conv2, scale)
+        grid_in = tokens.transpose(1, 2).unflatten(2, grid)  # (B, C, H, W)
+        folded = mm_lpi.mix(grid_in, None, weight2, bias2).flatten(2).transpose(1, 2)
+        assert_close(folded, scale * timm_out, f'LPI k{kernel_size} {grid} with a folded scale')
 
 
 def test_lpi_valid_region_vs_xcit():
@@ -368,7 +372,7 @@ def test_lpi_valid_region_vs_xcit():
     batch = batch.flatten(1, 2)  # (B, H * W, C)
     with torch.no_grad():
         expected = timm_lpi(alone, *shape)
-        mm_out = mm_lpi(batch, grid, valid_shapes=[shape, grid])
+        mm_out = mm_lpi(batch, grid, regions_on_grid([shape, grid], grid).padding)
         timm_out = timm_lpi(batch, *grid)
     assert_close(region(batch[:1], grid, shape), alone, 'LPI padded input placement')
     assert_close(region(mm_out[:1], grid, shape), expected,
@@ -425,6 +429,12 @@ def qkv_heads(attn: nn.Module, x: torch.Tensor, heads: int):
     batch, tokens, channels = x.shape
     qkv = attn.qkv(x).reshape(batch, tokens, 3, heads, channels // heads)
     return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def attend(attn: UFOAttention, x: torch.Tensor) -> torch.Tensor:
+    """UFO's attention before its projection: (B, N, C) -> (B, h, N, d)."""
+    queries, keys, values = attn.heads(attn.qkv(x))
+    return ufo_attention(queries, keys, values, attn.gamma_q, attn.gamma_kv, attn.eps)
 
 
 def merge(x: torch.Tensor) -> torch.Tensor:
@@ -486,11 +496,11 @@ def test_attention_value_scale_ufo_invariant_xca_linear():
     timm_attn, mm_attn = attention_pair()
     x = randn(2, 20, 32, seed=16)
     with torch.no_grad():
-        before = merge(mm_attn.attend(x)), timm_attn(x) - timm_attn.proj.bias
+        before = merge(attend(mm_attn, x)), timm_attn(x) - timm_attn.proj.bias
         for attn in (timm_attn, mm_attn):
             attn.qkv.weight[64:] *= 7.
             attn.qkv.bias[64:] *= 7.
-        after = merge(mm_attn.attend(x)), timm_attn(x) - timm_attn.proj.bias
+        after = merge(attend(mm_attn, x)), timm_attn(x) - timm_attn.proj.bias
     assert_close(after[0], before[0], 'UFO attend, V scaled by 7')
     assert_close(after[1], 7. * before[1], 'XCA, V scaled by 7 (x7)')
     bound = (mm_attn.gamma_q * mm_attn.gamma_kv).abs().repeat_interleave(8)
@@ -498,16 +508,16 @@ def test_attention_value_scale_ufo_invariant_xca_linear():
 
 
 def test_attention_key_mask_vs_xca_padding():
-    """Padded tokens (garbage): UFO with ``key_mask`` gives the valid tokens
+    """Padded tokens (garbage): UFO told the ``padding`` gives the valid tokens
     their values alone (``K^T V`` sums only them); XCA has no mask and its
     per-channel norms and sums over tokens take the padding in."""
     timm_attn, mm_attn = attention_pair()
     alone = randn(1, 9, 32, seed=17)
     padded = torch.cat([alone, randn(1, 6, 32, seed=18)], dim=1)  # (1, 15, C)
-    key_mask = torch.arange(15)[None] < 9
+    padding = (torch.arange(15) >= 9).view(1, 1, 3, 5)  # (B, 1, H, W), True outside
     with torch.no_grad():
-        assert_close(mm_attn(padded, key_mask)[:, :9], mm_attn(alone),
-                     'UFO key_mask, valid tokens vs alone')
+        assert_close(mm_attn(padded, padding)[:, :9], mm_attn(alone),
+                     'UFO padding, valid tokens vs alone')
         assert_differs(timm_attn(padded)[:, :9], timm_attn(alone),
                        'XCA padded, valid tokens vs alone')
 
@@ -616,31 +626,20 @@ def test_backbone_is_xcit_with_ufo_attention(image_shape):
 
 # --------------------------------------------------------------------------
 # Class attention: timm xcit.ClassAttentionBlock (cait.ClassAttn inside) <->
-# mmsoft.pretrain.ClassAttentionBlock
+# mmsoft.models.ufo_vit.ClassAttentionBlock (the classifier's and mmsoft.pretrain's head's)
 # --------------------------------------------------------------------------
-#: mmsoft name prefix -> timm name prefix, for the class-attention blocks.
-#: mmsoft's FFN is mmcv's (``ffn.layers.0.0`` Linear + act, ``ffn.layers.1``
-#: Linear); ``ffn.fc1``/``fc2`` (mmsoft's MLP) is accepted too.
-CLASS_ATTENTION_RENAMES = {'ffn.layers.0.0.': 'mlp.fc1.', 'ffn.layers.1.': 'mlp.fc2.',
-                           'ffn.fc1.': 'mlp.fc1.', 'ffn.fc2.': 'mlp.fc2.'}
-
-
 def class_attention_mapping(mm_block: nn.Module,
                             renames: Dict[str, str]) -> Dict[str, Rule]:
-    """mmsoft key -> timm key for a class-attention block.
-
-    ``norm1``, ``attn.{q,k,v,proj}``, ``norm2`` keep their names, the FFN is
-    renamed by :data:`CLASS_ATTENTION_RENAMES` and the LayerScales by
-    ``renames`` (XCiT ``gamma1``, CaiT ``gamma_1``); a fused ``attn.kv``
-    would be timm's ``attn.k`` and ``attn.v`` concatenated.
-    """
+    """mmsoft key -> timm key for a class-attention block: ``q`` and ``proj``
+    are timm's ``attn.q`` and ``attn.proj``, ``kv`` its ``attn.k`` and ``attn.v``
+    concatenated; the LayerScales are renamed by ``renames`` (XCiT ``gamma1``,
+    CaiT ``gamma_1``), the rest keeps its name."""
     mapping: Dict[str, Rule] = {}
     for key in mm_block.state_dict():
-        prefix = next((p for p in CLASS_ATTENTION_RENAMES if key.startswith(p)), None)
-        if prefix is not None:
-            mapping[key] = CLASS_ATTENTION_RENAMES[prefix] + key[len(prefix):]
-        elif key.startswith('attn.kv.'):
-            param = key.rsplit('.', 1)[1]
+        name, param = key.rsplit('.', 1) if '.' in key else (key, '')
+        if name in ('q', 'proj'):
+            mapping[key] = f'attn.{key}'
+        elif name == 'kv':
             mapping[key] = (f'attn.k.{param}', f'attn.v.{param}')
         else:
             mapping[key] = renames.get(key, key)
@@ -650,7 +649,7 @@ def class_attention_mapping(mm_block: nn.Module,
 def class_attention_pair(dims: int = 32, heads: int = 4, seed: int = 22):
     """timm's XCiT class-attention block (as ``Xcit`` builds it: LN eps
     1e-6, ``tokens_norm=False``) and mmsoft's, weights copied."""
-    from mmsoft.pretrain import ClassAttentionBlock  # mmpretrain's, adapted
+    from mmsoft.models.ufo_vit import ClassAttentionBlock
     timm_block = randomise_(xcit.ClassAttentionBlock(
         dims, heads, qkv_bias=True, norm_layer=XCIT_NORM, eta=1e-5,
         tokens_norm=False), seed)
@@ -661,73 +660,46 @@ def class_attention_pair(dims: int = 32, heads: int = 4, seed: int = 22):
 
 @pytest.mark.parametrize('tokens', [1, 16, 35])
 def test_classifier_block_is_xcits_layer(tokens):
-    """The classifier's block (``UFOViT(global_pool='token')``) is XCiT's
-    class-attention layer as ``Xcit`` chains it: the whole output, class
-    token and patch tokens, and the input gradients."""
-    from mmsoft.models.ufo_vit import ClassAttentionBlock
-    timm_block = randomise_(xcit.ClassAttentionBlock(
-        32, 4, qkv_bias=True, norm_layer=XCIT_NORM, eta=1e-5, tokens_norm=False), 29)
-    mm_block = ClassAttentionBlock(32, 4).double().eval()
-    mapping = {key: f'attn.{key}' for key in mm_block.state_dict()
-               if key.split('.')[0] in ('q', 'proj')}
-    mapping.update({f'kv.{p}': (f'attn.k.{p}', f'attn.v.{p}') for p in ('weight', 'bias')})
-    load_mapped(mm_block, timm_block, {**{k: k for k in mm_block.state_dict()}, **mapping})
-    joint = randn(2, 1 + tokens, 32, seed=30)  # (B, 1 + N, C)
-    timm_out, timm_grad = input_grad(timm_block, joint, seed=31)
-    mm_out, mm_grad = input_grad(mm_block, joint, seed=31)
-    assert_close(mm_out, timm_out, f'classifier block vs XCiT (N={tokens})')
-    assert_close(mm_grad, timm_grad, f'classifier block input grad vs XCiT (N={tokens})')
-
-
-@pytest.mark.openmmlab  # mmsoft.pretrain: mmpretrain's block
-@pytest.mark.parametrize('tokens', [1, 16, 35])
-def test_class_attention_matches_xcit(tokens):
-    """``forward(cls, patches)`` is XCiT's new class token (input gradients
-    included); ``forward_sequence`` is XCiT's whole output.
+    """The class-attention block (``UFOViT(global_pool='token')`` and the
+    pre-training head) is XCiT's class-attention layer as ``Xcit`` chains it:
+    the whole output, class token and patch tokens, and the input gradients.
 
     The XCiT block (timm, as the official code) is checked against its
     formula too, with ``c1 = cls + g1 * ClassAttn(LN1([cls; p]))``: class
     token ``LN2(c1) + g2 * FFN(LN2(c1))`` (the FFN residual starts from the
     normalised token) and patch tokens ``2 * (p + g1 * LN1([cls; p])[1:])``.
     """
-    timm_block, mm_block = class_attention_pair()
-    cls_token = randn(2, 1, 32, seed=23)
-    patches = randn(2, tokens, 32, seed=24)  # (B, N, C)
-    joint = torch.cat([cls_token, patches], dim=1)  # (B, 1 + N, C)
+    timm_block, mm_block = class_attention_pair(seed=29)
+    joint = randn(2, 1 + tokens, 32, seed=30)  # (B, 1 + N, C)
+    timm_out, timm_grad = input_grad(timm_block, joint, seed=31)
+    mm_out, mm_grad = input_grad(mm_block, joint, seed=31)
+    assert_close(mm_out, timm_out, f'classifier block vs XCiT (N={tokens})')
+    assert_close(mm_grad, timm_grad, f'classifier block input grad vs XCiT (N={tokens})')
+    cls_token, patches = joint[:, :1], joint[:, 1:]
     with torch.no_grad():
-        timm_out = timm_block(joint)  # (B, 1 + N, C)
         t = timm_block
         c1 = cls_token + t.gamma1 * t.attn(t.norm1(joint))  # (B, 1, C)
-        xcit_cls = t.norm2(c1) + t.gamma2 * t.mlp(t.norm2(c1))
-        xcit_patches = 2 * (patches + t.gamma1 * t.norm1(joint)[:, 1:])
-        assert_close(timm_out[:, :1], xcit_cls, f'XCiT CA (N={tokens}) vs formula')
-        assert_close(timm_out[:, 1:], xcit_patches, f'XCiT CA (N={tokens}) patches')
-        if hasattr(mm_block, 'forward_sequence'):
-            assert_close(mm_block.forward_sequence(joint), timm_out,
-                         f'CA forward_sequence vs XCiT (N={tokens})')
-    timm_cls, timm_grad = input_grad(lambda y: timm_block(y)[:, :1], joint, seed=25)
-    mm_cls, mm_grad = input_grad(lambda y: mm_block(y[:, :1], y[:, 1:]), joint, seed=25)
-    assert mm_cls.shape == (2, 1, 32)
-    assert_close(mm_cls, timm_cls, f'CA class token vs XCiT (N={tokens})')
-    assert_close(mm_grad, timm_grad, f'CA input grad vs XCiT (N={tokens})')
+        assert_close(timm_out[:, :1], t.norm2(c1) + t.gamma2 * t.mlp(t.norm2(c1)),
+                     f'XCiT CA (N={tokens}) vs formula')
+        assert_close(timm_out[:, 1:], 2 * (patches + t.gamma1 * t.norm1(joint)[:, 1:]),
+                     f'XCiT CA (N={tokens}) patches')
 
 
-@pytest.mark.openmmlab  # mmsoft.pretrain: mmpretrain's block
 def test_class_attention_is_xcit_not_cait():
     """XCiT's block is not CaiT's (timm ``cait.LayerScaleBlockClassAttn``,
     the same ``ClassAttn``): CaiT adds the FFN to the un-normalised class
     token, ``c1 + g2 * FFN(LN2(c1))``. mmsoft follows XCiT, so with the same
     weights it differs from CaiT's block by ``c1 - LN2(c1)``."""
+    from mmsoft.models.ufo_vit import ClassAttentionBlock
     timm_block = randomise_(cait.LayerScaleBlockClassAttn(
         32, 4, qkv_bias=True, norm_layer=XCIT_NORM), 26)
-    from mmsoft.pretrain import ClassAttentionBlock
     mm_block = ClassAttentionBlock(32, 4).double().eval()
     load_mapped(mm_block, timm_block, class_attention_mapping(
         mm_block, {'gamma1': 'gamma_1', 'gamma2': 'gamma_2'}))
     cls_token, patches = randn(2, 1, 32, seed=27), randn(2, 16, 32, seed=28)
     with torch.no_grad():
         cait_cls = timm_block(patches, cls_token)  # (B, 1, C)
-        mm_cls = mm_block(cls_token, patches)
+        mm_cls = mm_block(torch.cat([cls_token, patches], 1))[:, :1]
         t = timm_block
         c1 = cls_token + t.gamma_1 * t.attn(t.norm1(torch.cat([cls_token, patches], 1)))
         expected_gap = t.norm2(c1) - c1
@@ -735,17 +707,14 @@ def test_class_attention_is_xcit_not_cait():
     assert_close(mm_cls - cait_cls, expected_gap, 'mmsoft CA - CaiT = LN2(c1) - c1')
 
 
-@pytest.mark.openmmlab  # mmsoft.pretrain: mmpretrain's block
 def test_two_class_attention_layers_match_xcit():
     """Two layers chained on the joint sequence, as XCiT's model (and
-    mmsoft's head, through ``forward_sequence``) runs them: the second reads
-    the first one's changed patch tokens."""
+    mmsoft's classifier and head) runs them: the second reads the first
+    one's changed patch tokens."""
     pairs = [class_attention_pair(seed=30), class_attention_pair(seed=40)]
-    if not hasattr(pairs[0][1], 'forward_sequence'):
-        pytest.skip('ClassAttentionBlock has no forward_sequence')
     x = randn(2, 17, 32, seed=29)  # (B, 1 + N, C)
     with torch.no_grad():
         timm_x, mm_x = x, x
         for timm_block, mm_block in pairs:
-            timm_x, mm_x = timm_block(timm_x), mm_block.forward_sequence(mm_x)
-    assert_close(mm_x, timm_x, 'two CA layers (forward_sequence) vs XCiT')
+            timm_x, mm_x = timm_block(timm_x), mm_block(mm_x)
+    assert_close(mm_x, timm_x, 'two CA layers vs XCiT')

@@ -5,12 +5,15 @@ stem, stochastic depth, and the backbone base class with its input checks
 and timm's model API. The memory-saving twins are in :mod:`.memory_efficient`.
 """
 import importlib
-from contextlib import nullcontext
+import threading
+from contextlib import contextmanager, nullcontext
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
 
 from ..deprecations import rename_deprecated_keys
 from ..utils.validation import (check_choice, check_out_indices, check_positive_int,
@@ -36,21 +39,15 @@ def is_tracing() -> bool:
     return records_forward_only() or is_compiling()
 
 
-def _autocast_query_takes_device() -> bool:
-    try:
-        torch.is_autocast_enabled('cpu')
-    except TypeError:  # torch < 2.4
-        return False
-    return True
-
-
-_AUTOCAST_QUERY_TAKES_DEVICE = _autocast_query_takes_device()
+# torch >= 2.4: the autocast queries take a device type.
+_AUTOCAST_QUERY_TAKES_DEVICE = hasattr(torch, 'get_autocast_dtype')
 
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     """The dtype autocast casts to on ``device_type``; None when it is off."""
     if device_type == 'meta':
         return None
+
     if _AUTOCAST_QUERY_TAKES_DEVICE:
         if not torch.is_autocast_enabled(device_type):
             return None
@@ -99,6 +96,7 @@ def apply_without_autocast(function: type, *args, cast_to: Optional[str] = 'floa
     low = autocast_dtype(device_type)
     if low is None:
         return function.apply(*args)
+
     if cast_to is not None:
         dtype = torch.float32 if cast_to == 'float32' else low
         args = [cast_floating(arg, dtype) for arg in args]
@@ -189,6 +187,7 @@ def check_valid_shapes(valid_shapes: Sequence, batch_shape: Sequence[int]) -> Va
     if len(shapes) != batch:
         raise ValueError(f'valid_shapes={shapes} has {len(shapes)} entries; expected '
                          f'one (h, w) per image of the batch of {batch}.')
+
     for shape in shapes:
         if len(shape) != 2 or not (0 < shape[0] <= height and 0 < shape[1] <= width):
             raise ValueError(f'valid_shapes={shapes} is invalid; expected (h, w) '
@@ -254,6 +253,56 @@ def per_distinct_shape(make: Callable, valid_shapes: ValidShapes) -> dict:
     return made
 
 
+# --- Recomputation
+_STATE = threading.local()
+
+
+def is_recomputing() -> bool:
+    """Whether backward is rerunning a function of :func:`recomputed`."""
+    return getattr(_STATE, 'recomputing', False)
+
+
+@contextmanager
+def _recomputing(rerun: bool):
+    outer = is_recomputing()
+    _STATE.recomputing = outer or rerun
+    try:
+        yield
+    finally:
+        _STATE.recomputing = outer
+
+
+def recomputed(function: Callable, *args):
+    """``function(*args)``, rerun in backward instead of keeping its tensors."""
+    calls = []
+
+    def run(*inputs):
+        with _recomputing(bool(calls)):
+            calls.append(None)
+            return function(*inputs)
+
+    return checkpoint(run, *args, use_reentrant=False)
+
+
+def batch_norm_once(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``, whose running statistics update once per step: rerun by
+    :func:`recomputed`, a BatchNorm moves them by nothing (momentum 0), and
+    another norm (a SyncBatchNorm) runs on copies of them."""
+    if not (norm.training and is_recomputing()):
+        return norm(x)
+    if recomputes_locally(norm) and norm.track_running_stats:
+        return F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight,
+                            norm.bias, training=True, momentum=0., eps=norm.eps)
+    buffers = {name: buffer.clone() for name, buffer in norm.named_buffers()}
+    return functional_call(norm, buffers, (x, ))
+
+
+def recomputes_locally(norm: nn.Module) -> bool:
+    """Whether ``norm`` is a plain BatchNorm2d (a SyncBatchNorm is not rerun)."""
+    return type(norm) is nn.BatchNorm2d
+
+
+
 # --- Tokens and heads
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """(B, N, h * d) -> (B, h, N, d)."""
@@ -281,11 +330,8 @@ def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
 
 # --- Layers
 class MLP(nn.Module):
-    """``fc2(act(fc1(x)))``, with dropout after ``act`` and ``fc2``.
-
-    ``keep_hidden`` tells the memory-saving twin whether to keep ``fc1``'s
-    output for backward (else it is recomputed).
-    """
+    """``fc2(act(fc1(x)))`` with dropout; its twin keeps ``fc1``'s output for
+    backward where ``keep_hidden``."""
 
     def __init__(self, in_dims: int, hidden_dims: int, act_layer: type = GELU,
                  drop: float = 0., keep_hidden: bool = True):
@@ -312,6 +358,7 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.drop_prob == 0.:
             return x
+
         keep = 1 - self.drop_prob
         mask = x.new_empty((x.shape[0], ) + (1, ) * (x.dim() - 1)).bernoulli_(keep)
         return x * mask / keep
@@ -347,16 +394,10 @@ def conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
 
 
 class ConvPatchEmbed(nn.Module):
-    """Image to tokens through ``Conv3x3(stride) -> BatchNorm2d -> act`` layers.
-
-    A stride-2 layer maps a side L to ceil(L / 2); the layers are ``proj``.
-
-    Args:
-        channels (Sequence[int]): Input channels, then each layer's outputs.
-        strides (Sequence[int]): Each layer's stride.
-        act_layer (type): Activation class. Default: ``nn.ReLU``.
-        last_act (bool): Whether the last layer has an activation. Default: True.
-    """
+    """Image to tokens through ``Conv3x3(stride) -> BatchNorm2d -> act`` layers
+    (``proj``), the last without ``act`` unless ``last_act``: ``channels`` are
+    the input's and each layer's outputs. A stride-2 layer maps a side L to
+    ceil(L / 2)."""
 
     memory_efficient = True
 
@@ -372,6 +413,7 @@ class ConvPatchEmbed(nn.Module):
                        nn.BatchNorm2d(channels[i + 1])]
             if last_act or i < len(strides) - 1:
                 layers.append(act_layer())
+
         self.proj = nn.Sequential(*layers)
         self.strides = tuple(strides)
 
@@ -385,10 +427,10 @@ class ConvPatchEmbed(nn.Module):
         ``valid_shapes``."""
         # Channels-last: the convolutions run faster, and the tokens are a view.
         x = x.contiguous(memory_format=torch.channels_last)
+        stack = conv_stack  # its twin: memory_efficient.fused_conv_stack
         if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
-            x = memory_efficient.fused_conv_stack(self.proj, x, valid_shapes)
-        else:
-            x = conv_stack(self.proj, x, valid_shapes)  # (B, C_out, H', W')
+            stack = self.twin
+        x = stack(self.proj, x, valid_shapes)  # (B, C_out, H', W')
 
         # The gradient laid out as the map: CPU batch-norm backward gets a
         # gradient in another layout than its input wrong.
@@ -406,6 +448,7 @@ def check_image_batch(x: torch.Tensor, in_channels: int, min_size: int) -> None:
         raise ValueError(f'input has {x.shape[1]} channels but the backbone was '
                          f'built with in_channels={in_channels}; got shape '
                          f'{tuple(x.shape)}.')
+
     height, width = x.shape[-2:]
     if height < min_size or width < min_size:
         raise ValueError(f'input of size {height}x{width} is too small; both '
@@ -421,11 +464,13 @@ def take_indices(indices: Optional[Union[int, Sequence[int]]],
     """
     if indices is None:
         return list(range(num_outputs))
+
     if isinstance(indices, int):
         if not 0 < indices <= num_outputs:
             raise ValueError(f'indices={indices} is invalid; expected 1 to '
                              f'{num_outputs} (the last n outputs).')
         return list(range(num_outputs - indices, num_outputs))
+
     for index in indices:
         if not -num_outputs <= index < num_outputs:
             raise ValueError(f'indices={list(indices)} is invalid; expected entries '
@@ -446,11 +491,8 @@ def set_memory_efficient(model: nn.Module, enabled: bool) -> nn.Module:
 
 class DenseBackbone(nn.Module):
     """The base of SOFT and UFO-ViT: input checks, memory path, timm's model API.
-
-    Subclasses set ``feature_info``, ``num_features`` and ``family`` (the key
-    of their earlier state-dict layouts in ``mmsoft.deprecations``) and implement
-    ``forward_intermediates``, ``forward_features`` and ``forward_head``.
-    """
+    Subclasses set ``feature_info``, ``num_features`` and ``family`` (their
+    earlier state-dict keys' table in ``mmsoft.deprecations``)."""
 
     family = ''
 
@@ -462,6 +504,7 @@ class DenseBackbone(nn.Module):
         check_rate('drop_rate', drop_rate)
         check_rate('drop_path_rate', drop_path_rate)
         check_choice('global_pool', global_pool, ('token', ''))
+
         self.out_indices = check_out_indices(out_indices, 4)
         self.in_channels = in_channels
         self.num_classes = num_classes
@@ -492,6 +535,7 @@ class DenseBackbone(nn.Module):
             raise ValueError(f'recompute_mlp={recompute_mlp!r} needs '
                              f'memory_efficient=True (plain autograd keeps every '
                              f'hidden layer); got memory_efficient={memory_efficient!r}.')
+
         set_memory_efficient(self, memory_efficient)
         for module in self.modules():
             if isinstance(module, MLP):
@@ -522,7 +566,9 @@ class DenseBackbone(nn.Module):
         check_image_batch(x, self.in_channels, self.min_input_size)
         if valid_shapes is None:
             return None
+
         shapes = check_valid_shapes(valid_shapes, x.shape)
+
         if all(shape == tuple(x.shape[-2:]) for shape in shapes):
             return None
         return shapes
@@ -559,7 +605,3 @@ class DenseBackbone(nn.Module):
         raise RuntimeError(f'{type(self).__name__} cannot be scripted with '
                            f'torch.jit.script; export it with torch.export (or ONNX), '
                            f'or compile it with torch.compile.')
-
-
-# The memory-saving twins build on this module's functions.
-from . import memory_efficient  # noqa: E402

@@ -1,83 +1,25 @@
 """The memory-saving path: a twin of each block, and the autograd functions it runs.
 
 A block whose ``memory_efficient`` flag is on hands itself to its twin here
-when a gradient is recorded. The twin computes the block's function with
-autograd functions that keep less for backward and recompute the rest:
-
-- the MLP keeps its input (and, unless ``recompute_mlp``, ``fc1``'s output),
-  not the activation (:func:`recomputed_mlp`); after a LayerNorm it keeps only
-  the normalised input (:func:`layer_norm_mlp`);
-- a LayerNorm before a Linear keeps only its normalised input, the affine
-  folded into the Linear (:func:`normalize`, :func:`fold_layer_norm`);
-- the stem's ``BatchNorm -> act -> conv`` keeps only its input (:class:`NormActConv`);
-- SOFT's kernel products keep no N x m kernel (:class:`ChunkedKernelProduct`)
-  and its Newton iteration only P (:class:`NewtonIterations`);
-- UFO-ViT's attention and local patch interaction are recomputed (:func:`recomputed`).
-
-Each backward states its gradient; ``tests/test_memory_efficient_*.py`` hold
-them equal to plain autograd. What each saves: docs/cost.md.
+when a gradient is recorded; the twin keeps less for backward and recomputes
+the rest: a LayerNorm keeps only x^ (its MLP not its activation), the stem
+only its BatchNorms' inputs, SOFT's kernel products no N x m kernel and its
+Newton iteration only P; UFO-ViT's attention and local patch interaction are
+recomputed. What each saves: docs/cost.md.
 """
-import threading
-from contextlib import contextmanager
 from functools import partial
-from itertools import islice
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call
-from torch.utils.checkpoint import checkpoint
 
 from . import soft, ufo_vit
-from .common import (Regions, ValidShapes, apply_without_autocast, autocast_dtype,
-                     autocast_off, backward_without_autocast, cast_floating,
-                     full_precision, mask_map, merge_heads, split_heads,
-                     strided_shapes, valid_mask)
-
-
-# --- Recomputation
-_STATE = threading.local()
-
-
-def is_recomputing() -> bool:
-    """Whether backward is rerunning a function of :func:`recomputed`."""
-    return getattr(_STATE, 'recomputing', False)
-
-
-@contextmanager
-def _recomputing(rerun: bool):
-    outer = is_recomputing()
-    _STATE.recomputing = outer or rerun
-    try:
-        yield
-    finally:
-        _STATE.recomputing = outer
-
-
-def recomputed(function: Callable, *args):
-    """``function(*args)``, rerun in backward instead of keeping its tensors."""
-    calls = []
-
-    def run(*inputs):
-        with _recomputing(bool(calls)):
-            calls.append(None)
-            return function(*inputs)
-
-    return checkpoint(run, *args, use_reentrant=False)
-
-
-def batch_norm_once(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)``, whose running statistics update once per step: rerun by
-    :func:`recomputed`, a BatchNorm moves them by nothing (momentum 0), and
-    another norm (a SyncBatchNorm) runs on copies of them."""
-    if not (norm.training and is_recomputing()):
-        return norm(x)
-    if recomputes_locally(norm) and norm.track_running_stats:
-        return F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight,
-                            norm.bias, training=True, momentum=0., eps=norm.eps)
-    buffers = {name: buffer.clone() for name, buffer in norm.named_buffers()}
-    return functional_call(norm, buffers, (x, ))
+from .common import (ConvPatchEmbed, Regions, ValidShapes, apply_without_autocast,
+                     autocast_dtype, autocast_off, backward_without_autocast,
+                     batch_norm_once, cast_floating, full_precision, mask_map,
+                     merge_heads, recomputed, recomputes_locally, strided_shapes,
+                     valid_mask)
 
 
 def scaled_weight_and_bias(layer: nn.Module, scale: Optional[torch.Tensor]):
@@ -113,39 +55,6 @@ def _mlp_backward(act: nn.Module, x, pre, weight1, bias1, weight2, grad_out,
     return grad_pre @ weight1, grad_weight1, grad_bias1, grad_weight2, grad_bias2
 
 
-class RecomputedMLP(torch.autograd.Function):
-    """The MLP keeping its input and (``keep_hidden``) ``fc1``'s output.
-
-    Backward, with ``h = fc1(x)``, ``g = act(h)`` recomputed and G:
-    ``dW2 = G^T g``, ``dh = act'(h) o (G W2)``, ``dW1 = dh^T x``, ``dx = dh W1``.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight1, bias1, weight2, bias2, act, keep_hidden):
-        pre = F.linear(x, weight1, bias1)  # (..., hidden)
-        ctx.save_for_backward(x, pre if keep_hidden else None, weight1, bias1, weight2)
-        ctx.act = act
-        return F.linear(act(pre), weight2, bias2)
-
-    @staticmethod
-    @backward_without_autocast
-    def backward(ctx, grad_out):
-        x, pre, weight1, bias1, weight2 = ctx.saved_tensors
-        grads = _mlp_backward(ctx.act, x, pre, weight1, bias1, weight2, grad_out,
-                              ctx.needs_input_grad[4])
-        return (*grads, None, None)
-
-
-def recomputed_mlp(x: torch.Tensor, mlp: nn.Module,
-                   layer_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``layer_scale * mlp(x)`` (..., C), keeping no activation output; in
-    autocast's dtype under autocast."""
-    weight2, bias2 = scaled_weight_and_bias(mlp.fc2, layer_scale)
-    return apply_without_autocast(RecomputedMLP, x, mlp.fc1.weight, mlp.fc1.bias,
-                                  weight2, bias2, mlp.act, mlp.keep_hidden,
-                                  cast_to='autocast')
-
-
 def layer_norm_backward(grad: torch.Tensor, normalized: torch.Tensor, rstd: torch.Tensor,
                         weight: Optional[torch.Tensor] = None,
                         bias: Optional[torch.Tensor] = None):
@@ -166,8 +75,10 @@ def layer_norm_backward(grad: torch.Tensor, normalized: torch.Tensor, rstd: torc
 class LayerNormMLP(torch.autograd.Function):
     """``y = norm(x)`` and ``mlp(y)``, keeping x^ = (x - mean) / sigma and 1/sigma.
 
-    Backward: ``y = gamma x^ + beta`` is recomputed; the MLP's gradients as
-    :class:`RecomputedMLP`'s add to ``dy``; then :func:`layer_norm_backward`.
+    Backward, with ``h = fc1(y)`` (kept, or recomputed unless ``keep_hidden``)
+    and ``g = act(h)`` recomputed: ``dW2 = G^T g``, ``dh = act'(h) o (G W2)``,
+    ``dW1 = dh^T y``, ``dy = dh W1``; then :func:`layer_norm_backward` with
+    ``y = gamma x^ + beta`` recomputed.
     """
 
     @staticmethod
@@ -266,11 +177,6 @@ def fold_layer_norm(layer: nn.Linear, norm: nn.LayerNorm):
 CONVOLUTIONS = (nn.Conv2d, nn.ConvTranspose2d)
 
 
-def recomputes_locally(norm: nn.Module) -> bool:
-    """Whether ``norm`` is a plain BatchNorm2d (a SyncBatchNorm is not rerun)."""
-    return type(norm) is nn.BatchNorm2d
-
-
 def batch_norm_like_forward(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)`` with the statistics its forward uses, updating none."""
     batch_stats = norm.training or not norm.track_running_stats
@@ -328,6 +234,7 @@ class NormActConv(torch.autograd.Function):
             x = convolution(first, inputs, first_weight, first_bias)
         # The running statistics update once, here.
         hidden = _activated(norm, act, norm_input(norm, x), mask).to(out_dtype)
+
         ctx.save_for_backward(inputs, mask, conv_weight, first_weight, first_bias)
         ctx.layers = layers
         ctx.out_dtype = out_dtype
@@ -373,6 +280,7 @@ def norm_act_conv(x: torch.Tensor, norm: nn.BatchNorm2d, act: nn.Module,
     low = autocast_dtype(x.device.type)
     float_input = x.dtype in (torch.float16, torch.bfloat16, torch.float32)
     out_dtype = low if low is not None and float_input else x.dtype
+
     conv_weight = None if conv is None else cast_floating(conv.weight, out_dtype)
     conv_bias = None if conv is None else cast_floating(conv.bias, out_dtype)
     first_args = ()
@@ -386,10 +294,13 @@ def norm_act_conv(x: torch.Tensor, norm: nn.BatchNorm2d, act: nn.Module,
 
 
 def fusable(layers: Sequence[nn.Module], index: int) -> bool:
-    """Whether ``layers[index:]`` starts with a BatchNorm2d and a parameter-free act."""
+    """Whether ``layers[index:]`` starts with a BatchNorm2d and a parameter-free
+    act, then a zero-padded convolution or none."""
+    following = _following_conv(layers, index)
     return (index + 1 < len(layers) and recomputes_locally(layers[index])
             and not isinstance(layers[index + 1], (nn.BatchNorm2d, *CONVOLUTIONS))
-            and not any(True for _ in layers[index + 1].parameters()))
+            and not any(True for _ in layers[index + 1].parameters())
+            and getattr(following, 'padding_mode', 'zeros') == 'zeros')
 
 
 def _following_conv(layers: Sequence[nn.Module], index: int) -> Optional[nn.Module]:
@@ -398,16 +309,12 @@ def _following_conv(layers: Sequence[nn.Module], index: int) -> Optional[nn.Modu
     return following if isinstance(following, CONVOLUTIONS) else None
 
 
-def _zero_padded(conv: Optional[nn.Module]) -> bool:
-    return conv is None or getattr(conv, 'padding_mode', 'zeros') == 'zeros'
-
-
 def recomputes_first_conv(layers: Sequence[nn.Module]) -> bool:
     """Whether :func:`fused_conv_stack` recomputes ``layers[0]``: a convolution
     reading an image (at most 4 channels), then a fusable BatchNorm and act."""
     first = layers[0]
     return (isinstance(first, nn.Conv2d) and first.in_channels <= 4
-            and fusable(layers, 1) and _zero_padded(_following_conv(layers, 1)))
+            and fusable(layers, 1))
 
 
 def conv_output_shape(conv: nn.Conv2d, x: torch.Tensor) -> Tuple[int, int]:
@@ -429,10 +336,11 @@ def fused_conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
         if valid_shapes is not None:
             valid_shapes = strided_shapes(valid_shapes, first.stride[:1])
         index = 1
+
     while index < len(layers):
         layer = layers[index]
         following = _following_conv(layers, index)
-        if fusable(layers, index) and _zero_padded(following):
+        if fusable(layers, index):
             mask = None
             if following is not None and valid_shapes is not None:
                 shape = x.shape[-2:] if first is None else conv_output_shape(first, x)
@@ -480,13 +388,11 @@ def kernel_apply(left, right, factor, chunk: int) -> torch.Tensor:
 class ChunkedKernelProduct(torch.autograd.Function):
     """``K1 . (middle . (K1^T V))``, ``K1 = k(Q, L)`` recomputed in chunks.
 
-    Backward, with ``S = K1^T V``, ``R = middle S``, ``out = K1 R``, G,
-    ``K1 = exp(E)``, ``E = A B^T``, ``A = [Q, -|Q|^2 / 2, 1]``,
-    ``B = [L, 1, -|L|^2 / 2]`` (``Q = s Q0``): ``dR = K1^T G``,
-    ``d middle = dR S^T``, ``dS = middle^T dR``, ``dV = K1 dS``,
-    ``dE = (G R^T + V dS^T) o K1``, ``dA = dE B``, ``dB = dE^T A``;
-    ``dQ0 = s (dA_Q - dA_|Q| Q)``, ``dL = dB_L - dB_|L| L``.
-    """
+    Backward, with ``S = K1^T V``, ``R = middle S``, G, ``K1 = exp(E)``,
+    ``E = A B^T``, ``A = [Q, -|Q|^2 / 2, 1]``, ``B = [L, 1, -|L|^2 / 2]``:
+    ``dR = K1^T G``, ``d middle = dR S^T``, ``dS = middle^T dR``, ``dV = K1 dS``,
+    ``dE = (G R^T + V dS^T) o K1``, ``dA = dE B``, ``dB = dE^T A``; ``dQ0 = s
+    (dA_Q - dA_|Q| Q)``, ``dL = dB_L - dB_|L| L``."""
 
     @staticmethod
     def forward(ctx, queries, bottleneck, middle, values, chunk, query_scale):
@@ -500,6 +406,7 @@ class ChunkedKernelProduct(torch.autograd.Function):
             summary = kernel_summary(left, right, values, chunk)
             factor = middle @ summary
             out = kernel_apply(left, right, factor, chunk)
+
         ctx.save_for_backward(queries, bottleneck, middle, values, summary, factor)
         ctx.chunk = chunk
         ctx.query_scale = query_scale
@@ -619,6 +526,7 @@ def _lpi_mix(lpi: nn.Module, normalized: torch.Tensor, padding, norm_weight, nor
     grid = torch.addcmul(norm_bias[:, None, None], normalized, norm_weight[:, None, None])
     if padding is not None:
         grid = grid.masked_fill(padding, 0.)
+
     hidden = lpi.act(lpi.conv1(grid))
     hidden = batch_norm_once(lpi.bn, hidden)
     if padding is not None:
@@ -629,13 +537,10 @@ def _lpi_mix(lpi: nn.Module, normalized: torch.Tensor, padding, norm_weight, nor
 
 def ufo_block(block: nn.Module, x: torch.Tensor, hw_shape,
               regions: Optional[Regions] = None) -> torch.Tensor:
-    """:class:`~.ufo_vit.UFOBlock`'s function, keeping less for backward.
-
-    Each LayerNorm keeps only x^ (:func:`normalize`): the attention's folds
-    into the QKV projection, the local patch interaction's into its
-    recomputed convolutions; the attention is recomputed; the layer scales
-    fold into the output projections.
-    """
+    """:class:`~.ufo_vit.UFOBlock`'s function, keeping less for backward: each
+    LayerNorm keeps x^ only, folded into the QKV projection or the recomputed
+    local patch interaction; the attention is recomputed; the layer scales fold
+    into the output projections."""
     attn, lpi = block.attn, block.lpi
     padding = None if regions is None else regions.padding  # (B, 1, H, W)
 
@@ -658,3 +563,10 @@ def ufo_block(block: nn.Module, x: torch.Tensor, hw_shape,
         x = x + block.drop_path(block.gamma2 * lpi(block.norm2(x), hw_shape, padding))
 
     return x + block.drop_path(layer_norm_mlp(x, block.norm3, block.mlp, block.gamma3)[1])
+
+
+# Each block runs its twin through its ``twin`` attribute.
+ConvPatchEmbed.twin = staticmethod(fused_conv_stack)
+soft.SoftBlock.twin = staticmethod(soft_block)
+soft.SoftmaxBlock.twin = staticmethod(softmax_block)
+ufo_vit.UFOBlock.twin = staticmethod(ufo_block)

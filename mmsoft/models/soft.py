@@ -1,15 +1,14 @@
 """SOFT / SOFT++: softmax-free transformers with linear complexity.
 
-Lu et al., *SOFT: Softmax-free Transformer with Linear Complexity* (NeurIPS
-2021) and *Softmax-free Linear Transformers* (IJCV 2024). Attention is a
-Gaussian kernel with shared queries and keys, made linear in the token count
-by a low-rank approximation through bottleneck tokens L:
-``K1 . middle . (K1^T V)`` with ``K1 = k(Q, L)`` and ``middle`` the inverse
-of ``A = k(L, L)``: ``(A + 0.01 I)^-1`` (SOFT) or ``D^-1/2 pinv(A) D^-1/2``,
-``D = diag(A 1)`` (SOFT++). The inverse is computed as the papers do, by
-Newton's iteration, or in closed form, or exactly (docs/soft_design.md).
+Lu et al., NeurIPS 2021 and IJCV 2024. Attention is a Gaussian kernel with
+shared queries and keys, low-rank through bottleneck tokens L:
+``K1 . middle . (K1^T V)``, ``K1 = k(Q, L)``, ``middle`` the inverse of
+``A = k(L, L)``: ``(A + 0.01 I)^-1`` (SOFT) or ``D^-1/2 pinv(A) D^-1/2``,
+``D = diag(A 1)`` (SOFT++), by Newton's iteration as the papers, in closed
+form or exactly (docs/soft_design.md).
 """
 import math
+from functools import partial
 from itertools import islice
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -21,8 +20,7 @@ from ..checkpoint.soft_official import soft_official_to_mmsoft
 from ..deployment.traceable import traceable_cap_bottleneck_grid
 from ..utils.validation import (check_choice, check_divisible, check_lengths,
                                 check_positive_int, resolve_arch)
-from . import memory_efficient
-from .common import (MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidShapes,
+from .common import (MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidShapes, recomputed,
                      autocast_off, backward_without_autocast, contiguous_gradient,
                      full_precision, gelu, init_transformer_weights, is_compiling,
                      is_tracing, merge_heads, pad_to_grid, per_distinct_shape,
@@ -135,13 +133,6 @@ def matmul_add(tensor: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
 
 
 # --- The kernel inverse
-def check_kernel_inverse_options(variant: str, solver: str) -> str:
-    """Raises ``ValueError`` for an unknown ``variant`` or ``solver``; returns the solver."""
-    check_choice('variant', variant, VARIANTS)
-    check_choice('solver', solver, SOLVERS)
-    return solver
-
-
 def solver_that_runs(solver: str, device_type: str) -> str:
     """The solver run for ``solver`` on ``device_type``: the closed form iterates
     off the CPU, where ``eigh`` would wait for the host."""
@@ -170,37 +161,28 @@ def newton_operand(mat: torch.Tensor, variant: str) -> torch.Tensor:
     return mat
 
 
-def _per_image_max(values: torch.Tensor) -> torch.Tensor:
-    """The max over all but the first dim: (B, ...) -> (B, 1, ..., 1)."""
-    if values.dim() <= 1:
-        return values.amax().reshape(*([1] * (values.dim() + 1)))
-    return values.flatten(1).amax(1).reshape(-1, *([1] * values.dim()))
-
-
 def newton_scale(mat: torch.Tensor, variant: str,
                  max_halvings: int = 10) -> torch.Tensor:
-    """The step ``alpha`` of ``V_0 = alpha P``.
-
-    SOFT: ``0.9 * 2 / (max row sum of A)^2`` per matrix. SOFT++: ``2 / (max row
-    sum)^2`` per image, halved while ``max colsum |I - alpha A^2| > 1.01``, at
-    most ``max_halvings`` times. A's entries are non-negative, so column j's
-    sum is ``|1 - alpha S_jj| + alpha (c_j - S_jj)`` with ``c = A (A 1)`` and
-    ``S_jj = sum_k A_jk^2``: no m x m product. Every halving is tested at once;
-    the loop halves as often as the leading candidates fail.
-    """
+    """The step ``alpha`` of ``V_0 = alpha P``: SOFT's ``0.9 * 2 / (max row sum
+    of A)^2`` per matrix; SOFT++'s ``2 / (max row sum)^2`` per image, halved
+    while ``max colsum |I - alpha A^2| > 1.01`` (at most ``max_halvings``
+    times). As A >= 0, column j's sum is ``|1 - alpha S_jj| + alpha (c_j -
+    S_jj)``, ``c = A (A 1)``, ``S_jj = sum_k A_jk^2``; all halvings are tested
+    at once, and as many apply as lead the failures."""
     row_sums = mat.sum(-1)  # A 1: (B, ..., m)
     if variant == 'soft':
         return (0.9 * 2 / row_sums.amax(-1).pow(2))[..., None, None]
 
     column_sums = (mat @ row_sums.unsqueeze(-1)).squeeze(-1)  # c: (B, ..., m)
     diagonal = mat.pow(2).sum(-1)  # S_jj: (B, ..., m)
-    alpha = 2 / _per_image_max(row_sums).pow(2)  # (B, 1, ..., 1)
+    peak = row_sums.flatten(1).amax(1) if mat.dim() > 2 else row_sums.amax().reshape(1)
+    alpha = (2 / peak.pow(2)).reshape(-1, *(1, ) * (mat.dim() - 1))  # (B, 1, ..., 1)
+    images = alpha.shape[0]
 
     halvings = torch.arange(max_halvings, device=mat.device, dtype=mat.dtype)
     shape = (max_halvings, ) + (1, ) * diagonal.dim()
     step = alpha.squeeze(-1) * torch.pow(0.5, halvings).view(shape)  # (k, B, 1, ...)
     residual = (1 - step * diagonal).abs() + step * (column_sums - diagonal)
-    images = alpha.shape[0] if mat.dim() > 2 else 1
     too_large = residual.reshape(max_halvings, images, -1).amax(-1) > 1.01  # (k, B)
     failures = too_large.to(mat.dtype).cumsum(0)  # (k, B)
     count = (failures > halvings.view(-1, 1)).sum(0)  # the leading ones: (B, )
@@ -241,9 +223,11 @@ def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
     """
     matrices, alpha = as_matrix_batch(operand, alpha)  # (n, m, m), (n, 1, 1)
     steps = list(islice(newton_iterates(matrices, alpha, num_iters), num_iters))
+
     grad = grad_output.reshape(matrices.shape)  # G_k
     grad_operand = torch.zeros_like(matrices)
     operand_t = matrices.transpose(-1, -2)
+
     for inverse, product in reversed(steps):
         weighted = float32_matmul(grad, inverse.transpose(-1, -2))  # W
         grad_operand = matmul_add(grad_operand, inverse.transpose(-1, -2), weighted,
@@ -362,29 +346,24 @@ class ExactInverse(torch.autograd.Function):
 
 def kernel_inverse(mat: torch.Tensor, variant: str = 'soft', solver: str = 'newton',
                    num_iters: int = 20, iterate=None) -> torch.Tensor:
-    """Differentiable ``(A + 0.01 I)^-1`` (``'soft'``) or ``pinv(A)`` (``'soft++'``).
+    """Differentiable ``(A + 0.01 I)^-1`` (``'soft'``) or ``pinv(A)`` (``'soft++'``)
+    of symmetric A (B, ..., m, m), B indexing images; float32 for half inputs.
 
-    Args:
-        mat (Tensor): Symmetric A, (B, ..., m, m); B indexes images.
-        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
-        solver (str): One of :data:`SOLVERS`, as :func:`solver_that_runs` runs
-            it on ``mat``'s device. Default: ``'newton'``.
-        num_iters (int): Newton steps. Default: 20.
-        iterate (callable, optional): The Newton iteration; default
-            :func:`newton_iterations` (plain autograd).
-
-    Returns:
-        Tensor: (B, ..., m, m); float32 for half or bfloat16 ``mat``.
-    """
+    ``solver`` runs as :func:`solver_that_runs` says on A's device; ``iterate``
+    is the Newton iteration (default: :func:`newton_iterations`)."""
     solver = solver_that_runs(solver, mat.device.type)
+
     variant = inverse_formula(variant, mat.shape[-1])
     with autocast_off(mat.device.type):
         mat = full_precision(mat)
+
         if solver == 'exact':
             return ExactInverse.apply(mat, variant)
         with torch.no_grad():
             alpha = newton_scale(mat, variant)  # (B, ..., 1, 1)
+
         operand = newton_operand(mat, variant)  # P
+
         if solver == 'newton_closed_form':
             return newton_closed_form(operand, alpha, num_iters)
         return (iterate or newton_iterations)(operand, alpha, num_iters)
@@ -398,6 +377,7 @@ def inverse_and_scaling(kernel_a: torch.Tensor, variant: str, solver: str,
     middle = kernel_inverse(kernel_a, variant, solver, newton_iters, iterate)
     if variant == 'soft++':
         row_sums = kernel_a.sum(-1)  # (B, h, m)
+
         if row_sum_fill is not None:
             row_sums = row_sums + row_sum_fill
         middle = scaled_both_sides(middle, row_sums.rsqrt())
@@ -408,13 +388,11 @@ def middle_matrix(bottleneck: torch.Tensor, variant: str, solver: str,
                   newton_iters: int, iterate=None,
                   token_counts: Optional[List[int]] = None) -> torch.Tensor:
     """``middle`` of L (B, h, m, d): ``(A + 0.01 I)^-1`` (``'soft'``) or
-    ``D^-1/2 pinv(A) D^-1/2`` (``'soft++'``), A = k(L, L): (B, h, m, m).
+    ``D^-1/2 pinv(A) D^-1/2`` (``'soft++'``), A = k(L, L).
 
-    With ``token_counts``, image i's middle is that of its first c_i tokens,
-    zero elsewhere. Where the Newton iteration runs, the images share it: A
-    of each image's tokens, zero outside them, is block-diagonal, and so is
-    every iterate. Elsewhere each image's block is inverted alone.
-    """
+    Image i's middle is that of its first ``token_counts[i]`` tokens, zero
+    elsewhere. Where Newton iterates, the images share it: A, zero outside each
+    image's tokens, is block-diagonal, and so is every iterate."""
     kernel_a = gaussian_kernel(bottleneck, bottleneck, float32_products=True)  # A
     tokens = kernel_a.shape[-1]
     if token_counts is None or all(count == tokens for count in token_counts):
@@ -452,7 +430,9 @@ def capped_grid_size(height: int, width: int,
     ``max_tokens`` cells."""
     if max_tokens is None or height * width <= max_tokens:
         return height, width
+
     scale = math.sqrt(max_tokens / (height * width))
+
     rows = min(height, max(1, math.floor(height * scale)))
     cols = min(width, max(1, math.floor(width * scale)))
     # Only a side clamped up to 1 can push the product over the cap.
@@ -482,23 +462,10 @@ def linear_to_map(x: torch.Tensor, layer: nn.Linear, hw_shape) -> torch.Tensor:
 class SoftAttention(nn.Module):
     """Softmax-free attention: ``proj(K1 . middle . (K1^T V) + DWConv(V))``.
 
-    Queries double as keys, ``Q = d^-1/4 Q0``. The bottleneck tokens L come
-    from a stride-``sr_ratio`` convolution shared by the heads, LayerNorm and
-    GELU, average-pooled to at most ``max_bottleneck_tokens``.
-
-    Args:
-        embed_dims (int): Token width C.
-        num_heads (int): Number of heads.
-        sr_ratio (int): Stride of the bottleneck convolution.
-        local_kernel_size (int): Kernel of the per-head depth-wise convolution on V.
-        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft'``.
-        solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``.
-            Default: ``'newton'``.
-        newton_iters (int): Newton iterations. Default: 20.
-        max_bottleneck_tokens (int, optional): Cap on m; None: no cap. Default: None.
-        kernel_chunk_tokens (int, optional): Rows of K1 the memory-saving path
-            holds at a time; None: all. Default: None.
-    """
+    Queries double as keys, ``Q = d^-1/4 Q0``. The bottleneck tokens L come from
+    a stride-``sr_ratio`` convolution shared by the heads, LayerNorm and GELU,
+    average-pooled to at most ``max_bottleneck_tokens`` (None: no cap).
+    ``kernel_chunk_tokens`` bounds the rows of K1 the memory-saving path holds."""
 
     def __init__(self, embed_dims: int, num_heads: int, sr_ratio: int,
                  local_kernel_size: int, variant: str = 'soft', solver: str = 'newton',
@@ -512,7 +479,9 @@ class SoftAttention(nn.Module):
         self.head_dims = embed_dims // num_heads
         self.scale = self.head_dims**-0.25  # Q = scale * Q0
         self.variant = variant
-        self.solver = check_kernel_inverse_options(variant, solver)
+        check_choice('variant', variant, VARIANTS)
+        check_choice('solver', solver, SOLVERS)
+        self.solver = solver
         self.newton_iters = newton_iters
         self.max_bottleneck_tokens = max_bottleneck_tokens
         self.kernel_chunk_tokens = kernel_chunk_tokens
@@ -530,9 +499,8 @@ class SoftAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, hw_shape,
                 regions: Optional[Regions] = None) -> torch.Tensor:
-        """Tokens (B, N, C) on the (H, W) grid -> (B, N, C); with ``regions``,
-        each image attends within its own region (its outputs outside it are
-        meaningless)."""
+        """Tokens (B, N, C) on the (H, W) grid -> (B, N, C); each image attends
+        within its region (outside it the outputs are meaningless)."""
         query_map, value_map = self.project(x, hw_shape, regions)  # (B, C, H, W)
         bottleneck, counts = self.bottleneck_tokens(query_map, regions)  # L: (B,h,m,d)
         queries, values = self.heads(query_map), self.heads(value_map)  # (B, h, N, d)
@@ -612,30 +580,19 @@ class SoftAttention(nn.Module):
         weight = self.local_conv.weight.repeat_interleave(self.head_dims, dim=0)
         local = F.conv2d(value_map, weight, padding=self.local_conv.padding,
                          groups=weight.shape[0])  # (B, C, H, W)
+
         out = merge_heads(out.to(local.dtype)) + local.flatten(2).transpose(1, 2)
         return self.out_proj(out)  # (B, N, C)
 
 
 # --- Blocks
-class TanhGELU(nn.GELU):
-    """GELU with the tanh approximation."""
-
-    def __init__(self):
-        super().__init__(approximate='tanh')
+#: GELU with the tanh approximation, as SOFT's reference code.
+TanhGELU = partial(nn.GELU, approximate='tanh')
 
 
 class SoftBlock(nn.Module):
-    """Post-norm ``x = LN(x + attn(x)); x = LN(x + MLP(x))`` with SOFT attention.
-
-    Args:
-        embed_dims (int): Token width C.
-        num_heads (int): Number of heads.
-        sr_ratio (int): Stride of the bottleneck convolution.
-        local_kernel_size (int): Kernel of the depth-wise convolution on V.
-        mlp_ratio (float): MLP (tanh GELU) hidden width / C. Default: 4.
-        drop_path (float): Stochastic depth rate. Default: 0.
-        **attn_kwargs: Further :class:`SoftAttention` arguments.
-    """
+    """Post-norm ``x = LN(x + attn(x)); x = LN(x + MLP(x))`` with SOFT attention
+    (``attn_kwargs``: :class:`SoftAttention`'s)."""
 
     memory_efficient = True
 
@@ -654,7 +611,7 @@ class SoftBlock(nn.Module):
                 regions: Optional[Regions] = None) -> torch.Tensor:
         """(B, N, C) on the (H, W) grid -> (B, N, C)."""
         if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
-            return memory_efficient.soft_block(self, x, hw_shape, regions)
+            return self.twin(self, x, hw_shape, regions)  # memory_efficient.soft_block
         x = self.norm1(x + self.drop_path(self.attn(x, hw_shape, regions)))
         return self.norm2(x + self.drop_path(self.mlp(x)))
 
@@ -693,16 +650,7 @@ def grid_key_mask(x: torch.Tensor, regions: Optional[Regions]) -> Optional[torch
 
 
 class SoftmaxBlock(nn.Module):
-    """Pre-norm ``x = x + attn(LN(x)); x = x + MLP(LN(x))`` with softmax attention.
-
-    Args:
-        embed_dims (int): Token width C.
-        num_heads (int): Number of heads.
-        mlp_ratio (float): MLP hidden width / C. Default: 4.
-        drop_path (float): Stochastic depth rate. Default: 0.
-        qkv_bias (bool): Bias of the attention's input projections. Default: True.
-        norm_eps (float): LayerNorm epsilon. Default: 1e-6.
-    """
+    """Pre-norm ``x = x + attn(LN(x)); x = x + MLP(LN(x))`` with softmax attention."""
 
     memory_efficient = True
 
@@ -720,7 +668,7 @@ class SoftmaxBlock(nn.Module):
         """(B, extra + H * W, C) -> the same; grid tokens outside the regions are
         no keys."""
         if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
-            return memory_efficient.softmax_block(self, x, hw_shape, regions)
+            return self.twin(self, x, hw_shape, regions)  # memory_efficient.softmax_block
         x = x + self.drop_path(self.attn(self.norm1(x), grid_key_mask(x, regions)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
@@ -755,17 +703,9 @@ def resize_pos_embed_to_regions(pos_embed: torch.Tensor, src_shape: Tuple[int, i
 
 # --- Stage
 class SoftStage(nn.Module):
-    """One stage: patch embedding, position embeddings and blocks, and in the
-    last stage the class token and the final LayerNorm.
-
-    Args:
-        patch_embed (ConvPatchEmbed): Input map (or image) to tokens.
-        blocks (Sequence[nn.Module]): The stage's blocks.
-        embed_dims (int): Token width C.
-        pos_grid (tuple[int, int]): Grid of the learned position embeddings.
-        class_token (bool): Prepend a class token, end with a LayerNorm. Default: False.
-        drop_rate (float): Dropout after the position embeddings. Default: 0.
-    """
+    """One stage: patch embedding, position embeddings learned on ``pos_grid``
+    and resized to each grid, blocks, and with ``class_token`` (the last
+    stage) a class token and a final LayerNorm."""
 
     def __init__(self, patch_embed: ConvPatchEmbed, blocks: Sequence[nn.Module],
                  embed_dims: int, pos_grid: Tuple[int, int], class_token: bool = False,
@@ -779,6 +719,7 @@ class SoftStage(nn.Module):
         if class_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.pos_drop = nn.Dropout(drop_rate)
+
         self.blocks = nn.ModuleList(blocks)
         self.norm = nn.LayerNorm(embed_dims, eps=1e-6) if class_token else nn.Identity()
         self.grad_checkpointing = False
@@ -800,7 +741,7 @@ class SoftStage(nn.Module):
 
         for block in self.blocks:
             if self.grad_checkpointing and self.training and tokens.requires_grad:
-                tokens = memory_efficient.recomputed(block, tokens, hw_shape, regions)
+                tokens = recomputed(block, tokens, hw_shape, regions)
             else:
                 tokens = block(tokens, hw_shape, regions)
         return self.norm(tokens), hw_shape, regions
@@ -819,6 +760,7 @@ class SoftStage(nn.Module):
             grid = resize_pos_embed(grid_embed, self.pos_grid, hw_shape)
         if not self.extra_tokens:
             return grid
+
         extra_embed = self.pos_embed[:, :self.extra_tokens].expand(grid.shape[0], -1, -1)
         return torch.cat((extra_embed, grid), dim=1)
 
@@ -853,24 +795,16 @@ class SOFT(DenseBackbone):
 
     Args:
         arch (str | dict): ``'tiny'`` to ``'huge'``, or a dict of ``embed_dims``,
-            ``num_heads``, ``depths`` (and ``ARCH_DEFAULTS`` keys). Default: ``'tiny'``.
-        variant (str): ``'soft'`` or ``'soft++'``. Default: ``'soft++'``.
+            ``num_heads``, ``depths`` (and ``ARCH_DEFAULTS``' keys).
+        variant (str): ``'soft'`` or ``'soft++'``.
         solver (str): ``'newton'``, ``'newton_closed_form'`` or ``'exact'``.
-            Default: ``'newton'``.
-        newton_iters (int): Newton iterations. Default: 20.
-        max_bottleneck_tokens (int, optional): Bottleneck cap; None: none. Default: 256.
+        max_bottleneck_tokens (int, optional): The bottleneck cap; None: none.
         kernel_chunk_tokens (int, optional): Rows of K1 the memory-saving path
-            holds at a time; None: all. Default: 16384.
-        in_channels (int): Image channels. Default: 3.
-        pretrain_img_size (int): The position embeddings' image size. Default: 224.
-        out_indices (Sequence[int]): Stages (0-3) of the feature maps. Default: all.
-        drop_rate (float): Dropout after the position embeddings. Default: 0.
-        drop_path_rate (float): Stochastic depth, linear over the blocks. Default: 0.1.
-        memory_efficient (bool): Train through the memory-saving path. Default: True.
-        recompute_mlp (bool): MLPs recompute their hidden layer. Default: False.
-        num_classes (int): Classifier outputs; 0: no classifier. Default: 0.
-        global_pool (str): ``'token'`` (class token) or ``''``. Default: ``'token'``.
-    """
+            holds at a time; None: all.
+        pretrain_img_size (int): The position embeddings' image size.
+        memory_efficient (bool): Train through the memory-saving twins.
+        recompute_mlp (bool): The MLPs recompute their hidden layer too.
+        global_pool (str): ``'token'`` (the class token) or ``''``."""
 
     family = 'SOFT'
 
@@ -891,11 +825,13 @@ class SOFT(DenseBackbone):
         check_lengths(settings, ('local_kernel_sizes', ), NUM_STAGES - 1)
         check_divisible('embed_dims', settings['embed_dims'], 'num_heads',
                         settings['num_heads'])
-        check_kernel_inverse_options(variant, solver)
+        check_choice('variant', variant, VARIANTS)
+        check_choice('solver', solver, SOLVERS)
         check_positive_int('newton_iters', newton_iters)
         check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens, allow_none=True)
         check_positive_int('kernel_chunk_tokens', kernel_chunk_tokens, allow_none=True)
         check_positive_int('pretrain_img_size', pretrain_img_size)
+
         self.arch_settings = settings
         self.variant = variant
         self.solver = solver
@@ -966,24 +902,13 @@ class SOFT(DenseBackbone):
                               norm: bool = False, stop_early: bool = False,
                               output_fmt: str = 'NCHW', intermediates_only: bool = False,
                               valid_shapes: Optional[Sequence] = None):
-        """timm's feature API: the maps of ``indices`` (strides 4-32), in one pass.
-
-        Args:
-            x (Tensor): Images (B, in_channels, H, W).
-            indices: Stages to return (see ``take_indices``). Default: all.
-            norm (bool): Unused: the last stage's map is normalised, as in forward.
-            stop_early (bool): Stop after the last stage asked for (always with
-                ``intermediates_only``). Default: False.
-            output_fmt (str): ``'NCHW'`` only.
-            intermediates_only (bool): Return the maps alone. Default: False.
-            valid_shapes (Sequence, optional): Each image's (h, w) in a padded
-                batch; the maps are zero outside. Default: None.
-
-        Returns:
-            The maps, or the last stage's tokens (as ``forward_features``) and the maps.
-        """
+        """timm's feature API: the NCHW maps of ``indices`` (strides 4-32) in one
+        pass, zero outside ``valid_shapes`` (each image's (h, w) in a padded
+        batch); with ``intermediates_only`` (or ``stop_early``) it stops after the
+        last stage asked for. Returns the maps, or the last tokens and the maps."""
         valid_shapes, indices = self.intermediates_request(x, indices, output_fmt,
                                                            valid_shapes)
+
         last = max(indices) if stop_early or intermediates_only else NUM_STAGES - 1
         maps = []
         for i, stage in enumerate(self.stages[:last + 1]):

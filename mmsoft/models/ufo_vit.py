@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indices,
                                 check_positive_float, check_positive_int, resolve_arch)
-from . import memory_efficient
 from .common import (GELU, MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidShapes,
+                     batch_norm_once, recomputed,
                      autocast_off, drop_path_or_identity, full_precision,
                      init_transformer_weights, is_tracing, mask_map, merge_heads,
                      pad_to_grid, per_distinct_shape, regions_on_grid, split_heads,
@@ -24,13 +24,8 @@ from .common import (GELU, MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidSha
 
 # --- Position encoding
 class FourierPositionEncoding(nn.Module):
-    """Sinusoids of (y, x) cell coordinates in (0, 2 pi], projected by a 1x1 conv.
-
-    Args:
-        embed_dims (int): Output channels.
-        hidden_dims (int): Features per coordinate. Default: 32.
-        temperature (float): Frequency base. Default: 10000.
-    """
+    """Sinusoids of (y, x) cell coordinates in (0, 2 pi], ``hidden_dims`` per
+    coordinate, projected by a 1x1 convolution to ``embed_dims``."""
 
     def __init__(self, embed_dims: int, hidden_dims: int = 32,
                  temperature: float = 10000.):
@@ -71,13 +66,8 @@ class FourierPositionEncoding(nn.Module):
 
 # --- Local patch interaction
 class LocalPatchInteraction(nn.Module):
-    """``DWConv -> GELU -> BatchNorm -> DWConv`` on the grid of tokens.
-
-    Args:
-        embed_dims (int): Token width C.
-        kernel_size (int): Odd kernel size of both depth-wise convs. Default: 3.
-        act_layer (type): Activation class. Default: GELU.
-    """
+    """``DWConv -> GELU -> BatchNorm -> DWConv`` on the grid of tokens; an odd
+    ``kernel_size`` keeps the grid's size."""
 
     def __init__(self, embed_dims: int, kernel_size: int = 3, act_layer: type = GELU):
         super().__init__()
@@ -87,6 +77,7 @@ class LocalPatchInteraction(nn.Module):
             raise ValueError(f'kernel_size={kernel_size} is invalid; expected an '
                              f'odd integer so that the grid keeps its size.')
         padding = kernel_size // 2
+
         self.conv1 = nn.Conv2d(embed_dims, embed_dims, kernel_size, padding=padding,
                                groups=embed_dims)
         self.act = act_layer()
@@ -108,7 +99,7 @@ class LocalPatchInteraction(nn.Module):
         """``conv2(bn(act(conv1(grid))))`` on (B, C, H, W), conv2's weight given."""
         if padding is not None:
             grid = grid.masked_fill(padding, 0.)
-        hidden = memory_efficient.batch_norm_once(self.bn, self.act(self.conv1(grid)))
+        hidden = batch_norm_once(self.bn, self.act(self.conv1(grid)))
         if padding is not None:
             hidden = hidden.masked_fill(padding, 0.)
         return F.conv2d(hidden, weight2, bias2, padding=self.conv2.padding,
@@ -121,44 +112,27 @@ def ufo_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
                   eps: float = 1e-6) -> torch.Tensor:
     """``XNorm(Q) . XNorm(K^T V)`` per head, ``XNorm(x) = gamma x / |x|_2``.
 
-    Q is normalised per token over its d_k channels, K^T V over its d_k axis,
-    so each of its d_v columns is a unit centroid and the outputs are cosines
-    bounded by ``|gamma_q gamma_kv|``. Evaluated right to left, Q's norms
-    scale the rows of the product: O(N d_k d_v).
-
-    Args:
-        queries (Tensor): Q, (B, h, N, d_k).
-        keys (Tensor): K, (B, h, N, d_k).
-        values (Tensor): V, (B, h, N, d_v).
-        gamma_q (Tensor): XNorm scale of Q per head, (h, ).
-        gamma_kv (Tensor): XNorm scale of K^T V per head, (h, ).
-        eps (float): Lower bound of the norms. Default: 1e-6.
-
-    Returns:
-        Tensor: (B, h, N, d_v), float32 (float64 for float64 input).
-    """
+    Q (B, h, N, d_k) is normalised per token, K^T V (B, h, d_k, d_v) per
+    column, so its columns are unit centroids and the outputs cosines bounded
+    by ``|gamma_q gamma_kv|`` (per head, (h, )). Right to left, Q's norms scale
+    the rows of the product: O(N d_k d_v). Returns (B, h, N, d_v) in float32
+    (float64 for float64 input); ``eps`` bounds the norms from below."""
     with autocast_off(queries.device.type):
         queries = full_precision(queries)
         keys = full_precision(keys).to(queries.dtype)
         values = full_precision(values).to(queries.dtype)
+
         context = keys.transpose(-2, -1) @ values  # K^T V: (B, h, d_k, d_v)
         context_norm = torch.linalg.vector_norm(context, dim=-2, keepdim=True)
         gamma = (gamma_q * gamma_kv).to(queries.dtype).view(-1, 1, 1)
         context = context * (gamma / context_norm.clamp_min(eps))  # (B, h, d_k, d_v)
+
         query_norm = torch.linalg.vector_norm(queries, dim=-1, keepdim=True)
         return (queries @ context) / query_norm.clamp_min(eps)  # (B, h, N, d_v)
 
 
 class UFOAttention(nn.Module):
-    """UFO self-attention: ``proj(XNorm(Q) . XNorm(K^T V))``, linear in N.
-
-    Args:
-        embed_dims (int): Token width C.
-        num_heads (int): Heads; must divide ``embed_dims``. Default: 8.
-        qkv_bias (bool): Bias of the QKV projection. Default: True.
-        proj_drop (float): Dropout after the output projection. Default: 0.
-        eps (float): Lower bound of the XNorm norms. Default: 1e-6.
-    """
+    """UFO self-attention: ``proj(XNorm(Q) . XNorm(K^T V))``, linear in N."""
 
     def __init__(self, embed_dims: int, num_heads: int = 8, qkv_bias: bool = True,
                  proj_drop: float = 0., eps: float = 1e-6):
@@ -169,6 +143,7 @@ class UFOAttention(nn.Module):
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.eps = eps
+
         self.qkv = nn.Linear(embed_dims, 3 * embed_dims, bias=qkv_bias)
         self.gamma_q = nn.Parameter(torch.ones(num_heads))
         self.gamma_kv = nn.Parameter(torch.ones(num_heads))
@@ -193,20 +168,8 @@ class UFOAttention(nn.Module):
 
 # --- Block
 class UFOBlock(nn.Module):
-    """XCiT's block with UFO attention: three pre-norm residual branches with
-    per-channel layer scales g1..3 and stochastic depth.
-
-    Args:
-        embed_dims (int): Token width C.
-        num_heads (int): Attention heads. Default: 8.
-        mlp_ratio (float): MLP hidden width / C. Default: 4.
-        qkv_bias (bool): Bias of the QKV projection. Default: True.
-        drop (float): Dropout in the MLP and after attention. Default: 0.
-        drop_path (float): Stochastic depth rate. Default: 0.
-        layer_scale_init_value (float): Initial g1..3. Default: 1e-5.
-        local_kernel_size (int): The local patch interaction's kernel. Default: 3.
-        norm_eps (float): LayerNorm epsilon. Default: 1e-6.
-    """
+    """XCiT's block with UFO attention: ``x + g1 UFO(LN(x))``, ``x + g2 LPI(LN(x))``,
+    ``x + g3 MLP(LN(x))``, per-channel layer scales g1..3, stochastic depth."""
 
     memory_efficient = True
 
@@ -219,8 +182,10 @@ class UFOBlock(nn.Module):
         self.attn = UFOAttention(embed_dims, num_heads, qkv_bias, proj_drop=drop)
         self.gamma1 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
         self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
+
         self.lpi = LocalPatchInteraction(embed_dims, local_kernel_size)
         self.gamma2 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
+
         self.norm3 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.mlp = MLP(embed_dims, int(embed_dims * mlp_ratio), GELU, drop)
         self.gamma3 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
@@ -230,7 +195,7 @@ class UFOBlock(nn.Module):
                 regions: Optional[Regions] = None) -> torch.Tensor:
         """Tokens (B, N, C) on the (H, W) grid -> (B, N, C)."""
         if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
-            return memory_efficient.ufo_block(self, x, hw_shape, regions)
+            return self.twin(self, x, hw_shape, regions)  # memory_efficient.ufo_block
         padding = None if regions is None else regions.padding
         x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x), padding))
         x = x + self.drop_path(self.gamma2 * self.lpi(self.norm2(x), hw_shape, padding))
@@ -239,15 +204,9 @@ class UFOBlock(nn.Module):
 
 # --- Feature pyramid
 class FeaturePyramidAdapter(nn.Module):
-    """Resamples stride-s maps to strides s/4, s/2, s and 2s, keeping channels.
-
-    Branches: 0 ``ConvT(2, 2) -> BN -> GELU -> ConvT(2, 2)`` (x4), 1 ``ConvT(2, 2)``
-    (x2), 2 the identity, 3 ``MaxPool2d(2, ceil_mode=True)``; those of ``out_indices``.
-
-    Args:
-        embed_dims (int): Channels of the maps.
-        out_indices (Sequence[int]): Scales (0-3) built. Default: (0, 1, 2, 3).
-    """
+    """Resamples stride-s maps to strides s/4, s/2, s and 2s: ``ConvT -> BN ->
+    GELU -> ConvT`` (x4), ``ConvT`` (x2), the identity, ``MaxPool2d(2,
+    ceil_mode=True)``, the branches of ``out_indices``."""
 
     def __init__(self, embed_dims: int, out_indices: Sequence[int] = (0, 1, 2, 3)):
         super().__init__()
@@ -288,6 +247,7 @@ class FeaturePyramidAdapter(nn.Module):
         branch = self.branches[str(scale)]
         if valid_shapes is None:
             return branch(feat)
+
         if scale == 3:  # the max pool must not pick padded cells
             pooled = branch(mask_map(feat, valid_shapes, float('-inf')))
             return mask_map(pooled, strided_shapes(valid_shapes, (2, )))
@@ -300,18 +260,9 @@ class FeaturePyramidAdapter(nn.Module):
 class ClassAttentionBlock(nn.Module):
     """XCiT's class-attention layer: only the class token queries.
 
-    On ``x = [cls; p]`` with ``n = LN1(x)``: ``c = cls + g1 CA(n)``,
-    ``p' = p + g1 n[1:]``, then ``[LN2(c); p'] + [g2 MLP(LN2(c)); p']``: XCiT's
-    layer, patch tokens included, as it chains them.
-
-    Args:
-        embed_dims (int): Token width C.
-        num_heads (int): Attention heads.
-        mlp_ratio (float): MLP hidden width / C. Default: 4.
-        qkv_bias (bool): Biases of q, k, v. Default: True.
-        drop_path (float): Stochastic depth rate. Default: 0.
-        layer_scale_init_value (float): Initial g1, g2. Default: 1e-5.
-    """
+    On ``x = [cls; p]``, ``n = LN1(x)``: ``c = cls + g1 CA(n)``, ``p' = p + g1
+    n[1:]``, then ``[LN2(c); p'] + [g2 MLP(LN2(c)); p']``: XCiT's layer with
+    the patch tokens as it chains them."""
 
     def __init__(self, embed_dims: int, num_heads: int, mlp_ratio: float = 4.,
                  qkv_bias: bool = True, drop_path: float = 0.,
@@ -323,6 +274,7 @@ class ClassAttentionBlock(nn.Module):
         self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.gamma1 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
+
         self.norm2 = nn.LayerNorm(embed_dims, eps=1e-6)
         self.mlp = MLP(embed_dims, int(embed_dims * mlp_ratio))
         self.gamma2 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
@@ -366,19 +318,11 @@ class UFOViT(DenseBackbone):
 
     Args:
         arch (str | dict): A key of ``ARCH_SETTINGS``, or a dict of ``embed_dims``,
-            ``depth``, ``num_heads`` and keys of ``ARCH_DEFAULTS``. Default: ``'small'``.
-        in_channels (int): Image channels. Default: 3.
-        out_indices (Sequence[int]): Outputs (0-3) built. Default: (0, 1, 2, 3).
-        qkv_bias (bool): Bias of the QKV projections. Default: True.
-        drop_rate (float): Dropout rate. Default: 0.
-        drop_path_rate (float): Stochastic depth, rising linearly. Default: 0.1.
-        layer_scale_init_value (float): Initial layer scales. Default: 1e-5.
-        memory_efficient (bool): Train through the memory-saving path. Default: True.
-        recompute_mlp (bool): MLPs recompute their hidden layer. Default: False.
-        multi_scale (bool): Build the feature pyramid. Default: True.
-        num_classes (int): Classifier outputs (0: none). Default: 0.
-        global_pool (str): ``'token'`` (class attention) or ``''``. Default: ``''``.
-    """
+            ``depth``, ``num_heads`` (and ``ARCH_DEFAULTS``' keys).
+        memory_efficient (bool): Train through the memory-saving twins.
+        recompute_mlp (bool): The MLPs recompute their hidden layer too.
+        multi_scale (bool): Build the feature pyramid.
+        global_pool (str): ``'token'`` (class attention) or ``''``."""
 
     family = 'UFOViT'
 
@@ -432,6 +376,7 @@ class UFOViT(DenseBackbone):
         for key in ('embed_dims', 'depth', 'num_heads', 'local_kernel_size',
                     'pos_hidden_dims'):
             check_positive_int(f'arch[{key!r}]', settings[key])
+
         dims = settings['embed_dims']
         if dims % 8 != 0:
             raise ValueError(f"arch['embed_dims']={dims} is invalid; expected a "
@@ -463,7 +408,7 @@ class UFOViT(DenseBackbone):
     def run_block(self, block: nn.Module, x: torch.Tensor, hw_shape, regions):
         """``block``, recomputed in backward with gradient checkpointing."""
         if self.grad_checkpointing and self.training and x.requires_grad:
-            return memory_efficient.recomputed(block, x, hw_shape, regions)
+            return recomputed(block, x, hw_shape, regions)
         return block(x, hw_shape, regions)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -484,12 +429,8 @@ class UFOViT(DenseBackbone):
                               norm: bool = False, stop_early: bool = False,
                               output_fmt: str = 'NCHW', intermediates_only: bool = False,
                               valid_shapes: Optional[Sequence] = None):
-        """timm's feature API: the maps of ``indices`` in one pass; arguments and
-        returns as :meth:`mmsoft.models.soft.SOFT.forward_intermediates`.
-
-        Raises:
-            ValueError: An output without a pyramid branch.
-        """
+        """timm's feature API, as :meth:`mmsoft.models.soft.SOFT.forward_intermediates`;
+        a ``ValueError`` for an output without a pyramid branch."""
         valid_shapes, indices = self.intermediates_request(x, indices, output_fmt,
                                                            valid_shapes)
         missing = [i for i in indices

@@ -23,12 +23,8 @@ _RECORDS: Dict[int, Tuple[weakref.ref, List[Tuple[int, int]]]] = {}
 
 
 def register_valid_shapes(inputs: torch.Tensor, valid_shapes: Sequence) -> None:
-    """Records each image's valid (h, w) for the padded batch ``inputs``.
-
-    Raises:
-        ValueError: A count that does not match the batch, or a region that
-            does not fit the canvas.
-    """
+    """Records each image's valid (h, w) for the padded batch ``inputs``
+    (checked as :func:`~mmsoft.models.common.check_valid_shapes` checks it)."""
     shapes = check_valid_shapes(valid_shapes, inputs.shape)
     key = id(inputs)
     _RECORDS[key] = (weakref.ref(inputs, lambda _: _RECORDS.pop(key, None)), shapes)
@@ -56,18 +52,9 @@ class ValidRegionMixin:
 
 
 class OpenMMLabBackbone:
-    """OpenMMLab's backbone conventions, mixed in before a model class.
-
-    Args:
-        frozen_stages (int): -1 freezes nothing, 0 the stem, k the stem and
-            stages 1..k (parameters and norm layers). Default: -1.
-        norm_eval (bool): Keep BatchNorms in eval mode. Default: False.
-        with_cp (bool): Gradient checkpointing of blocks. Default: False.
-        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...,
-            prefix=None)`` loads a checkpoint strictly in :meth:`init_weights`;
-            otherwise the model's own initialisation. Default: None.
-        **kwargs: The model's arguments.
-    """
+    """mmdet's backbone conventions, mixed in before a model class:
+    ``frozen_stages`` (-1: none, 0: the stem, k: the stem and stages 1..k),
+    ``norm_eval``, ``with_cp`` and ``init_cfg`` (``'Pretrained'`` loads strictly)."""
 
     def __init__(self, *args, frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, init_cfg: Optional[dict] = None, **kwargs):
@@ -97,14 +84,8 @@ class OpenMMLabBackbone:
 
     def forward(self, x: torch.Tensor, valid_shapes: Optional[Sequence] = None
                 ) -> Tuple[torch.Tensor, ...]:
-        """The maps of ``out_indices``.
-
-        Args:
-            x (Tensor): Images, shape (B, in_channels, H, W).
-            valid_shapes (Sequence[tuple[int, int]], optional): Each image's
-                valid (h, w); None: those a valid-region data preprocessor
-                recorded for ``x``, else every pixel. Default: None.
-        """
+        """The maps of ``out_indices``; ``valid_shapes`` default to those a
+        valid-region data preprocessor recorded for ``x``."""
         if valid_shapes is None:
             valid_shapes = registered_valid_shapes(x)
         return tuple(self.forward_intermediates(x, self.out_indices,
@@ -134,13 +115,8 @@ class OpenMMLabBackbone:
 
 
 class SOFT(OpenMMLabBackbone, soft.SOFT):
-    """:class:`mmsoft.models.SOFT` as an mmdet/mmseg backbone.
-
-    Args:
-        convert_weights (bool): ``init_cfg``'s checkpoint is an official SOFT
-            ImageNet checkpoint, converted while loading. Default: False.
-        **kwargs: :class:`OpenMMLabBackbone`'s and the model's arguments.
-    """
+    """:class:`mmsoft.models.SOFT` as an mmdet/mmseg backbone;
+    ``convert_weights``: ``init_cfg``'s checkpoint is an official one."""
 
     def __init__(self, *args, convert_weights: bool = False, **kwargs):
         super().__init__(*args, **kwargs)

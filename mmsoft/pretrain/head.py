@@ -8,8 +8,13 @@ from mmpretrain.models.heads import ClsHead
 from mmpretrain.registry import MODELS
 
 from ..models.common import init_transformer_weights
+from ..models.ufo_vit import ClassAttentionBlock
 from ..utils import check_divisible, check_positive_int, check_rate
-from .class_attention import ClassAttentionBlock
+
+#: The keys of the blocks of heads saved before they were UFO-ViT's own:
+#: mmpretrain's XCiT block (``attn.k`` and ``attn.v`` join as ``kv``).
+MMPRETRAIN_BLOCK_KEYS = {'attn.q.': 'q.', 'attn.proj.': 'proj.',
+                         'ffn.layers.0.0.': 'mlp.fc1.', 'ffn.layers.1.': 'mlp.fc2.'}
 
 
 @MODELS.register_module()
@@ -87,10 +92,25 @@ class UFOViTClassAttentionHead(ClsHead):
         cls_token = self.cls_token.expand(tokens.shape[0], -1, -1)
         x = torch.cat((cls_token, tokens), dim=1)  # (B, 1 + N, C)
         for layer in self.layers:
-            x = layer.forward_sequence(x)
+            x = layer(x)
         return self.norm(x[:, 0])
 
     def forward(self, feats: Union[torch.Tensor, Tuple[torch.Tensor, ...]]
                 ) -> torch.Tensor:
         """Class logits (B, K)."""
         return self.fc(self.pre_logits(feats))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Loads heads saved with mmpretrain's block layout too."""
+        for i in range(self.num_layers):
+            block = f'{prefix}layers.{i}.'
+            for old, new in MMPRETRAIN_BLOCK_KEYS.items():
+                for param in ('weight', 'bias'):
+                    if block + old + param in state_dict:
+                        state_dict[block + new + param] = state_dict.pop(block + old + param)
+            for param in ('weight', 'bias'):
+                keys, values = block + 'attn.k.' + param, block + 'attn.v.' + param
+                if keys in state_dict and values in state_dict:
+                    state_dict[block + 'kv.' + param] = torch.cat(
+                        (state_dict.pop(keys), state_dict.pop(values)))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

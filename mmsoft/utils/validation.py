@@ -2,8 +2,6 @@
 value and what is accepted."""
 from typing import Iterable, Sequence, Tuple
 
-import torch
-
 
 def check_choice(name: str, value, choices: Iterable) -> None:
     """Raises unless ``value`` is one of ``choices``."""

@@ -106,6 +106,9 @@ def parse_args(argv=None):
     parser.add_argument('--mode', choices=MODES, default='inference')
     parser.add_argument('--size', default='800x1333', help='HxW')
     parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--valid-shapes', nargs='+', default=None, metavar='HxW',
+                        help="each image's valid region in the padded batch, as "
+                        "mmdet passes it to mmsoft's backbones (one per image)")
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--threads', type=int, default=1)
@@ -118,6 +121,10 @@ def parse_args(argv=None):
     parser.add_argument('--live-memory', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     parse_size(args.size)
+    if args.valid_shapes is not None and len(args.valid_shapes) != args.batch:
+        raise ValueError(f'--valid-shapes {" ".join(args.valid_shapes)} names '
+                         f'{len(args.valid_shapes)} regions; expected one per image '
+                         f'of --batch {args.batch}.')
     if args.worker is None:
         if len(args.variant) < 2:
             parser.error('--variant: give at least two')
@@ -165,6 +172,8 @@ def run_worker(args) -> None:
         raise RuntimeError(f'mmsoft was imported from {mmsoft.__file__}, not from '
                            f'{spec["root"]}.')
     model = build_variant(args.backbone, spec, device)
+    if args.valid_shapes and model.takes_valid_shapes:
+        model.valid_shapes = [parse_size(shape) for shape in args.valid_shapes]
     backward = args.mode == 'train'
     model.train(backward)
     if spec.get('compile'):
@@ -202,6 +211,7 @@ def _worker_command(args, spec: Dict, live_memory: bool) -> List[str]:
     command = [sys.executable, __file__, '--worker', json.dumps(spec),
                '--variant', 'worker=', '--backbone', args.backbone,
                '--mode', args.mode, '--size', args.size, '--batch', str(args.batch),
+               *(['--valid-shapes', *args.valid_shapes] if args.valid_shapes else []),
                '--warmup', str(args.warmup), '--threads', str(args.threads),
                '--device', args.device]
     return command + (['--live-memory'] if live_memory else [])

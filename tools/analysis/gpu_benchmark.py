@@ -1,4 +1,4 @@
-"""GPU benchmark (issue 57): what mmdet users run, on one card, in one run.
+"""GPU benchmark: what mmdet users run, on one card, in one run.
 
 Measures SOFT++-tiny, SOFT++-small, UFO-ViT-small, Swin-T and PVTv2-b2
 (mmdet's where mmdet imports, else timm's) and timm's PVTv2-b2-li: the
@@ -40,7 +40,7 @@ from mmsoft_analysis.gpu_benchmark_report import format_markdown
 from mmsoft_analysis.gpu_check import CUDA_TESTS
 from mmsoft_analysis.gpu_benchmark_steps import AMP_DTYPES, MODES, PRECISIONS
 
-from mmsoft.utils.sizes import parse_size
+from mmsoft_analysis.sizes import parse_size
 
 
 def parse_args(argv=None):

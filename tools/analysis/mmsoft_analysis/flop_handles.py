@@ -22,7 +22,7 @@ ELEMENTWISE_OPS = (
     'aten::exp', 'aten::exp_', 'aten::rsqrt', 'aten::sqrt', 'aten::mul',
     'aten::mul_', 'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_',
     'aten::div', 'aten::div_', 'aten::pow', 'aten::neg', 'aten::clamp_min',
-    'aten::reciprocal', 'aten::abs', 'aten::rsub')
+    'aten::reciprocal', 'aten::abs', 'aten::rsub', 'aten::cumsum')
 # No arithmetic (allocation), or activations, which mmengine and fvcore leave
 # out for every model alike.
 NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
@@ -60,7 +60,7 @@ def sdpa_flops(inputs: List[Any], outputs: List[Any]) -> int:
 
 
 #: The autograd functions that compute a kernel inverse in one traced node.
-INVERSE_FUNCTIONS = ('_ExactInverse', '_NewtonClosedForm')
+INVERSE_FUNCTIONS = ('ExactInverse', 'NewtonClosedForm')
 
 
 def inverse_flops(variant: str, solver: str) -> float:

@@ -1,4 +1,4 @@
-"""The GPU benchmark of issue 57: what mmdet users run, on one card, in one run.
+"""The GPU benchmark: what mmdet users run, on one card, in one run.
 
 Models: SOFT++-tiny, SOFT++-small and UFO-ViT-small as their COCO configs
 build them, Swin-T and PVTv2-b2 (mmdet's where mmdet imports, else timm's,
@@ -63,7 +63,7 @@ from .gpu_check import (CUDA_TESTS, _check_non_negative, _write_atomically,
                         run_child, run_tests, write_json)
 from .measure import seconds_of
 
-#: The benchmark's models, in the issue's order.
+#: The benchmark's models, in the tables' order.
 MODELS = ('soft++-tiny', 'soft++-small', 'ufo-vit-small', 'swin-t', 'pvtv2-b2',
           'pvtv2-b2-li')
 LABELS = {'soft++-tiny': 'SOFT++-tiny', 'soft++-small': 'SOFT++-small',
@@ -532,7 +532,7 @@ def _meta(settings: BenchmarkSettings, device: torch.device) -> Dict:
                       short_protocols={k: dict(warmup=min(w, settings.warmup),
                                                steps=s)
                                        for k, (w, s) in SHORT_PROTOCOLS.items()},
-                      meets_issue_minimum=(timing['warmup'] >= 10 and
+                      meets_protocol_minimum=(timing['warmup'] >= 10 and
                                            timing['steps'] * timing['rounds'] >= 30)),
         inputs={name: spec.describe() for name, spec in settings.inputs().items()})
     if device.type == 'cpu':

@@ -1,5 +1,5 @@
 """The GPU benchmark's tables: its records gathered into rows, the ratios
-against the peers, the targets of issue 57 (point 3), and the Markdown.
+against the peers, the GPU targets (docs/cost.md), and the Markdown.
 
 A *record* is one setting (model, phase, precision, mode) measured in one
 round's process; a *row* gathers the rounds of one setting: the median and
@@ -28,7 +28,7 @@ WHY_REGIONS = 3
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A goal of issue 57's point 3, on one card, eager, for each of
+    """A GPU target (docs/cost.md), on one card, eager, for each of
     :data:`TARGET_PRECISIONS`.
 
     Args:
@@ -426,8 +426,8 @@ def _meta_lines(meta: Dict) -> List[str]:
              f"{protocol.get('warmup')} warm-up and {protocol.get('steps_per_round')} "
              f"timed steps per round, {protocol.get('rounds')} round(s) "
              f"({protocol.get('steps')} timed steps)"
-             + ('' if protocol.get('meets_issue_minimum') else
-                ', fewer than the issue asks (10 warm-up, 30 timed)') + '. '
+             + ('' if protocol.get('meets_protocol_minimum') else
+                ', fewer than the protocol asks (10 warm-up, 30 timed)') + '. '
              f"Time: {protocol.get('timer')}, each step synchronised; median and "
              'interquartile range of all timed steps, and each round\'s median. '
              f"Kernels, copies and launch calls: `torch.profiler` over "
@@ -460,7 +460,7 @@ def format_markdown(data: Dict) -> str:
     rows, ratios, targets = data.get('rows', []), data.get('ratios', []), \
         data.get('targets', [])
     lines = ['# GPU benchmark', ''] + _meta_lines(meta)
-    lines += ['', '## Targets (issue 57, point 3)', '']
+    lines += ['', '## Targets on the GPU', '']
     lines += _table(['target', 'precision', 'value', 'status', 'the numbers'], [
         [t['target'], t['precision'],
          _cell(t['value'], 2) if t['metric'] != 'busy_share' or t['value'] is None

@@ -86,7 +86,6 @@ ATTENTION_PARTS: Dict[str, str] = {
 #: are wrapped too.
 FUNCTION_REGIONS: Dict[str, str] = {
     'mmsoft.models.memory_efficient.layer_norm_mlp': 'MLP',
-    'mmsoft.models.memory_efficient.recomputed_mlp': 'MLP',
     'mmsoft.models.soft.linear_to_map': 'attention projections',
     'mmsoft.models.soft.SoftAttention.bottleneck_tokens': 'bottleneck pooling',
     'mmsoft.models.soft.SoftAttention.output': 'local convolution',
