@@ -273,15 +273,10 @@ def _recomputing(rerun: bool):
 
 
 def recomputed(function: Callable, *args):
-    """``function(*args)``, rerun in backward instead of keeping its tensors."""
-    calls = []
-
-    def run(*inputs):
-        with _recomputing(bool(calls)):
-            calls.append(None)
-            return function(*inputs)
-
-    return checkpoint(run, *args, use_reentrant=False)
+    """``function(*args)``, rerun in backward instead of keeping its tensors;
+    :func:`is_recomputing` is True while it reruns."""
+    return checkpoint(function, *args, use_reentrant=False,
+                      context_fn=lambda: (nullcontext(), _recomputing(True)))
 
 
 def batch_norm_once(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -300,7 +295,6 @@ def batch_norm_once(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def recomputes_locally(norm: nn.Module) -> bool:
     """Whether ``norm`` is a plain BatchNorm2d (a SyncBatchNorm is not rerun)."""
     return type(norm) is nn.BatchNorm2d
-
 
 
 # --- Tokens and heads

@@ -405,18 +405,15 @@ class UFOViT(DenseBackbone):
         tokens = self.pos_drop(tokens + pos.flatten(2).transpose(1, 2).to(tokens.dtype))
         return tokens, hw_shape, regions_on_grid(valid_shapes, hw_shape, x.device)
 
-    def run_block(self, block: nn.Module, x: torch.Tensor, hw_shape, regions):
-        """``block``, recomputed in backward with gradient checkpointing."""
-        if self.grad_checkpointing and self.training and x.requires_grad:
-            return recomputed(block, x, hw_shape, regions)
-        return block(x, hw_shape, regions)
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised ``[cls; patches]`` (B, 1 + N, C), or the tokens (B, N, C)."""
         self.check_input(x)
         x, hw_shape, _ = self.embed(x)
         for block in self.blocks:
-            x = self.run_block(block, x, hw_shape, None)
+            if self.grad_checkpointing and self.training and x.requires_grad:
+                x = recomputed(block, x, hw_shape, None)
+            else:
+                x = block(x, hw_shape, None)
         return self.class_attention(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -446,7 +443,10 @@ class UFOViT(DenseBackbone):
         valid_shapes = None if regions is None else regions.shapes
         maps = []
         for i, block in enumerate(self.blocks[:last + 1]):
-            x = self.run_block(block, x, hw_shape, regions)  # (B, N, C)
+            if self.grad_checkpointing and self.training and x.requires_grad:
+                x = recomputed(block, x, hw_shape, regions)  # (B, N, C)
+            else:
+                x = block(x, hw_shape, regions)
             if i in read_after:
                 feat = tokens_to_map(x, hw_shape)  # (B, C, H, W)
                 maps.append(mask_map(feat, valid_shapes) if self.pyramid is None
