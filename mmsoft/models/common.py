@@ -263,9 +263,9 @@ def is_recomputing() -> bool:
 
 
 @contextmanager
-def _recomputing(rerun: bool):
+def _recomputing():
     outer = is_recomputing()
-    _STATE.recomputing = outer or rerun
+    _STATE.recomputing = True
     try:
         yield
     finally:
@@ -276,7 +276,7 @@ def recomputed(function: Callable, *args):
     """``function(*args)``, rerun in backward instead of keeping its tensors;
     :func:`is_recomputing` is True while it reruns."""
     return checkpoint(function, *args, use_reentrant=False,
-                      context_fn=lambda: (nullcontext(), _recomputing(True)))
+                      context_fn=lambda: (nullcontext(), _recomputing()))
 
 
 def batch_norm_once(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
