@@ -38,6 +38,8 @@ NEWEST_MARKERS ?= not openmmlab
 # they are done).
 STACK_LOG ?= install-logs/make-test-stack.log
 FLOOR_LOG ?= install-logs/make-test-floor.log
+# When each install and suite of `make test` started and ended.
+TIMELINE ?= install-logs/make-test-timeline.txt
 PYTEST_ARGS ?= --durations=15
 # `make gpu-check` installs nothing: it runs in the active environment's
 # python, which needs torch (a CUDA build), timm for the peers and pytest;
@@ -102,21 +104,35 @@ demo: $(STAMP)
 # most one large wheel in pip's downloads (tools/install_common.sh): together
 # with the stack, the disk holds the three environments and one download.
 # Before anything starts, the disk is checked for all three and the suites.
+# Last, the timeline: when each install and suite started and ended, in
+# seconds from the start ($(TIMELINE)).
 test:
 	@bash tools/install_common.sh check-disks test $(VENV):stack $(FLOOR_VENV):floor \
 		$(NEWEST_VENV):newest .:suites || exit 1; \
-	status=0; mkdir -p $(dir $(STACK_LOG)) $(dir $(FLOOR_LOG)); \
+	status=0; mkdir -p $(dir $(STACK_LOG)) $(dir $(FLOOR_LOG)) $(dir $(TIMELINE)); \
+	start=$$(date +%s); : > $(TIMELINE); \
+	mark() { echo "$$(( $$(date +%s) - start )) $$1" >> $(TIMELINE); }; \
 	echo "[test] the stack: install and suite in the background (log: $(STACK_LOG))"; \
-	$(MAKE) --no-print-directory test-stack > $(STACK_LOG) 2>&1 & stack=$$!; \
+	{ mark 'stack: install starts'; $(MAKE) --no-print-directory install \
+		&& { mark 'stack: suite starts'; $(MAKE) --no-print-directory test-stack; }; \
+		rc=$$?; mark 'stack: ends'; exit $$rc; } > $(STACK_LOG) 2>&1 & stack=$$!; \
+	mark 'newest: install starts'; \
 	$(MAKE) --no-print-directory install-newest && newest=1 || { newest=0; status=1; }; \
 	echo "[test] the floor: install in the background (log: $(FLOOR_LOG))"; \
-	$(MAKE) --no-print-directory install-floor > $(FLOOR_LOG) 2>&1 & floor=$$!; \
-	if [ $$newest = 1 ]; then nice -n 10 $(MAKE) --no-print-directory test-newest || status=1; fi; \
+	{ mark 'floor: install starts'; $(MAKE) --no-print-directory install-floor; \
+		rc=$$?; mark 'floor: install ends'; exit $$rc; } > $(FLOOR_LOG) 2>&1 & floor=$$!; \
+	if [ $$newest = 1 ]; then mark 'newest: suite starts'; \
+		nice -n 10 $(MAKE) --no-print-directory test-newest || status=1; \
+		mark 'newest: suite ends'; fi; \
 	if wait $$floor; then floor=1; else floor=0; status=1; fi; \
 	echo "[test] the floor's install:"; cat $(FLOOR_LOG); \
-	if [ $$floor = 1 ]; then nice -n 10 $(MAKE) --no-print-directory test-floor || status=1; fi; \
+	if [ $$floor = 1 ]; then mark 'floor: suite starts'; \
+		nice -n 10 $(MAKE) --no-print-directory test-floor || status=1; \
+		mark 'floor: suite ends'; fi; \
 	wait $$stack || status=1; \
 	echo "[test] the stack's install and suite:"; cat $(STACK_LOG); \
+	mark 'all: end'; echo "[test] the timeline, in seconds from the start:"; \
+	sort -s -n -k1,1 $(TIMELINE) | sed 's/^/[test]   /'; \
 	exit $$status
 
 # The peers' own tests (tests/vendor/) run in the newest environment, whose

@@ -398,6 +398,7 @@ def test_tool_trains_measures_and_reports(tmp_path, small_coco, small_ade):
                       '--detectors', 'SOFT++ half-width (demo)',
                       '--segmentors', '--cfg-options',
                       f'train_dataloader.dataset.data_root={small_coco}',
+                      'train_dataloader.dataset.indices=4',
                       f'val_dataloader.dataset.data_root={small_coco}',
                       f'val_evaluator.ann_file={small_coco}/annotations/'
                       'instances_val.json')

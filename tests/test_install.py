@@ -224,7 +224,9 @@ def test_disk_check_of_make_test_sums_the_environments_not_yet_installed(tmp_pat
     to install together, the installed one (its python imports torch) not
     counted."""
     installed = f'{osp.dirname(osp.dirname(sys.executable))}:newest'
+    # The machine's own free space is not the subject: a disk of 1000 GiB.
     done = run_installer_function(
+        'free_gib() { echo 1000; }; '
         f'check_disks test {tmp_path}/a:stack {tmp_path}/b:floor {installed}', tmp_path)
     assert done.returncode == 0, done.stderr
     stack, floor = (int(run_installer_function(f'env_disk {kind}', tmp_path).stdout.split()[0])
@@ -232,12 +234,14 @@ def test_disk_check_of_make_test_sums_the_environments_not_yet_installed(tmp_pat
     assert f'[test] to install: {tmp_path}/a {tmp_path}/b ({stack + floor} GiB' in done.stdout
     assert osp.dirname(osp.dirname(sys.executable)) not in done.stdout
     short = run_installer_function(
-        f'env_disk() {{ echo "100000 1"; }}; check_disks test {tmp_path}/a:stack; '
+        f'free_gib() {{ echo 1000; }}; env_disk() {{ echo "100000 1"; }}; '
+        f'check_disks test {tmp_path}/a:stack; '
         'echo not reached', tmp_path)
     assert short.returncode == 1 and 'not reached' not in short.stdout
     assert 'not enough free disk space' in short.stderr
     # What the suites write is counted even when every environment is there.
     suites = run_installer_function(
+        'free_gib() { echo 1000; }; '
         f'env_disk() {{ case $1 in suites) echo "0 100000";; *) echo "1 1";; esac; }}; '
         f'check_disks test {installed} .:suites; echo not reached', tmp_path)
     assert suites.returncode == 1 and 'not reached' not in suites.stdout
