@@ -68,13 +68,16 @@ def test_chunked_product_and_recomputed_newton_equal_the_plain_products(variant,
     inputs = [rand(2, 2, 30, 8), rand(2, 2, 6, 8), rand(2, 2, 30, 8)]
     weights = rand(2, 2, 30, 8)
 
+    def kernel_a(bottleneck):
+        return soft.gaussian_kernel(bottleneck, bottleneck, float32_products=True)
+
     def plain(queries, bottleneck, values):
-        middle = soft.middle_matrix(bottleneck, variant, 'newton', 6)
+        middle = soft.middle_matrix(kernel_a(bottleneck), variant, 'newton', 6)
         kernel = soft.gaussian_kernel(0.7 * queries, bottleneck)
         return kernel @ (middle @ (kernel.transpose(-1, -2) @ values))
 
     def saving(queries, bottleneck, values):
-        middle = soft.middle_matrix(bottleneck, variant, 'newton', 6,
+        middle = soft.middle_matrix(kernel_a(bottleneck), variant, 'newton', 6,
                                     recomputed_newton_iterations)
         return chunked_kernel_product(queries, bottleneck, middle, values, chunk, 0.7)
 

@@ -501,7 +501,9 @@ def soft_block(block: nn.Module, x: torch.Tensor, hw_shape,
     bottleneck, counts = attn.bottleneck_tokens(query_map, regions)  # L: (B, h, m, d)
     queries, values = attn.heads(query_map), attn.heads(value_map)  # (B, h, N, d)
     with autocast_off(x.device.type):
-        middle = soft.middle_matrix(bottleneck, attn.variant, attn.solver_to_run(),
+        kernel_a = soft.gaussian_kernel(bottleneck, bottleneck,
+                                        float32_products=True)  # A: (B, h, m, m)
+        middle = soft.middle_matrix(kernel_a, attn.variant, attn.solver_to_run(),
                                     attn.newton_iters, recomputed_newton_iterations,
                                     counts)
         out = chunked_kernel_product(queries, bottleneck, middle, values,

@@ -384,16 +384,15 @@ def inverse_and_scaling(kernel_a: torch.Tensor, variant: str, solver: str,
     return middle
 
 
-def middle_matrix(bottleneck: torch.Tensor, variant: str, solver: str,
+def middle_matrix(kernel_a: torch.Tensor, variant: str, solver: str,
                   newton_iters: int, iterate=None,
                   token_counts: Optional[List[int]] = None) -> torch.Tensor:
-    """``middle`` of L (B, h, m, d): ``(A + 0.01 I)^-1`` (``'soft'``) or
-    ``D^-1/2 pinv(A) D^-1/2`` (``'soft++'``), A = k(L, L).
+    """``middle`` of the bottleneck's kernel A = k(L, L) (B, h, m, m):
+    ``(A + 0.01 I)^-1`` (``'soft'``) or ``D^-1/2 pinv(A) D^-1/2`` (``'soft++'``).
 
     Image i's middle is that of its first ``token_counts[i]`` tokens, zero
     elsewhere. Where Newton iterates, the images share it: A, zero outside each
     image's tokens, is block-diagonal, and so is every iterate."""
-    kernel_a = gaussian_kernel(bottleneck, bottleneck, float32_products=True)  # A
     tokens = kernel_a.shape[-1]
     if token_counts is None or all(count == tokens for count in token_counts):
         return inverse_and_scaling(kernel_a, variant, solver, newton_iters, iterate)
@@ -507,7 +506,9 @@ class SoftAttention(nn.Module):
 
         with autocast_off(x.device.type):
             kernel = gaussian_kernel(self.scale * queries, bottleneck)  # K1: (B, h, N, m)
-            middle = middle_matrix(bottleneck, self.variant, self.solver_to_run(),
+            kernel_a = gaussian_kernel(bottleneck, bottleneck,
+                                       float32_products=True)  # A: (B, h, m, m)
+            middle = middle_matrix(kernel_a, self.variant, self.solver_to_run(),
                                    self.newton_iters, token_counts=counts)
             out = kernel_products(kernel, middle, values)  # (B, h, N, d)
         return self.output(out, value_map)
