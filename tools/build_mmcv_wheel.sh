@@ -15,8 +15,8 @@
 #       on every install, a cached wheel or not, so that a change on the index
 #       that breaks these steps shows at once.
 #   bash tools/build_mmcv_wheel.sh build PYTHON WHEEL_DIR
-#       prepare, then compile the wheel into WHEEL_DIR (13 min 19 s on 2 cores
-#       in the cold run of 4 December, docs/testing.md).
+#       prepare, then compile the wheel into WHEEL_DIR (7 min 40 s on 2 cores
+#       in the cold run of 6 December, `0cfc805`, docs/testing.md).
 #
 # No step builds in isolation: pip would resolve the newest setuptools for
 # it, and setuptools 82+ has no pkg_resources, which mmcv's setup.py imports.
@@ -31,7 +31,7 @@
 # The ops compile without debug information: unless CFLAGS is set, it is
 # the CFLAGS that Python was built with (its optimisation level, NDEBUG, its
 # warnings) followed by -g0, which drops their -g. The machine code is the
-# same; each file compiles in about half the time (docs/testing.md).
+# same; each unit compiles in a third to a half less time (docs/testing.md).
 # setuptools replaces its CFLAGS with the environment's, not extends them:
 # hence the whole line.
 #
