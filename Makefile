@@ -98,10 +98,8 @@ demo: $(STAMP)
 # background (their output in $(STACK_LOG), printed at the end), at normal
 # priority: they are the longest path. Meanwhile the newest environment
 # installs, then its suite runs at a lower priority (nice), on what the
-# compile leaves of the cores, while the floor environment installs; the
-# floor's suite, also under nice, starts when the stack or the newest suite
-# is done, so that the last two suites keep both cores busy (the floor's
-# output in $(FLOOR_LOG), printed after the newest suite). The
+# compile leaves of the cores, while the floor environment installs (output
+# in $(FLOOR_LOG), printed when done); the floor's suite runs last. The
 # newest and floor installs take turns, not side by side, and each holds at
 # most one large wheel in pip's downloads (tools/install_common.sh): together
 # with the stack, the disk holds the three environments and one download.
@@ -122,17 +120,15 @@ test:
 	$(MAKE) --no-print-directory install-newest && newest=1 || { newest=0; status=1; }; \
 	echo "[test] the floor: install in the background (log: $(FLOOR_LOG))"; \
 	{ mark 'floor: install starts'; $(MAKE) --no-print-directory install-floor; \
-		rc=$$?; mark 'floor: install ends'; \
-		if [ $$rc = 0 ]; then \
-			until grep -q -e 'stack: ends' -e 'newest: suite ends' $(TIMELINE); do sleep 5; done; \
-			mark 'floor: suite starts'; nice -n 10 $(MAKE) --no-print-directory test-floor; \
-			rc=$$?; mark 'floor: suite ends'; fi; \
-		exit $$rc; } > $(FLOOR_LOG) 2>&1 & floor=$$!; \
+		rc=$$?; mark 'floor: install ends'; exit $$rc; } > $(FLOOR_LOG) 2>&1 & floor=$$!; \
 	if [ $$newest = 1 ]; then mark 'newest: suite starts'; \
 		nice -n 10 $(MAKE) --no-print-directory test-newest || status=1; \
 		mark 'newest: suite ends'; fi; \
-	wait $$floor || status=1; \
-	echo "[test] the floor's install and suite:"; cat $(FLOOR_LOG); \
+	if wait $$floor; then floor=1; else floor=0; status=1; fi; \
+	echo "[test] the floor's install:"; cat $(FLOOR_LOG); \
+	if [ $$floor = 1 ]; then mark 'floor: suite starts'; \
+		nice -n 10 $(MAKE) --no-print-directory test-floor || status=1; \
+		mark 'floor: suite ends'; fi; \
 	wait $$stack || status=1; \
 	echo "[test] the stack's install and suite:"; cat $(STACK_LOG); \
 	mark 'all: end'; echo "[test] the timeline, in seconds from the start:"; \

@@ -180,7 +180,8 @@ def test_train_with_mmengine_compile(small_coco, tmp_path):
     ``train_step`` (here with the ``aot_eager`` backend: inductor's code
     generation takes minutes on two cores) and trains. The learning rate is
     constant: a warm-up's new rate at every step would recompile the
-    optimizer's step (half a minute here), which the second step reuses."""
+    optimizer's step (about twenty seconds here), which the second step
+    reuses."""
     output = check(run([sys.executable, TRAIN, DET_CONFIG, '--work-dir', str(tmp_path),
                         '--cfg-options', *tiny_options(small_coco, train_images=4),
                         'train_cfg.max_epochs=1', 'train_cfg.val_interval=2',
