@@ -41,6 +41,10 @@ FLOOR_LOG ?= install-logs/make-test-floor.log
 # When each install and suite of `make test` started and ended.
 TIMELINE ?= install-logs/make-test-timeline.txt
 PYTEST_ARGS ?= --durations=15
+# The torch threads of each suite in `make test` (OMP_NUM_THREADS): one, as
+# two suites run side by side on two cores.
+SUITE_THREADS ?= 1
+SUITE_ENV := OMP_NUM_THREADS=$(SUITE_THREADS) MKL_NUM_THREADS=$(SUITE_THREADS)
 # `make gpu-check` installs nothing: it runs in the active environment's
 # python, which needs torch (a CUDA build), timm for the peers and pytest;
 # no OpenMMLab package. GPU_CHECK_PYTHON=... picks another.
@@ -98,11 +102,15 @@ demo: $(STAMP)
 # background (their output in $(STACK_LOG), printed at the end), at normal
 # priority: they are the longest path. Meanwhile the newest environment
 # installs, then its suite runs at a lower priority (nice), on what the
-# compile leaves of the cores, while the floor environment installs (output
-# in $(FLOOR_LOG), printed when done); the floor's suite runs last. The
-# newest and floor installs take turns, not side by side, and each holds at
-# most one large wheel in pip's downloads (tools/install_common.sh): together
-# with the stack, the disk holds the three environments and one download.
+# compile leaves of the cores, while the floor environment installs; the
+# floor's suite, also under nice, starts when the stack's or the newest
+# suite is done (its output in $(FLOOR_LOG), printed after the newest
+# suite's). Each suite's torch runs SUITE_THREADS threads: two suites share
+# the two cores from the compile's end to the last suite's, and a suite alone
+# keeps one core busy, not two (docs/testing.md). The newest and floor
+# installs take turns, not side by side, and each holds at most one large
+# wheel in pip's downloads (tools/install_common.sh): together with the
+# stack, the disk holds the three environments and one download.
 # Before anything starts, the disk is checked for all three and the suites.
 # Last, the timeline: when each install and suite started and ended, in
 # seconds from the start ($(TIMELINE)).
@@ -114,21 +122,23 @@ test:
 	mark() { echo "$$(( $$(date +%s) - start )) $$1" >> $(TIMELINE); }; \
 	echo "[test] the stack: install and suite in the background (log: $(STACK_LOG))"; \
 	{ mark 'stack: install starts'; $(MAKE) --no-print-directory install \
-		&& { mark 'stack: suite starts'; $(MAKE) --no-print-directory test-stack; }; \
+		&& { mark 'stack: suite starts'; $(SUITE_ENV) $(MAKE) --no-print-directory test-stack; }; \
 		rc=$$?; mark 'stack: ends'; exit $$rc; } > $(STACK_LOG) 2>&1 & stack=$$!; \
 	mark 'newest: install starts'; \
 	$(MAKE) --no-print-directory install-newest && newest=1 || { newest=0; status=1; }; \
-	echo "[test] the floor: install in the background (log: $(FLOOR_LOG))"; \
+	echo "[test] the floor: install and suite in the background (log: $(FLOOR_LOG))"; \
 	{ mark 'floor: install starts'; $(MAKE) --no-print-directory install-floor; \
-		rc=$$?; mark 'floor: install ends'; exit $$rc; } > $(FLOOR_LOG) 2>&1 & floor=$$!; \
+		rc=$$?; mark 'floor: install ends'; \
+		if [ $$rc = 0 ]; then \
+			until grep -q -e 'stack: ends' -e 'newest: ends' $(TIMELINE); do sleep 5; done; \
+			mark 'floor: suite starts'; $(SUITE_ENV) nice -n 10 $(MAKE) --no-print-directory test-floor; \
+			rc=$$?; mark 'floor: suite ends'; fi; \
+		exit $$rc; } > $(FLOOR_LOG) 2>&1 & floor=$$!; \
 	if [ $$newest = 1 ]; then mark 'newest: suite starts'; \
-		nice -n 10 $(MAKE) --no-print-directory test-newest || status=1; \
-		mark 'newest: suite ends'; fi; \
-	if wait $$floor; then floor=1; else floor=0; status=1; fi; \
-	echo "[test] the floor's install:"; cat $(FLOOR_LOG); \
-	if [ $$floor = 1 ]; then mark 'floor: suite starts'; \
-		nice -n 10 $(MAKE) --no-print-directory test-floor || status=1; \
-		mark 'floor: suite ends'; fi; \
+		$(SUITE_ENV) nice -n 10 $(MAKE) --no-print-directory test-newest || status=1; \
+	fi; mark 'newest: ends'; \
+	wait $$floor || status=1; \
+	echo "[test] the floor's install and suite:"; cat $(FLOOR_LOG); \
 	wait $$stack || status=1; \
 	echo "[test] the stack's install and suite:"; cat $(STACK_LOG); \
 	mark 'all: end'; echo "[test] the timeline, in seconds from the start:"; \
