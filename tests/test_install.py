@@ -219,6 +219,17 @@ def test_short_disk_space_stops_before_downloading(tmp_path):
                                   tmp_path).returncode == 0
 
 
+def test_disk_check_takes_a_folder_under_parents_that_do_not_exist(tmp_path):
+    """``make gpu-train-bundle`` with ``MMSOFT_GPU_BUILD_DIR`` under a parent
+    that does not exist yet: the check reads the nearest existing parent."""
+    venv = tmp_path / 'not' / 'yet' / 'venv-build'
+    done = run_installer_function(f'check_disk install 0 0 {venv} && echo checked',
+                                  tmp_path)
+    assert done.returncode == 0 and 'checked' in done.stdout, done.stderr
+    done = run_installer_function(f'check_disk install 100000 0 {venv}', tmp_path)
+    assert done.returncode == 1 and f'to install {venv}:' in done.stderr
+
+
 def test_disk_check_of_make_test_sums_the_environments_not_yet_installed(tmp_path):
     """`make test` keeps three environments: the disk must hold those still
     to install together, the installed one (its python imports torch) not

@@ -69,12 +69,17 @@ installed (python3-dev), and look for the first 'error:' in the log."
     } >&2
 }
 
+# existing PATH: PATH, or its nearest parent that exists.
+existing() {
+    local path="$1"
+    while [ ! -e "$path" ]; do path=$(dirname "$path"); done
+    echo "$path"
+}
+
 # free_gib PATH: free space (GiB, rounded down) on the file system of PATH or
 # of its nearest existing parent.
 free_gib() {
-    local path="$1"
-    while [ ! -e "$path" ]; do path=$(dirname "$path"); done
-    df -Pk "$path" | awk 'NR == 2 { print int($4 / 1048576) }'
+    df -Pk "$(existing "$1")" | awk 'NR == 2 { print int($4 / 1048576) }'
 }
 
 # check_disk TAG VENV_GIB TMP_GIB VENV: refuses to start when the file system
@@ -85,8 +90,8 @@ check_disk() {
     local tmp="${TMPDIR:-/tmp}" venv_free tmp_free venv_dev tmp_dev
     venv_free=$(free_gib "$venv")
     tmp_free=$(free_gib "$tmp")
-    venv_dev=$(stat -c %d "$(cd "$(dirname "$venv")" && pwd)")
-    tmp_dev=$(stat -c %d "$tmp")
+    venv_dev=$(stat -c %d "$(existing "$venv")")
+    tmp_dev=$(stat -c %d "$(existing "$tmp")")
     if [ "$venv_dev" = "$tmp_dev" ]; then
         venv_gib=$((venv_gib + tmp_gib)); tmp_gib=0
     fi
