@@ -226,6 +226,7 @@ def test_disk_check_takes_a_folder_under_parents_that_do_not_exist(tmp_path):
     done = run_installer_function(f'check_disk install 0 0 {venv} && echo checked',
                                   tmp_path)
     assert done.returncode == 0 and 'checked' in done.stdout, done.stderr
+    assert 'No such file' not in done.stderr, done.stderr
     done = run_installer_function(f'check_disk install 100000 0 {venv}', tmp_path)
     assert done.returncode == 1 and f'to install {venv}:' in done.stderr
 
