@@ -47,22 +47,30 @@ SUITE_THREADS ?= 1
 SUITE_ENV := OMP_NUM_THREADS=$(SUITE_THREADS) MKL_NUM_THREADS=$(SUITE_THREADS)
 # `make gpu-check` installs nothing: it runs in the active environment's
 # python, which needs torch (a CUDA build), timm for the peers and pytest;
-# no OpenMMLab package. GPU_CHECK_PYTHON=... picks another.
+# no OpenMMLab package. GPU_CHECK_PYTHON=... picks another. It runs the CUDA
+# tests, then a short benchmark (tools/analysis/benchmark.py; docs/gpu.md);
+# GPU_CHECK_ARGS adds options.
 GPU_CHECK_PYTHON ?= python
 GPU_CHECK_ARGS ?=
-# `make gpu-benchmark` runs the GPU benchmark of docs/cost.md ("On a GPU")
-# with this machine's torch: GPU_BENCHMARK_ARGS passes its options.
+GPU_CHECK := --device cuda --tests --models soft++-tiny soft++-small ufo-vit-small \
+	timm-swin-t timm-pvtv2-b2 --images 800x1199 800x1067 --precisions float32 amp \
+	--optimizer adamw --kernels 2 --host-sync --budget-s 360
+# `make gpu-benchmark` runs the GPU benchmark of docs/cost.md ("On a GPU"):
+# the CUDA tests, then batch 2, float32 and AMP, eager then compiled, with
+# kernels per step and GPU-busy share; GPU_BENCHMARK_ARGS adds options.
 GPU_BENCHMARK_ARGS ?=
+GPU_BENCHMARK := $(GPU_CHECK) --compile inductor --warmup 10 --steps 15 --rounds 2 \
+	--budget-s 540
 # `make gpu-bundle` writes the offline bundle for a GPU node without
-# internet (tools/gpu_bundle.sh; docs/gpu.md): pytest's wheels, mmsoft's
-# wheel, their lock and SHA256SUMS. `make gpu-bundle-lock` rewrites the lock
-# (requirements/locks/gpu-bundle.txt, CPython 3.12, manylinux x86-64).
+# internet (tools/gpu_node.sh pack check; docs/gpu.md): pytest's wheels,
+# mmsoft's wheel, their lock and SHA256SUMS. `make gpu-bundle-lock` rewrites
+# the lock (requirements/locks/gpu-bundle.txt, CPython 3.12, manylinux x86-64).
 GPU_BUNDLE ?= work_dirs/gpu_bundle
 GPU_BUNDLE_ARGS ?=
 # `make gpu-train-bundle` writes the offline OpenMMLab bundle for training on
-# a GPU node (tools/gpu_train_bundle.sh; docs/gpu.md): the wheels of mmengine,
-# mmdet, mmsegmentation and pycocotools, and mmcv compiled with its CUDA ops
-# against torch 2.11 (CUDA 13.0), once (hours on 2 cores; then from
+# a GPU node (tools/gpu_node.sh pack train; docs/gpu.md): the wheels of
+# mmengine, mmdet, mmsegmentation and pycocotools, and mmcv compiled with its
+# CUDA ops against torch 2.11 (CUDA 13.0), once (hours on 2 cores; then from
 # $MMSOFT_WHEEL_CACHE). `make test` does not run it. `make
 # gpu-train-bundle-lock` rewrites its locks (requirements/locks/gpu-train*.txt).
 GPU_TRAIN_BUNDLE ?= work_dirs/gpu_train_bundle
@@ -158,24 +166,26 @@ test-newest: $(NEWEST_STAMP)
 	$(NEWEST_PYTHON) -m pytest tests -m "$(NEWEST_MARKERS)" $(PYTEST_ARGS)
 
 gpu-check:
-	$(GPU_CHECK_PYTHON) tools/analysis/gpu_check.py --out work_dirs/gpu_check/gpu_check.json $(GPU_CHECK_ARGS)
+	$(GPU_CHECK_PYTHON) tools/analysis/benchmark.py $(GPU_CHECK) \
+		--out-dir work_dirs/gpu_check $(GPU_CHECK_ARGS)
 
 gpu-benchmark:
-	$(GPU_CHECK_PYTHON) tools/analysis/gpu_benchmark.py --out work_dirs/gpu_benchmark/gpu_benchmark.json $(GPU_BENCHMARK_ARGS)
+	$(GPU_CHECK_PYTHON) tools/analysis/benchmark.py $(GPU_BENCHMARK) \
+		--out-dir work_dirs/gpu_benchmark $(GPU_BENCHMARK_ARGS)
 
 gpu-bundle:
-	bash tools/gpu_bundle.sh $(GPU_BUNDLE) $(GPU_BUNDLE_ARGS)
+	bash tools/gpu_node.sh pack check $(GPU_BUNDLE) $(GPU_BUNDLE_ARGS)
 
 gpu-bundle-lock:
-	bash tools/gpu_bundle.sh lock
+	bash tools/gpu_node.sh lock check
 
 .PHONY: gpu-train-bundle gpu-train-bundle-lock
 
 gpu-train-bundle:
-	bash tools/gpu_train_bundle.sh $(GPU_TRAIN_BUNDLE)
+	bash tools/gpu_node.sh pack train $(GPU_TRAIN_BUNDLE)
 
 gpu-train-bundle-lock:
-	bash tools/gpu_train_bundle.sh lock
+	bash tools/gpu_node.sh lock train
 
 clean-venv:
 	rm -rf $(VENV) $(FLOOR_VENV) $(NEWEST_VENV) .venv-lock

@@ -3,7 +3,6 @@ import pytest
 
 pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
 
-import csv
 import json
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from mmsoft.models.soft import SoftAttention
 from mmsoft.models.soft import gaussian_kernel, kernel_inverse
 from mmsoft.models.common import set_memory_efficient
 from mmsoft.models.soft import newton_iterations
+from tests.helpers.tools import load_tool
 
 pytestmark = pytest.mark.openmmlab
 
@@ -120,48 +120,21 @@ def test_soft_tiny_flops_near_paper():
     assert not analyzer.unsupported_ops()
 
 
-def test_benchmark_tool_writes_results(tmp_path):
-    out_dir = tmp_path / 'bench'
-    done = subprocess.run(
-        [sys.executable, str(REPO / 'tools/analysis/benchmark.py'), '--models',
-         'soft-tiny', '--sizes',
-         '64x64', '96x128', '--repeats', '1', '--warmup', '0', '--device', 'cpu',
-         '--out-dir', str(out_dir)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert '[2/2] soft-tiny 96x128' in done.stdout
-    data = json.loads((out_dir / 'results.json').read_text())
-    assert data['meta']['matmul_gmacs'] > 0
-    rows = data['results']
-    assert [(r['height'], r['width']) for r in rows] == [(64, 64), (96, 128)]
-    assert all(r['seconds'] > 0 and r['peak_bytes'] >= 0 for r in rows)
-    with open(out_dir / 'results.csv') as file:
-        assert len(list(csv.DictReader(file))) == 2
-    assert (out_dir / 'scaling.png').stat().st_size > 1000
-
-
-def test_benchmark_rejects_unknown_model():
-    done = subprocess.run(
-        [sys.executable, str(REPO / 'tools/analysis/benchmark.py'), '--models',
-         'resnet-50', '--sizes', '64x64'], capture_output=True, text=True)
-    assert done.returncode != 0
-    assert "backbone 'resnet-50' is not known" in done.stderr
-
-
-def test_benchmark_inverse_times_the_inverse_training_runs():
-    """tools/analysis/benchmark_inverse.py runs the memory-efficient inverse,
-    as SOFT attention trains: autograd keeps P and the step size, not the
-    tensors of each of the 20 Newton steps that the plain path keeps."""
-    import benchmark_inverse
-    tokens = torch.randn(1, 2, 16, 8)
-    mats = gaussian_kernel(tokens, tokens)  # (1, 2, 16, 16)
-    kept = []
-    with torch.autograd.graph.saved_tensors_hooks(
-            lambda tensor: kept.append(tensor) or tensor, lambda tensor: tensor):
-        inverse = benchmark_inverse.solver_step(mats, 'soft++', 'newton', 20, True)
-        by_tool = len(kept)
-        kernel_inverse(mats.detach().requires_grad_(), 'soft++', 'newton', 20)
-    assert (by_tool, len(kept) - by_tool) == (2, 81)
-    torch.testing.assert_close(inverse, kernel_inverse(mats, 'soft++', 'newton', 20))
+def test_inverse_tool_times_every_solver(monkeypatch, capsys):
+    """``soft_bottleneck.py inverse``: each solver against the exact one and
+    its difference from the Newton iteration (0 for the iteration itself)."""
+    tool = load_tool('analysis/soft_bottleneck')
+    monkeypatch.setattr(sys, 'argv', ['soft_bottleneck.py', 'inverse', '--sizes', '16',
+                                      '--heads', '2', '--repeats', '1'])
+    rows = list(tool.inverse_rows(tool.parse_args()))
+    assert [(r['attention'], r['solver']) for r in rows] == [
+        (a, s) for a in ('soft', 'soft++') for s in ('newton', 'newton_closed_form',
+                                                      'exact')]
+    assert all(r['seconds'] > 0 for r in rows)
+    assert [r['difference_from_newton'] for r in rows if r['solver'] == 'newton'] == \
+        [0.0, 0.0]
+    assert rows[1]['difference_from_newton'] < 1e-4
+    assert 'm=   16 soft++ exact' in capsys.readouterr().out
 
 
 @pytest.mark.mmcv_ops  # the tool builds a Mask R-CNN config
@@ -198,26 +171,16 @@ def test_closed_form_solver_is_fully_counted():
     assert totals['newton_closed_form'] < totals['newton']
 
 
-def test_bottleneck_pooling_tool_reports_grids_and_differences(tmp_path):
-    from mmsoft.openmmlab import SOFT
-    torch.manual_seed(0)
-    weights = tmp_path / 'soft_tiny.pth'
-    model = SOFT(arch='tiny')
-    model.init_weights()
-    torch.save(model.state_dict(), weights)
-    result_path = tmp_path / 'pooling.json'
-    done = subprocess.run(
-        [sys.executable, str(REPO / 'tools/analysis/bottleneck_pooling.py'),
-         '--arch', 'tiny', '--sizes', '64x64', '128x128', '--cap', '9',
-         '--checkpoint', str(weights), '--json', str(result_path)],
-        capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    small, large = json.loads(result_path.read_text())['results']
+def test_pooling_tool_reports_grids_and_differences(monkeypatch):
+    tool = load_tool('analysis/soft_bottleneck')
+    monkeypatch.setattr(sys, 'argv', ['soft_bottleneck.py', 'pooling', '--sizes',
+                                      '64x64', '128x128', '--cap', '9'])
+    small, large = tool.pooling_rows(tool.parse_args())
     # 64x64: 2x2 bottleneck grids in every stage, within the cap of 9.
-    assert small['grids'] == [[[2, 2], [2, 2]]] * 3
+    assert small['grids'] == [((2, 2), (2, 2))] * 3
     assert small['relative_difference'] == [0.0] * 4
     # 128x128: 4x4 grids pooled to 3x3, which changes every stage's output.
-    assert large['grids'] == [[[4, 4], [3, 3]]] * 3
+    assert large['grids'] == [((4, 4), (3, 3))] * 3
     assert all(d > 1e-3 for d in large['relative_difference'])
 
 

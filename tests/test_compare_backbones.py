@@ -21,10 +21,11 @@ from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, GROUP_PARAMS,
                                         PROBE_DETECTORS, RECIPES, SEGM_METRIC,
                                         SEGMENTORS,
                                         detection_schedule, epoch_loss,
-                                        final_metrics, first_epoch_metrics,
+                                        PLAIN, comparison_rows, final_metrics,
+                                        first_epoch_metrics, measure_costs,
                                         probe_options, recipe_options,
-                                        seed_summary, segmentation_schedule)
-from mmsoft_analysis.comparison_report import PLAIN, comparison_rows, write_report
+                                        seed_summary, segmentation_schedule,
+                                        write_report)
 
 pytestmark = pytest.mark.openmmlab
 
@@ -159,18 +160,18 @@ def test_config_specs_take_backbone_options():
     """``config.py:key=value`` builds the config's backbone with the option
     set: how the costs measure mmsoft's backbones without the
     memory-efficient path."""
-    from mmsoft_analysis.peers import parse_spec
-    spec = f'{DEMO_DETECTOR}{PLAIN}'
-    assert parse_spec(spec) == (DEMO_DETECTOR, dict(memory_efficient=False))
-    with pytest.raises(FileNotFoundError, match="config 'missing.py'"):
+    from mmsoft_analysis.models import parse_spec
+    spec = parse_spec(f'{DEMO_DETECTOR}{PLAIN}')
+    assert (spec.name, spec.kwargs) == (DEMO_DETECTOR, dict(memory_efficient=False))
+    with pytest.raises(ValueError, match="config 'missing.py'"):
         parse_spec('missing.py:memory_efficient=False')
 
 
 @pytest.mark.mmcv_ops
 def test_config_backbone_applies_the_options():
-    from mmsoft_analysis.peers import build_backbone
+    from mmsoft_analysis.models import build_backbone
     for spec, expected in ((DEMO_DETECTOR, True), (DEMO_DETECTOR + PLAIN, False)):
-        backbone = build_backbone(str(REPO / spec))
+        backbone = build_backbone(spec)
         switches = {module.memory_efficient for module in backbone.modules()
                     if hasattr(module, 'memory_efficient')}
         assert switches == {expected}, spec
@@ -301,17 +302,14 @@ def _run(entry, task, seed, metrics):
 
 
 def _costs(entries):
-    results = [dict(model=e.config, params=3_000_000 + i, gflops=10.0 + i,
-                    cpu_seconds=1.0 + i) for i, e in enumerate(entries)]
-    flops = [dict(model=e.config, gflops=0.5 + i) for i, e in enumerate(entries)]
-    train = [dict(model=e.config, cpu_seconds=5.0 + i) for i, e in enumerate(entries)]
-    peaks = [dict(model=e.config, peak_bytes=(100 + i) * 2**20)
-             for i, e in enumerate(entries)]
-    plain = [e.config + PLAIN for e in entries if e.ours]
-    train += [dict(model=spec, cpu_seconds=7.0) for spec in plain]
-    peaks += [dict(model=spec, peak_bytes=102 * 2**20) for spec in plain]
-    return dict(inference=dict(results=results), flops=dict(results=flops),
-                train=dict(results=train, peaks=peaks))
+    def rows(**columns):
+        return [dict(label=e.config, status='ok', **{k: v + i for k, v in columns.items()})
+                for i, e in enumerate(entries)]
+    plain = [dict(label=e.config + PLAIN, status='ok', cpu_ms=7000.,
+                  live_peak_mib=102.) for e in entries if e.ours]
+    return dict(inference=rows(params_m=3., gflops=10., cpu_ms=1000.),
+                flops=rows(gflops=0.5), train=rows(cpu_ms=5000.) + plain,
+                peak=rows(live_peak_mib=100.) + plain)
 
 
 SETTINGS = dict(epochs=3, seg_iters=300, seeds=[0, 1], threads=1, jobs=2,
@@ -339,7 +337,7 @@ def test_report_rows_join_seeds_and_costs():
     assert (first['params_m'], first['gflops'], first['latency_s'],
             first['train_iter_s'], first['train_peak_mib']) == (3.0, 10.0, 1.0, 5.0,
                                                                 100.0)
-    assert second[BBOX_METRIC] is None and second['latency_s'] == 2.0
+    assert second[BBOX_METRIC] is None and second['latency_s'] == 1.001
     assert rows['segmentation'][0][MIOU_METRIC]['values'] == [40.0]
 
 
@@ -381,64 +379,44 @@ def test_tool_rejects_unknown_names():
     assert "--detectors: ['ResNet-101'] not known" in done.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.mmcv_ops  # trains mmdet and mmseg models
-def test_tool_trains_measures_and_reports(tmp_path, small_coco, small_ade):
-    """One real run per task on the small generated datasets (one iteration
-    and one validation each), the costs at 64x64 (mmsoft's backbone also
-    without the memory-efficient path), then the report; a second call
-    reuses the finished runs, and a third, in a fresh work dir, the records
-    (``runs.json``) the first calls wrote beside the report."""
+@pytest.mark.mmcv_ops  # builds the demo configs' backbones
+def test_costs_are_the_benchmarks_rows(tmp_path):
+    """The four cost runs at small sizes, in this process: the columns
+    read their figures, mmsoft's also without the memory-efficient path."""
+    from tests.test_benchmark import in_process
+    entry = DETECTORS[0]
+    sizes = dict(inference=(64, 64), flops=(32, 32), train=(64, 64), peak=(64, 96))
+    costs = measure_costs([entry], sizes, 1, tmp_path, run=in_process)
+    assert [r['label'] for r in costs['train']] == [entry.config, entry.config + PLAIN]
+    assert [r['input'] for r in costs['peak']] == ['64x96'] * 2
+    fields = comparison_rows([], costs, [entry], [])['detection'][0]
+    assert 0 < fields['gflops_small'] < fields['gflops']
+    assert fields['latency_s'] > 0 and fields['train_iter_s_plain'] > 0
+    assert fields['train_peak_mib'] > 0 and fields['train_peak_mib_plain'] > 0
+    assert json.loads((tmp_path / 'costs.json').read_text()) == costs
+
+
+@pytest.mark.mmcv_ops  # trains an mmdet model
+def test_tool_trains_and_reports(tmp_path, small_coco):
+    """One run on the small generated dataset (one iteration and one
+    validation), then the report; a second call, in a fresh work dir, reuses
+    the records (``runs.json``) the first wrote beside the report."""
     work, out = tmp_path / 'work', tmp_path / 'out'
     common = ['--seeds', '0', '--jobs', '1', '--work-dir', str(work), '--out-dir',
-              str(out), '--epochs', '1', '--seg-iters', '2']
-    small = ['--inference-size', '64x64', '--flops-size', '32x32', '--train-size',
-             '64x64', '--peak-size', '64x96']
-    detection = _tool(*common, *small, '--phases', 'train', 'costs', 'report',
-                      '--detectors', 'SOFT++ half-width (demo)',
-                      '--segmentors', '--cfg-options',
-                      f'train_dataloader.dataset.data_root={small_coco}',
-                      'train_dataloader.dataset.indices=4',
-                      f'val_dataloader.dataset.data_root={small_coco}',
-                      f'val_evaluator.ann_file={small_coco}/annotations/'
-                      'instances_val.json')
-    assert detection.returncode == 0, detection.stderr[-3000:]
-    segmentation = _tool(*common, '--phases', 'train', '--detectors', '--segmentors',
-                         'PVTv2-b0', '--cfg-options',
-                         f'train_dataloader.dataset.data_root={small_ade}',
-                         f'val_dataloader.dataset.data_root={small_ade}')
-    assert segmentation.returncode == 0, segmentation.stderr[-3000:]
+              str(out), '--epochs', '1', '--detectors', 'SOFT++ half-width (demo)',
+              '--segmentors']
+    done = _tool(*common, '--phases', 'train', 'report', '--cfg-options',
+                 f'train_dataloader.dataset.data_root={small_coco}',
+                 'train_dataloader.dataset.indices=2',
+                 f'val_dataloader.dataset.data_root={small_coco}',
+                 f'val_evaluator.ann_file={small_coco}/annotations/instances_val.json')
+    assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((work / 'detection' / 'mask-rcnn_soft-tiny_fpn_demo_seed0'
                          / 'result.json').read_text())
     assert 0 <= result['metrics'][BBOX_METRIC] <= 1 and result['seed'] == 0
-    seg = json.loads((work / 'segmentation' / 'upernet_pvtv2-b0_demo_seed0'
-                      / 'result.json').read_text())
-    assert 0 <= seg['metrics'][MIOU_METRIC] <= 100
-    costs = json.loads((work / 'costs.json').read_text())
-    (inference, ) = costs['inference']['results']
-    (flops, ) = costs['flops']['results']
-    training, plain = costs['train']['results']
-    assert inference['model'] == DEMO_DETECTOR and inference['gflops'] > 0
-    assert flops['height'] == 32 and 0 < flops['gflops'] < inference['gflops']
-    assert (inference['height'], training['height']) == (64, 64)
-    assert plain['model'] == DEMO_DETECTOR + PLAIN
-    assert costs['train']['peaks'][0]['width'] == 96
-    # The report of both tasks, without training again.
-    again = _tool(*common, '--phases', 'train', 'report', '--detectors',
-                  'SOFT++ half-width (demo)', '--segmentors', 'PVTv2-b0')
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert 'training' not in again.stdout
-    table = (out / 'table.md').read_text()
-    assert f"**{result['metrics'][BBOX_METRIC]:.3f}**" in table
-    assert f"**{seg['metrics'][MIOU_METRIC]:.3f}**" in table
-    records = json.loads((out / 'runs.json').read_text())
-    assert sorted(r['task'] for r in records) == ['detection', 'segmentation']
-    # Another clone: no work dir, the records only.
-    fresh = _tool(*common[:5], str(tmp_path / 'fresh'), *common[6:], '--phases',
-                  'train', 'report', '--detectors', 'SOFT++ half-width (demo)',
-                  '--segmentors', 'PVTv2-b0')
-    assert fresh.returncode == 0, fresh.stderr[-3000:]
-    assert 'training' not in fresh.stdout
-    table = (out / 'table.md').read_text()
-    assert f"**{result['metrics'][BBOX_METRIC]:.3f}**" in table
-    assert f"**{seg['metrics'][MIOU_METRIC]:.3f}**" in table
+    assert f"**{result['metrics'][BBOX_METRIC]:.3f}**" in (out / 'table.md').read_text()
+    (out / 'table.md').unlink()
+    fresh = _tool(*[str(tmp_path / 'fresh') if a == str(work) else a for a in common],
+                  '--phases', 'train', 'report')
+    assert fresh.returncode == 0 and 'training' not in fresh.stdout, fresh.stderr
+    assert f"**{result['metrics'][BBOX_METRIC]:.3f}**" in (out / 'table.md').read_text()

@@ -1,5 +1,5 @@
-"""The offline GPU bundle (tools/gpu_bundle.sh) and its runner on the node
-(tools/gpu_check_offline.sh), without a GPU and without downloading wheels.
+"""The offline GPU bundle (``tools/gpu_node.sh pack check``) and its run on the
+node (``run check``), without a GPU and without downloading wheels.
 
 - requirements/gpu-bundle.txt resolves to wheels for CPython 3.12 on
   manylinux_2_28 x86-64 (pip's dry run: metadata only), each pinned in
@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / 'requirements' / 'gpu-bundle.txt'
 LOCK = REPO / 'requirements' / 'locks' / 'gpu-bundle.txt'
-OFFLINE = REPO / 'tools' / 'gpu_check_offline.sh'
+OFFLINE = [str(REPO / 'tools' / 'gpu_node.sh'), 'run', 'check']
 PYTHON_VERSION = (3, 12)
 PLATFORM = 'manylinux_2_28_x86_64'
 #: Every platform tag pip accepts for --platform manylinux_2_28_x86_64.
@@ -106,14 +107,14 @@ def test_bundle_resolves_for_cpython_312(tmp_path):
         f'{LOCK} is out of date: run make gpu-bundle-lock'
 
 
-def run_offline(tmp_path, python, *args, extra_env=None):
+def run_offline(tmp_path, python, *args, extra_env=None, timeout=SECONDS):
     env = {k: v for k, v in os.environ.items()
            if k not in ('MMSOFT_GPU_CHECK_DEVICE', 'PYTHONPATH')}
     env.update(PYTHON=str(python), **(extra_env or {}))
     start = time.monotonic()
     done = subprocess.run(
-        ['bash', str(OFFLINE), str(tmp_path / 'bundle'), str(tmp_path / 'out'), *args],
-        capture_output=True, text=True, env=env, timeout=SECONDS)
+        ['bash', *OFFLINE, str(tmp_path / 'bundle'), str(tmp_path / 'out'), *args],
+        capture_output=True, text=True, env=env, timeout=timeout)
     return done, time.monotonic() - start
 
 
@@ -169,3 +170,32 @@ def test_refuses_a_bad_bundle(tmp_path, wheel, message):
     done, _ = run_offline(tmp_path, sys.executable, '--allow-cpu',
                           extra_env=dict(PYTHONPATH=fake_torch(tmp_path, None)))
     assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.torchvision  # timm, the smoke mode's peer
+def test_cpu_smoke_run_installs_the_bundle_and_runs_the_benchmark(tmp_path):
+    """``run check --allow-cpu``: the bundle installed into a temporary
+    folder, the CUDA tests collected (skipped without a GPU), then the
+    benchmark's CPU smoke mode, its report closed with the run's phases."""
+    bundle = tmp_path / 'bundle'
+    bundle.mkdir()
+    with zipfile.ZipFile(bundle / 'stand_in-1.0-py3-none-any.whl', 'w') as wheel:
+        wheel.writestr('stand_in.py', '')
+        wheel.writestr('stand_in-1.0.dist-info/METADATA',
+                       'Metadata-Version: 2.1\nName: stand-in\nVersion: 1.0\n')
+        wheel.writestr('stand_in-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\n'
+                       'Generator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n')
+        wheel.writestr('stand_in-1.0.dist-info/RECORD', '')
+    tests = tmp_path / 'test_node.py'
+    tests.write_text('def test_node():\n    pass\n')
+    done, _ = run_offline(tmp_path, sys.executable, '--allow-cpu', '--budget-s', '400',
+                          '--modes', 'inference', '--steps', '1', '--warmup', '0',
+                          '--tests', str(tests), timeout=420)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert 'installed 1 wheels' in done.stdout
+    data = json.loads((tmp_path / 'out' / 'results.json').read_text())
+    assert (data['tests']['passed'], data['tests']['failed']) == (1, 0)
+    assert [r['status'] for r in data['rows']] == ['ok', 'ok']
+    text = (tmp_path / 'out' / 'results.md').read_text()
+    assert re.search(r'Offline run: exit status 0; total \d+ s of a 400 s budget\. '
+                     r'Phases: device \d+ s, install \d+ s, benchmark \d+ s\.', text)

@@ -1,5 +1,5 @@
-"""The offline OpenMMLab training bundle (tools/gpu_train_bundle.sh) and its
-command on the GPU node (tools/gpu_train_offline.sh), without a GPU and
+"""The offline OpenMMLab training bundle (``tools/gpu_node.sh pack train``) and
+its run on the GPU node (``run train``), without a GPU and
 without building mmcv:
 
 - the bundle's locks: requirements/gpu-train.txt pinned with hashes for
@@ -36,8 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / 'requirements'
 LOCK = REQUIREMENTS / 'locks' / 'gpu-train.txt'
 BUILD_LOCK = REQUIREMENTS / 'locks' / 'gpu-train-build.txt'
-BUNDLE_SCRIPT = REPO / 'tools' / 'gpu_train_bundle.sh'
-OFFLINE = REPO / 'tools' / 'gpu_train_offline.sh'
+GPU_NODE = str(REPO / 'tools' / 'gpu_node.sh')
+BUNDLE_SCRIPT = [GPU_NODE, 'pack', 'train']
+OFFLINE = [GPU_NODE, 'run', 'train']
 TABLE = REPO / 'tools' / 'analysis' / 'gpu_train_table.py'
 #: pip's environment markers on the node: CPython 3.12 on x86-64 Linux.
 NODE_MARKERS = dict(python_version='3.12', python_full_version='3.12.3',
@@ -150,10 +151,10 @@ def test_bundle_script_checks_its_arguments():
                                (['lock', 'x'], {}, 'lock takes no arguments'),
                                ([], {'TORCH_CUDA_ARCH_LIST': 'sm_90'},
                                 'TORCH_CUDA_ARCH_LIST=sm_90: expected')]:
-        done = subprocess.run(['bash', str(BUNDLE_SCRIPT), *args], capture_output=True,
+        done = subprocess.run(['bash', *BUNDLE_SCRIPT, *args], capture_output=True,
                               text=True, timeout=SECONDS, env={**os.environ, **env})
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
-    done = subprocess.run(['bash', str(BUNDLE_SCRIPT), '--help'], capture_output=True,
+    done = subprocess.run(['bash', GPU_NODE, '--help'], capture_output=True,
                           text=True, timeout=SECONDS)
     assert done.returncode == 0 and 'gpu-train-manifest.json' in done.stdout
 
@@ -167,7 +168,7 @@ def run_offline(tmp_path, python, *args, extra_env=None, bundle=None):
     env.update(PYTHON=str(python), WORK_ROOT=str(tmp_path / 'runs'), **(extra_env or {}))
     start = time.monotonic()
     done = subprocess.run(
-        ['bash', str(OFFLINE), str(bundle or tmp_path / 'bundle'), str(tmp_path / 'out'),
+        ['bash', *OFFLINE, str(bundle or tmp_path / 'bundle'), str(tmp_path / 'out'),
          *args], capture_output=True, text=True, env=env, timeout=SECONDS)
     return done, time.monotonic() - start
 
@@ -207,10 +208,10 @@ def test_checks_its_arguments_first(tmp_path, args, env, message):
 
 
 def test_usage(tmp_path):
-    done = subprocess.run(['bash', str(OFFLINE), 'only-one-folder'], capture_output=True,
+    done = subprocess.run(['bash', *OFFLINE, 'only-one-folder'], capture_output=True,
                           text=True, timeout=SECONDS)
     assert done.returncode == 2 and 'BUNDLE OUT_DIR' in done.stderr
-    done = subprocess.run(['bash', str(OFFLINE), '--help'], capture_output=True, text=True,
+    done = subprocess.run(['bash', *OFFLINE, '--help'], capture_output=True, text=True,
                           timeout=SECONDS)
     assert done.returncode == 0 and 'Exit status' in done.stdout
 

@@ -32,9 +32,9 @@ def test_imported_package_is_the_checkout():
         osp.realpath(REPO), 'mmsoft')
 
 
-# Lab code (cost analysis, benchmarks, the GPU check, the comparison) lives in
+# Lab code (cost analysis, the benchmark and its runner, the comparison) lives in
 # tools/analysis/mmsoft_analysis, outside the installed package.
-LAB_NAME = re.compile(r'analysis|benchmark|gpu_check|comparison|peer')
+LAB_NAME = re.compile(r'analysis|benchmark|comparison|op_profile|gpu_train')
 # Top-level packages of the checkout that the installed package lacks, and
 # their folders.
 CHECKOUT_ONLY = {'mmsoft_analysis': 'tools/analysis/mmsoft_analysis',

@@ -1,283 +1,153 @@
-"""Latency and peak memory of backbones at several input sizes, side by side.
+"""Time and memory of backbones and whole detectors, side by side.
 
-Each (backbone, size) is measured in a fresh process (peak memory is then
-that call's own); SOFT and UFO-ViT run next to four peers built in the same
-environment: mmdet's Swin-T (``swin-t``) and PVTv2-b2 (``pvtv2-b2``), and
-timm's PVTv2-b2-li (``pvtv2-b2-li``, keys pooled to 7x7) and XCiT-S12
-(``xcit-s12``, blocks 3/5/7/11 resampled to strides 4-32 as in XCiT's
-detection code), the last two through mmpretrain's ``TIMMBackbone`` (they
-need timm, mmpretrain and torchvision; where those are missing their rows
-record the import error). Results: ``results.json``, ``results.csv`` and
-``scaling.png`` (time and memory against the pixel count) in ``--out-dir``.
+Each model of ``--models`` (names: ``mmsoft_analysis/models.py``; each with
+its origin) runs each input in a fresh process, training step and
+inference, float32 and AMP, eager and (``--compile``) compiled, on the CPU
+or a GPU; the models take turns round after round (``--rounds``), so the
+first model's time against each other's is an interleaved A/B
+(``x first``; ``first=soft++-tiny old=soft++-tiny:root=../old-checkout``
+compares two commits). Options add the per-region and per-operator profile
+(``--regions``), the peak of live memory on the CPU (``--live-memory``),
+kernels per step and GPU-busy time (``--kernels``), host syncs, FLOPs, the
+largest training batch (``--capacity``), and the CUDA tests before timing
+(``--tests``). Writes ``results.json`` and ``results.md`` into ``--out-dir``
+after every measurement, within ``--budget-s``.
 
-``--mode train`` measures training: forward plus backward of each backbone
-at ``--batch`` images; ``--detectors`` adds one Mask R-CNN training
-iteration per detector (``detectors.csv``, with the bytes autograd keeps in
-the backbone, neck and heads; the peers' Mask R-CNNs are mmdet's Swin-T
-config with the backbone and the FPN's input widths swapped);
-``--peak-sizes`` adds untimed training peaks at more sizes (``peaks.csv``);
-``--compile`` measures every backbone a second time through
-``torch.compile`` (time, peaks and ``compile_seconds``, the first call's);
-``--capacity-size`` adds the largest training batch within
-``--memory-limit-gb`` per backbone, extrapolated linearly from batches 1
-and 2 (``capacity.csv``).
-
-On CPU every measurement runs twice: once for time and the peak resident
-set (``peak_bytes``), once more in a process whose allocator returns freed
-memory at once, for the peak of live memory (``live_peak_bytes``, what a
-GPU's ``max_memory_allocated`` reports; see :mod:`mmsoft_analysis.measure`).
-The batch capacity uses the live peaks. ``--no-live-memory`` skips it.
+Exit status: 0, 1 when a measurement or a test failed, 2 on invalid
+arguments or CUDA asked for where there is none.
 
 Example::
 
-    python tools/analysis/benchmark.py --models soft-tiny soft-small swin-t pvtv2-b2 \
-        pvtv2-b2-li xcit-s12 --sizes 512x512 800x1333 1024x1024 --repeats 3
-    python tools/analysis/benchmark.py --models soft-small:solver=newton --sizes 800x1333
-    python tools/analysis/benchmark.py --mode train --compile --sizes 512x512 \
-        --models soft-tiny:solver=newton ufo-vit-tiny swin-t pvtv2-b2-li
-    python tools/analysis/benchmark.py --mode train --models soft-tiny swin-t \
-        --sizes 800x1333 --detectors soft++-tiny swin-t pvtv2-b2 pvtv2-b2-li \
-        xcit-s12 --capacity-size 1024x1024
+    python tools/analysis/benchmark.py --models soft++-tiny swin-t pvtv2-b2 \\
+        --sizes 800x1333 1536x1536 --modes inference --live-memory
+    python tools/analysis/benchmark.py --device cuda --tests tests/test_cuda.py \\
+        --models soft++-tiny soft++-small ufo-vit-small timm-swin-t timm-pvtv2-b2 \\
+        --images 800x1199 800x1067 --precisions float32 amp --optimizer adamw \\
+        --compile inductor --kernels 2 --budget-s 500 --out-dir OUT
+    python tools/analysis/benchmark.py --device cpu --smoke   # the CPU smoke mode
 """
 import argparse
-import json
-import os
-import platform
-import subprocess
-import time
+import shlex
+import sys
 
-import torch
+from mmsoft_analysis import parse_size
+from mmsoft_analysis.models import NAMES
+from mmsoft_analysis.report import markdown
+from mmsoft_analysis.runner import MODES, PRECISIONS, Settings, passed, run_benchmark
 
-from mmsoft_analysis.sizes import parse_size
-from mmsoft_analysis import worker_command, worker_env
-from mmsoft_analysis.batch_capacity import largest_batch
-from mmsoft_analysis.detector_step import DETECTOR_CONFIGS
-from mmsoft_analysis.measure import matmul_throughput
-from mmsoft_analysis.peers import BACKBONES, parse_spec
-from mmsoft_analysis.report import write_results
-
-PEERS = ['swin-t', 'pvtv2-b2', 'pvtv2-b2-li', 'xcit-s12']
-DEFAULT_MODELS = ['soft-tiny', 'soft-small', 'ufo-vit-tiny', 'ufo-vit-small',
-                  *PEERS]
-DEFAULT_SIZES = ['512x512', '800x1333', '1024x1024', '1536x1536', '2048x2048']
+#: What ``--smoke`` sets where not given: tiny inputs and few steps.
+SMOKE = dict(models=['soft++-tiny', 'timm-swin-t'], images=[(32, 64), (32, 48)],
+             warmup=1, steps=2, amp_dtype='bfloat16')
 
 
-def parse_args():
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--models', nargs='*', default=DEFAULT_MODELS,
-                        help='backbone specs, NAME[:key=value,...]; NAME is one '
-                        f'of {", ".join(BACKBONES)} (default: '
-                        f'{" ".join(DEFAULT_MODELS)}; the peers: {" ".join(PEERS)})')
-    parser.add_argument('--sizes', nargs='+', type=parse_size,
-                        default=[parse_size(s) for s in DEFAULT_SIZES],
-                        help='input sizes HxW')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available()
-                        else 'cpu')
-    parser.add_argument('--mode', choices=('inference', 'train'),
-                        default='inference',
-                        help='backbone forward without gradients, or forward + '
-                        'backward (training)')
-    parser.add_argument('--backward', action='store_true',
-                        help='the same as --mode train')
-    parser.add_argument('--batch', type=int, default=1,
-                        help='images per backbone call')
-    parser.add_argument('--detectors', nargs='*', default=[],
-                        choices=sorted(DETECTOR_CONFIGS),
-                        help='Mask R-CNN 1x detectors to measure one training '
-                        'iteration of (the peers: ' + ' '.join(PEERS) + ')')
-    parser.add_argument('--detector-sizes', nargs='+', type=parse_size,
-                        default=[(800, 1333)], help='detector image sizes HxW')
-    parser.add_argument('--detector-batch', type=int, default=2)
-    parser.add_argument('--peak-sizes', nargs='*', type=parse_size, default=[],
-                        help='sizes HxW at which only the training peak of each '
-                        'backbone is measured, untimed (peaks.csv)')
-    parser.add_argument('--capacity-size', type=parse_size, default=None,
-                        help='size HxW at which to find each backbone\'s largest '
-                        'training batch')
-    parser.add_argument('--memory-limit-gb', type=float, default=16,
-                        help='memory budget of --capacity-size (GB, 1e9 bytes)')
-    parser.add_argument('--warmup', type=int, default=1)
-    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--models', nargs='+', metavar='SPEC',
+                        help=f'[LABEL=]NAME[:key=value,...], NAME one of {", ".join(NAMES)} '
+                        'or a config path (default: soft++-tiny soft++-small '
+                        'ufo-vit-small swin-t pvtv2-b2)')
+    parser.add_argument('--sizes', nargs='+', type=parse_size, default=None,
+                        metavar='HxW', help='inputs, each --batch images of one size')
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--images', nargs='+', type=parse_size, default=None,
+                        metavar='HxW', help="one batch of these images, padded to "
+                        "multiples of --pad; mmsoft's backbones get each valid region")
+    parser.add_argument('--pad', type=int, default=None,
+                        help='side multiple of the padded batch (default 32 with '
+                        '--images, else 1)')
+    parser.add_argument('--device', default='cpu', help="'cpu', 'cuda' or 'cuda:N'")
+    parser.add_argument('--detector', action='store_true',
+                        help="the model's whole Mask R-CNN (mmdet's configs)")
+    parser.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
+    parser.add_argument('--precisions', nargs='+', default=['float32'],
+                        choices=PRECISIONS)
+    parser.add_argument('--amp-dtype', default=None, choices=('float16', 'bfloat16'),
+                        help='autocast dtype of amp (default float16)')
+    parser.add_argument('--optimizer', default='none', choices=('none', 'adamw'),
+                        help="the training step's optimizer step")
     parser.add_argument('--compile', nargs='?', const='inductor', default=None,
-                        metavar='BACKEND',
-                        help='measure each backbone a second time compiled '
-                        '(torch.compile with BACKEND, default inductor): time, '
-                        'peaks and the first call, which compiles')
-    parser.add_argument('--flops', action='store_true',
-                        help='also count FLOPs of each run')
-    parser.add_argument('--no-live-memory', action='store_true',
-                        help='on CPU, skip the second run of each measurement '
-                        'that finds the peak of live memory')
-    parser.add_argument('--timeout', type=float, default=900,
-                        help='seconds allowed per measurement')
+                        metavar='BACKEND', help='also compiled, after eager '
+                        '(torch.compile with BACKEND, default inductor)')
+    parser.add_argument('--compile-mode', default=None)
+    parser.add_argument('--compiled-only', action='store_true')
+    parser.add_argument('--warmup', type=int, default=None, help='untimed steps (1)')
+    parser.add_argument('--steps', type=int, default=None,
+                        help='timed steps per process (3)')
+    parser.add_argument('--rounds', type=int, default=1,
+                        help='processes per model and input, the models in turn')
+    parser.add_argument('--threads', type=int, default=1,
+                        help="torch's threads on the CPU")
+    parser.add_argument('--memory', action='store_true',
+                        help="CPU: the resident set's growth over the first step")
+    parser.add_argument('--live-memory', action='store_true',
+                        help='CPU: the peak of live memory, in one more process')
+    parser.add_argument('--kernels', type=int, default=0, metavar='STEPS',
+                        help='GPU: kernels per step and GPU-busy time over STEPS '
+                        'profiled steps (first round)')
+    parser.add_argument('--host-sync', action='store_true',
+                        help='GPU: one step with host syncs as errors (first round)')
+    parser.add_argument('--flops', action='store_true', help='FLOPs of the forward')
+    parser.add_argument('--regions', action='store_true',
+                        help='time, FLOPs and kernels per region and operator class')
+    parser.add_argument('--saved-tensors', action='store_true',
+                        help='the bytes autograd keeps, by top-level module')
+    parser.add_argument('--capacity', type=parse_size, default=None, metavar='HxW',
+                        help='the largest training batch at HxW within '
+                        '--memory-limit-gb')
+    parser.add_argument('--memory-limit-gb', type=float, default=16.)
+    parser.add_argument('--max-batch', type=int, default=512)
+    parser.add_argument('--tests', nargs='*', default=None, metavar='PATH',
+                        help='run pytest first (default tests/test_cuda.py)')
+    parser.add_argument('--budget-s', type=float, default=1e9,
+                        help='seconds for the whole run, tests included')
+    parser.add_argument('--case-timeout-s', type=float, default=900.)
+    parser.add_argument('--smoke', action='store_true',
+                        help='tiny inputs and few steps (the CPU smoke mode)')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def run_command(command, base, timeout):
-    """Runs a worker; returns its ``RESULT`` or ``base`` with the error."""
+def settings_of(args, argv) -> Settings:
+    """The settings of the parsed arguments; ``--smoke``'s where not given."""
+    smoke = SMOKE if args.smoke else {}
+    images = args.images or (None if args.sizes else smoke.get('images'))
+    inputs = ([images] if images else
+              [[size] * args.batch for size in args.sizes or [(800, 1333)]])
+    return Settings(
+        models=args.models or smoke.get('models') or [
+            'soft++-tiny', 'soft++-small', 'ufo-vit-small', 'swin-t', 'pvtv2-b2'],
+        inputs=inputs, out_dir=args.out_dir, device=args.device,
+        detector=args.detector, modes=args.modes, precisions=args.precisions,
+        amp_dtype=args.amp_dtype or smoke.get('amp_dtype', 'float16'),
+        compile=args.compile, compile_mode=args.compile_mode,
+        compiled_only=args.compiled_only, optimizer=args.optimizer,
+        pad=args.pad or (32 if images else 1),
+        warmup=args.warmup if args.warmup is not None else smoke.get('warmup', 1),
+        steps=args.steps if args.steps is not None else smoke.get('steps', 3),
+        rounds=args.rounds,
+        threads=args.threads, memory=args.memory, live_memory=args.live_memory,
+        kernels=args.kernels, host_sync=args.host_sync, flops=args.flops,
+        regions=args.regions, saved_tensors=args.saved_tensors,
+        capacity=args.capacity, memory_limit_gb=args.memory_limit_gb,
+        max_batch=args.max_batch,
+        tests=(args.tests or ['tests/test_cuda.py']) if args.tests is not None else (),
+        budget_s=args.budget_s, case_timeout_s=args.case_timeout_s,
+        command='python tools/analysis/benchmark.py ' + shlex.join(argv))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     try:
-        done = subprocess.run(command, env=worker_env(), capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(base, seconds=None, error=f'timeout after {timeout}s')
-    for line in done.stdout.splitlines():
-        if line.startswith('RESULT '):
-            return json.loads(line[len('RESULT '):])
-    if done.returncode < 0:
-        return dict(base, seconds=None, error=f'killed by signal {-done.returncode}')
-    errors = [line for line in done.stderr.splitlines() if 'Error' in line]
-    tail = errors[-1:] or done.stderr.strip().splitlines()[-1:]
-    return dict(base, seconds=None, error=tail[0] if tail else f'exit {done.returncode}')
-
-
-def measures_live_memory(args) -> bool:
-    """Whether each measurement gets a second, live-memory run."""
-    return args.device == 'cpu' and not args.no_live_memory
-
-
-def with_live_peak(command, base, args):
-    """Runs a worker, then (on CPU) the same with ``--live-memory``, and
-    returns the first result with ``live_peak_bytes`` from the second."""
-    result = run_command(command, base, args.timeout)
-    if result.get('seconds') is None or not measures_live_memory(args):
-        return result
-    live = run_command(command + ['--live-memory'], base, args.timeout)
-    if 'peak_bytes' not in live:
-        return dict(result, error=f"live memory: {live.get('error')}")
-    return dict(result, live_peak_bytes=live['peak_bytes'])
-
-
-def backbone_command(spec, size, args, batch, warmup, repeats, backward):
-    """The worker command line measuring one backbone (spec, size, batch)."""
-    command = worker_command('measure', spec, str(size[0]), str(size[1]),
-                             '--device', args.device, '--warmup', str(warmup),
-                             '--repeats', str(repeats), '--batch', str(batch))
-    return command + ['--backward'] * backward
-
-
-def backbone_base(spec, size, args, batch):
-    """What a failed backbone measurement still reports."""
-    return dict(model=spec, height=size[0], width=size[1], device=args.device,
-                batch=batch)
-
-
-def run_worker(spec, size, args, batch=None, compile_backend=None):
-    """Measures one (spec, size) in child processes, eager or compiled with
-    ``compile_backend``; returns its result."""
-    batch = args.batch if batch is None else batch
-    command = backbone_command(spec, size, args, batch, args.warmup, args.repeats,
-                               backward=args.mode == 'train')
-    command += ['--flops'] * (args.flops and compile_backend is None)
-    base = backbone_base(spec, size, args, batch)
-    if compile_backend is not None:
-        command += ['--compile', compile_backend]
-        base['compile'] = compile_backend
-    return with_live_peak(command, base, args)
-
-
-def run_detector_worker(name, size, args):
-    """Measures one detector training iteration in child processes."""
-    command = worker_command('detector_step', name, str(size[0]), str(size[1]),
-                             '--batch', str(args.detector_batch), '--device',
-                             args.device, '--warmup', str(args.warmup),
-                             '--repeats', str(args.repeats))
-    base = dict(model=name, height=size[0], width=size[1], device=args.device,
-                mode='train_step', batch=args.detector_batch)
-    return with_live_peak(command, base, args)
-
-
-def peak_only(spec, size, args, batch):
-    """The training peak of one (spec, size, batch), untimed: the live peak
-    on CPU (unless ``--no-live-memory``), the device's peak otherwise."""
-    command = backbone_command(spec, size, args, batch, 0, 0, backward=True)
-    command += ['--live-memory'] * measures_live_memory(args)
-    return run_command(command, backbone_base(spec, size, args, batch), args.timeout)
-
-
-def capacity_of(spec, args):
-    """The largest training batch of ``spec`` within the memory limit."""
-    size = args.capacity_size
-    peaks = {}
-    for batch in (1, 2):
-        result = peak_only(spec, size, args, batch)
-        if 'peak_bytes' not in result:
-            return dict(model=spec, error=result['error'])
-        peaks[batch] = result['peak_bytes']
-    found = largest_batch(peaks, int(args.memory_limit_gb * 1e9))
-    kind = 'live peaks' if measures_live_memory(args) else 'peaks'
-    return dict(model=spec, height=size[0], width=size[1],
-                limit_gb=args.memory_limit_gb,
-                method=f'linear from the {kind} of batches 1 and 2',
-                peaks=peaks, **found)
-
-
-def describe(result):
-    """One line of progress for a measurement."""
-    if result.get('seconds') is None:
-        return f"failed: {result['error']}"
-    line = f"{result['seconds']:.3f} s, {result['peak_bytes'] / 2**20:.0f} MiB"
-    if result.get('compile_seconds') is not None:
-        line = f"compiled in {result['compile_seconds']:.1f} s, " + line
-    if 'live_peak_bytes' in result:
-        line += f" ({result['live_peak_bytes'] / 2**20:.0f} MiB live)"
-    return line
-
-
-def main():
-    args = parse_args()
-    if args.backward:
-        args.mode = 'train'
-    for spec in args.models:
-        parse_spec(spec)  # fail early on unknown names
-    meta = dict(device=args.device, torch=torch.__version__,
-                machine=platform.machine(), processor=platform.processor(),
-                threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
-                mode='forward+backward' if args.mode == 'train' else 'forward',
-                batch=args.batch, warmup=args.warmup, repeats=args.repeats,
-                date=time.strftime('%Y-%m-%d %H:%M'))
-    meta['matmul_gmacs'] = matmul_throughput(device=args.device) / 1e9
-    print(f"dense matmul throughput: {meta['matmul_gmacs']:.1f} G multiply-adds/s "
-          f"({meta['threads']} threads)", flush=True)
-    compiles = [None] + [args.compile] * (args.compile is not None)
-    jobs = [('backbone', spec, size, backend) for spec in args.models
-            for size in args.sizes for backend in compiles]
-    jobs += [('detector', name, size, None) for name in args.detectors
-             for size in args.detector_sizes]
-    sections = dict(results=[], detectors=[], capacity=[], peaks=[])
-    for index, (kind, name, size, backend) in enumerate(jobs, 1):
-        compiled = f' compiled ({backend})' if backend else ''
-        print(f'[{index}/{len(jobs)}] {name} {size[0]}x{size[1]}{compiled} ...',
-              end=' ', flush=True)
-        if kind == 'backbone':
-            result = run_worker(name, size, args, compile_backend=backend)
-            sections['results'].append(result)
-        else:
-            result = run_detector_worker(name, size, args)
-            sections['detectors'].append(result)
-        print(describe(result), flush=True)
-        write_results(sections['results'], meta, args.out_dir,
-                      sections['detectors'], sections['capacity'])
-    for spec in args.models:
-        for size in args.peak_sizes:
-            result = peak_only(spec, size, args, args.batch)
-            sections['peaks'].append(result)
-            print(f'{spec} {size[0]}x{size[1]}: training peak ' + (
-                f"{result['peak_bytes'] / 2**20:.0f} MiB" if 'peak_bytes' in result
-                else f"failed: {result['error']}"), flush=True)
-    if args.capacity_size is not None:
-        args.mode = 'train'
-        for spec in args.models:
-            found = capacity_of(spec, args)
-            sections['capacity'].append(found)
-            print(f"{spec}: largest batch at {args.capacity_size[0]}x"
-                  f"{args.capacity_size[1]} within {args.memory_limit_gb} GB: "
-                  f"{found.get('largest_batch', found.get('error'))}", flush=True)
-    paths = write_results(sections['results'], meta, args.out_dir,
-                          sections['detectors'], sections['capacity'],
-                          sections['peaks'])
-    print('written: ' + ', '.join(paths.values()))
+        settings = settings_of(args, argv)
+        data = run_benchmark(settings, log=lambda line: print(line, flush=True))
+    except (RuntimeError, ValueError) as error:
+        print(f'benchmark: {error}', file=sys.stderr)
+        return 2
+    print('\n' + markdown(data))
+    print(f'written: {settings.out_dir}/results.json, {settings.out_dir}/results.md')
+    return 0 if passed(data) else 1
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -15,12 +15,12 @@ tools, and writes the table and the plots:
    ``--epochs`` epochs (``--seg-iters`` iterations for UperNet), under the
    entry's recipe; the final validation gives COCO bbox / segm mAP (mmdet's
    ``CocoMetric``) or mIoU.
-3. **costs**: ``tools/analysis/benchmark.py`` on each detector's backbone,
-   built from its config: parameters, FLOPs (mmsoft's handle-aware counter)
-   at 800x1333 and at the training size (160x160), inference latency at
-   800x1333, one training iteration (forward and backward) at 800x1333, and
-   the peak of live training memory at 1536x1536; the training figures of
-   mmsoft's backbones also with ``memory_efficient=False``.
+3. **costs**: the benchmark (:mod:`mmsoft_analysis.runner`) on each
+   detector's backbone, built from its config: parameters, FLOPs (mmsoft's
+   handle-aware counter) at 800x1333 and at the training size (160x160),
+   inference latency at 800x1333, one training step (forward and backward)
+   at 800x1333, and the peak of live training memory at 1536x1536; the
+   training figures of mmsoft's backbones also with ``memory_efficient=False``.
 4. **report**: ``table.md``, ``probe.md``, ``comparison.json`` and the
    plots ``map_vs_latency.png`` and ``map_vs_train_memory.png`` in
    ``--out-dir`` (``docs/comparison/``; ``docs/comparison.md`` explains them).
@@ -48,16 +48,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from mmsoft_analysis.sizes import parse_size
-from mmsoft_analysis import REPO
+from mmsoft_analysis import REPO, parse_size
 from mmsoft_analysis.comparison import (BBOX_METRIC, DEMO_EPOCH_ITERS, DETECTORS,
-                                        MIOU_METRIC, PROBE_DETECTORS, RECIPES,
+                                        MIOU_METRIC, PLAIN, PROBE_DETECTORS, RECIPES,
                                         SEGM_METRIC, SEGMENTORS, Entry,
                                         detection_schedule, epoch_loss,
                                         final_metrics, first_epoch_metrics,
-                                        probe_options, recipe_options,
-                                        segmentation_schedule)
-from mmsoft_analysis.comparison_report import PLAIN, write_report
+                                        measure_costs, probe_options, recipe_options,
+                                        segmentation_schedule, write_report)
 
 PHASES = ('probe', 'train', 'costs', 'report')
 INFERENCE_SIZE, TRAIN_SIZE, PEAK_SIZE = (800, 1333), (800, 1333), (1536, 1536)
@@ -297,40 +295,9 @@ def ensure_data(args, probe: bool = False) -> None:
                            cwd=REPO, check=True)
 
 
-def benchmark(args, name: str, *options: str, plain: bool = False) -> Dict:
-    """Runs ``tools/analysis/benchmark.py`` on the detectors' backbones (built
-    from their configs; with ``plain``, mmsoft's also without the
-    memory-efficient path) and returns its ``results.json``."""
-    out_dir = args.work_dir / 'costs' / name
-    models = [entry.config for entry in args.detectors]
-    if plain:
-        models += [entry.config + PLAIN for entry in args.detectors if entry.ours]
-    command = [sys.executable, 'tools/analysis/benchmark.py', '--device', 'cpu',
-               '--models', *models, '--out-dir', str(out_dir), *options]
-    print('$ ' + ' '.join(command), flush=True)
-    subprocess.run(command, cwd=REPO, env=thread_env(args.threads), check=True)
-    return json.loads((REPO / out_dir / 'results.json').read_text())
-
-
 def size_text(size) -> str:
     """``(800, 1333)`` -> ``'800x1333'``."""
     return f'{size[0]}x{size[1]}'
-
-
-def measure_costs(args) -> Dict:
-    """The cost columns, from three benchmark runs; written to ``costs.json``."""
-    inference = benchmark(args, 'inference', '--sizes', size_text(args.inference_size),
-                          '--flops',
-                          '--warmup', '1', '--repeats', '3', '--no-live-memory')
-    flops = benchmark(args, 'flops', '--sizes', size_text(args.flops_size), '--flops',
-                      '--warmup', '0', '--repeats', '1', '--no-live-memory')
-    training = benchmark(args, 'train', '--mode', 'train', '--sizes',
-                         size_text(args.train_size), '--warmup', '1', '--repeats',
-                         '2', '--peak-sizes', size_text(args.peak_size), plain=True)
-    costs = dict(inference=inference, flops=flops, train=training)
-    path = args.work_dir / 'costs.json'
-    path.write_text(json.dumps(costs, indent=2))
-    return costs
 
 
 def machine() -> Dict:
@@ -363,7 +330,10 @@ def main():
             ensure_data(args, probe=phase == 'probe')
             failed += run_all(args, jobs[phase], recorded, records_path)
     if 'costs' in args.phases:
-        measure_costs(args)
+        measure_costs(args.detectors, dict(inference=args.inference_size,
+                                           flops=args.flops_size, train=args.train_size,
+                                           peak=args.peak_size),
+                      args.threads, args.work_dir)
     if 'report' in args.phases:
         costs_path = args.work_dir / 'costs.json'
         costs = json.loads(costs_path.read_text()) if costs_path.exists() else None

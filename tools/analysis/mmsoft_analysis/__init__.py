@@ -1,36 +1,55 @@
-"""Cost analysis of mmsoft's backbones: latency and memory measurement, peer
-backbones, the detector training step, batch capacity, the GPU check and the
-side-by-side comparison with its reports.
+"""The measuring code of ``tools/analysis/``: the backbones and detectors it
+builds (:mod:`.models`), one measurement inside one process
+(:mod:`.measure`), the runner that starts a fresh process per measurement
+(:mod:`.runner`) and the report it writes (:mod:`.report`).
 
-Lab code, not part of the installed ``mmsoft`` package: the scripts in
-``tools/analysis/`` import it from their own directory. Importing it puts the
-repository root on ``sys.path`` (as ``tools/train.py`` does), so that the
-comparison's peer configs import their backbones
+Lab code, not part of the installed ``mmsoft`` package: the tools import it
+from their own folder. Importing it puts the repository root on
+``sys.path``, so that the comparison's configs import their backbones
 (``configs.comparison.peer_backbones``).
 """
+import argparse
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Tuple
 
-#: ``tools/analysis/``, the directory that holds this package.
+#: ``tools/analysis/``, the folder that holds this package.
 ANALYSIS_DIR = Path(__file__).resolve().parents[1]
 #: The repository root.
 REPO = ANALYSIS_DIR.parents[1]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
-
-def worker_command(module: str, *args: str) -> List[str]:
-    """``python -m mmsoft_analysis.<module> ARGS`` in this interpreter; run it
-    with :func:`worker_env`."""
-    return [sys.executable, '-m', f'{__name__}.{module}', *args]
+_SIZE = re.compile(r'\s*([0-9]+)\s*(?:[xX]\s*([0-9]+)\s*)?')
 
 
-def worker_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """``env`` (default: this process's environment) with ``tools/analysis/``
-    first on ``PYTHONPATH``, so that a child process imports this package."""
-    env = dict(os.environ if env is None else env)
-    paths = [str(ANALYSIS_DIR), env.get('PYTHONPATH', '')]
+class SizeError(argparse.ArgumentTypeError, ValueError):
+    """An invalid size: argparse shows its message; a ValueError elsewhere."""
+
+
+def parse_size(text: str) -> Tuple[int, int]:
+    """``'HxW'`` (``'800x1333'`` -> ``(800, 1333)``) or ``'N'`` (square) as
+    ``(height, width)``; whitespace and the ``x``'s case are ignored.
+
+    Raises:
+        SizeError: ``text`` is not of that form, or a side is not positive.
+    """
+    match = _SIZE.fullmatch(text) if isinstance(text, str) else None
+    if match:
+        height = int(match[1])
+        width = height if match[2] is None else int(match[2])
+        if height > 0 and width > 0:
+            return height, width
+    raise SizeError(f'size {text!r} is invalid; expected HxW (or N for NxN), '
+                    'e.g. 800x1333.')
+
+
+def worker_env(root: str = '') -> Dict[str, str]:
+    """This process's environment with ``root`` (another checkout's mmsoft,
+    when given) and then ``tools/analysis/`` first on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    paths = [root, str(ANALYSIS_DIR), env.get('PYTHONPATH', '')]
     env['PYTHONPATH'] = os.pathsep.join(filter(None, paths))
     return env

@@ -1,289 +1,395 @@
-"""Latency and peak memory of one backbone at one input size.
+"""One measurement in one process: a model built once, then each of its
+settings (mode and precision) stepped, timed and measured.
 
-Run once per (backbone, size) in a fresh process (see
-``tools/analysis/benchmark.py``) so that memory of earlier runs does not mask
-the peak. On CPU the peak is the growth of the process's resident set
-high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``) during one
-forward (or forward + backward); on CUDA it is
-``torch.cuda.max_memory_allocated`` above the memory held before the call.
+A training step is the forward (under autocast for AMP), the loss (a
+backbone's: the sum of its maps' means; a detector's: its losses), the
+backward and, with ``optimizer='adamw'``, an AdamW step (mmdet's Swin-T
+settings; under AMP through ``torch.amp.GradScaler``, as mmengine's
+``--amp``); without it the gradients are dropped. Inference is the forward
+without gradients.
 
-The resident set also holds memory glibc's allocator keeps after it is
-freed (it raises its mmap threshold as large blocks are freed and keeps heap
-memory mapped), so on CPU it overstates what the tensors need, by however
-much the allocation pattern fragments the heap. With ``--live-memory`` the
-worker first fixes glibc's mmap threshold (:func:`track_live_memory`): every
-allocation of 64 KiB or more is then its own mapping, returned on free, and
-the high-water mark is the peak of live memory, the figure CUDA's
-``max_memory_allocated`` gives on a GPU. That worker measures memory only:
-the extra mappings slow it down.
+Time: each step between two CUDA events on a GPU, its wall time on the
+CPU; beside it the process's CPU time and the host's time to issue it.
+Memory: on a GPU ``max_memory_allocated`` and ``max_memory_reserved`` over
+the timed steps; on the CPU the growth of the resident set's high-water mark
+(``VmHWM``) over the first step, or, in a process whose allocator returns
+freed blocks at once (:func:`track_live_memory`), the peak of live memory.
+
+Run as ``python -m mmsoft_analysis.measure JSON`` it measures one case of
+:mod:`.runner` and prints one ``RESULT {json}`` line per record.
 """
-import argparse
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import json
-import statistics
+import math
+import re
+import sys
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn as nn
+
+MIB = 2**20
+PAD = 32
+#: AdamW as mmdet's Swin-T Mask R-CNN config sets it up.
+ADAMW = dict(lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05)
+#: Host calls that launch work on a GPU.
+LAUNCH_CALL = re.compile(r'^cu(da)?(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)')
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-LIVE_MEMORY_THRESHOLD = 64 * 1024
+def canvas(shapes: Sequence[Tuple[int, int]], pad: int) -> Tuple[int, int]:
+    """(H, W) of a batch of images of ``shapes``: each side's largest,
+    rounded up to a multiple of ``pad``."""
+    return tuple(-(-max(s[i] for s in shapes) // pad) * pad for i in (0, 1))
 
 
-def track_live_memory() -> None:
-    """Makes this process's resident set follow its live allocations.
-
-    Fixes glibc's mmap threshold at 64 KiB, which also turns off its dynamic
-    raising: larger blocks are mapped on allocation and unmapped on free.
-
-    Raises:
-        RuntimeError: When the C library does not accept the setting (not
-            glibc).
-    """
-    libc = ctypes.CDLL(ctypes.util.find_library('c'))
-    if libc.mallopt(M_MMAP_THRESHOLD, LIVE_MEMORY_THRESHOLD) != 1:
-        raise RuntimeError('mallopt(M_MMAP_THRESHOLD) failed: --live-memory needs '
-                           'glibc on Linux.')
+def images_of(shapes: Sequence[Tuple[int, int]], pad: int,
+              device: torch.device) -> torch.Tensor:
+    """(B, 3, H, W) normalised random images of ``shapes`` on one
+    :func:`canvas`, zero outside each image (as mmdet pads them)."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.zeros(len(shapes), 3, *canvas(shapes, pad))
+    for index, (height, width) in enumerate(shapes):
+        images[index, :, :height, :width] = torch.randn(3, height, width,
+                                                        generator=generator)
+    return images.to(device)
 
 
-def _status_kib(field: str) -> int:
-    with open('/proc/self/status') as status:
-        for line in status:
-            if line.startswith(field + ':'):
-                return int(line.split()[1])
-    raise RuntimeError(f'{field} not found in /proc/self/status')
-
-
-def reset_peak_rss() -> None:
-    """Resets the resident-set high-water mark of this process (Linux)."""
-    with open('/proc/self/clear_refs', 'w') as clear_refs:
-        clear_refs.write('5')
-
-
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
 
 
-def autocast_to(device: torch.device, dtype: Optional[torch.dtype]):
-    """``torch.autocast`` to ``dtype`` on ``device``'s type; no autocast
-    (a null context) when ``dtype`` is None."""
+def autocast(device: torch.device, dtype: Optional[torch.dtype]):
+    """``torch.autocast`` to ``dtype``; none where ``dtype`` is None."""
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
 
 
-def run_once(model, images: torch.Tensor, backward: bool,
-             autocast_dtype: Optional[torch.dtype] = None) -> None:
-    """One forward (no grad) or forward + backward of ``model``.
+def make_step(model: nn.Module, loss_of: Callable, predict: Callable, mode: str,
+              dtype: Optional[torch.dtype], device: torch.device,
+              optimizer: str = 'none') -> Callable[[], None]:
+    """One training step or inference call of ``model`` (see the module)."""
+    if mode == 'inference':
+        model.eval()
 
-    Args:
-        model (nn.Module): A backbone returning a sequence of maps.
-        images (Tensor): (B, 3, H, W) input.
-        backward (bool): Forward + backward of the sum of the maps' means
-            (gradients dropped after) instead of a forward without gradients.
-        autocast_dtype (torch.dtype, optional): Run the forward under
-            ``torch.autocast`` to this dtype (the backward runs outside it,
-            as autocast prescribes). None runs in the model's dtype.
-            Default: None.
-    """
-    autocast = autocast_to(images.device, autocast_dtype)
-    if backward:
-        with autocast:
-            outputs = model(images)
-        sum(out.float().mean() for out in outputs).backward()
+        def infer() -> None:
+            with torch.no_grad(), autocast(device, dtype):
+                predict(model)
+        return infer
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    adamw = torch.optim.AdamW(params, **ADAMW) if optimizer == 'adamw' else None
+    scaler = torch.amp.GradScaler(device.type) if adamw and dtype else None
+
+    def train() -> None:
+        with autocast(device, dtype):
+            loss = loss_of(model)
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.step(adamw)
+            scaler.update()
+        elif adamw:
+            adamw.step()
         model.zero_grad(set_to_none=True)
-        return
-    with torch.no_grad(), autocast:
-        model(images)
+    return train
 
 
-def peak_memory_of(call: Callable[[], object], device: torch.device) -> int:
-    """Memory held at the peak of ``call()``, above what was held before it.
+def track_live_memory() -> None:
+    """Makes this process's resident set follow its live allocations: glibc
+    maps every block of 64 KiB or more on its own and unmaps it when freed.
 
-    Args:
-        call (callable): The work to measure, without arguments.
-        device (torch.device): Where it runs: CUDA's allocator is asked on a
-            GPU, the process's resident set on CPU.
-
-    Returns:
-        int: Bytes.
+    Raises:
+        RuntimeError: Where the C library is not glibc.
     """
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        call()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    reset_peak_rss()
+    libc = ctypes.CDLL(ctypes.util.find_library('c'))
+    if libc.mallopt(-3, 64 * 1024) != 1:  # M_MMAP_THRESHOLD
+        raise RuntimeError('mallopt(M_MMAP_THRESHOLD) failed: live memory needs '
+                           'glibc on Linux.')
+
+
+def _status_kib(field: str) -> int:
+    with open('/proc/self/status') as status:
+        return next(int(line.split()[1]) for line in status
+                    if line.startswith(field + ':'))
+
+
+def rss_growth_mib(call: Callable[[], None]) -> float:
+    """The growth of the resident set's high-water mark during ``call()``."""
+    with open('/proc/self/clear_refs', 'w') as clear_refs:
+        clear_refs.write('5')  # resets VmHWM
     before = _status_kib('VmRSS')
     call()
-    return (_status_kib('VmHWM') - before) * 1024
+    return (_status_kib('VmHWM') - before) / 1024
 
 
-def seconds_of(call: Callable[[], object], device: torch.device) -> float:
-    """Wall time of one ``call()``, the device synchronised before and after
-    (e.g. the first call of a compiled model: its compile time)."""
-    _synchronize(device)
-    start = time.perf_counter()
-    call()
-    _synchronize(device)
-    return time.perf_counter() - start
+def time_steps(step: Callable[[], None], device: torch.device, steps: int) -> Dict:
+    """``times_ms`` (CUDA events, or wall time), ``cpu_ms`` (this process's
+    CPU time) and ``host_ms`` (the Python call alone) of ``steps`` steps."""
+    times, cpu, host = [], [], []
+    synchronize(device)
+    for _ in range(steps):
+        if device.type == 'cuda':
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            events[0].record()
+        began, began_cpu = time.perf_counter(), time.process_time()
+        step()
+        host.append((time.perf_counter() - began) * 1e3)
+        if device.type == 'cuda':
+            events[1].record()
+            events[1].synchronize()
+            times.append(events[0].elapsed_time(events[1]))
+        else:
+            times.append(host[-1])
+        cpu.append((time.process_time() - began_cpu) * 1e3)
+    return dict(times_ms=times, cpu_ms=cpu, host_ms=host)
 
 
-def call_times(call: Callable[[], object], device: torch.device, warmup: int,
-               repeats: int) -> Tuple[list, list]:
-    """Wall and CPU times of ``repeats`` calls after ``warmup`` calls.
+def union_length(intervals: Iterable[Tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total, start, end = 0., None, None
+    for begin, finish in sorted(intervals):
+        if end is None or begin > end:
+            total += 0. if end is None else end - start
+            start, end = begin, finish
+        else:
+            end = max(end, finish)
+    return total + (0. if end is None else end - start)
 
-    The CPU time is the process's (all threads); on a machine shared with
-    other jobs it is less disturbed than the wall time.
 
-    Returns:
-        tuple[list, list]: Wall seconds and CPU seconds of each timed call.
+def activity_kind(name: str, on_gpu: bool, kind: Optional[str] = None) -> Optional[str]:
+    """``'kernel'``, ``'copy'`` (memcpy, memset), ``'launch'`` (a host call
+    launching GPU work) or None, from a profiler event's name, timeline and
+    kineto's activity type where the build reports it."""
+    if (kind or '').endswith('user_annotation'):
+        return None
+    if kind in ('kernel', 'gpu_memcpy', 'gpu_memset'):
+        return 'kernel' if kind == 'kernel' else 'copy'
+    if on_gpu and kind is None:
+        return 'copy' if name.startswith(('Memcpy', 'Memset')) else 'kernel'
+    return 'launch' if not on_gpu and LAUNCH_CALL.match(name) else None
+
+
+def count_activity(step: Callable[[], None], device: torch.device, steps: int) -> Dict:
+    """Per step under ``torch.profiler``: ``kernels``, ``copies``,
+    ``launch_calls`` and ``busy_ms`` (the union of the kernels' and copies'
+    intervals on the GPU)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    found = []
+    for event in prof.profiler.kineto_results.events():
+        kind = activity_kind(event.name(), event.device_type() != DeviceType.CPU,
+                             getattr(event, 'activity_type', lambda: None)())
+        if kind:
+            found.append((kind, event.start_ns(), event.start_ns() + event.duration_ns()))
+    kinds = [kind for kind, _, _ in found]
+    busy = union_length((a, b) for kind, a, b in found if kind != 'launch')
+    return dict(kernels=kinds.count('kernel') / steps, copies=kinds.count('copy') / steps,
+                launch_calls=kinds.count('launch') / steps or None,
+                busy_ms=busy / steps / 1e6)
+
+
+def host_sync_of(step: Callable[[], None], device: torch.device) -> Optional[str]:
+    """On a GPU, one step under ``set_sync_debug_mode('error')``: ``'none'``,
+    or the first host-device synchronisation's error."""
+    if device.type != 'cuda':
+        return None
+    synchronize(device)
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        step()
+        return 'none'
+    except RuntimeError as error:
+        return describe(error)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def largest_batch(peaks: Dict[int, float], limit_mib: float) -> Dict:
+    """The largest batch whose training peak ``fixed + batch * per_image``
+    (the line through two measured peaks, by batch) stays within ``limit_mib``.
+
+    Raises:
+        ValueError: With fewer than two batches, or peaks that do not grow.
     """
-    for _ in range(warmup):
-        call()
-    wall, cpu = [], []
-    for _ in range(repeats):
-        _synchronize(device)
-        start, start_cpu = time.perf_counter(), time.process_time()
-        call()
-        _synchronize(device)
-        wall.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    return wall, cpu
+    if len(peaks) < 2:
+        raise ValueError(f'peaks={peaks} must hold two or more batch sizes.')
+    low, high = min(peaks), max(peaks)
+    per_image = (peaks[high] - peaks[low]) / (high - low)
+    if per_image <= 0:
+        raise ValueError(f'peaks={peaks} do not grow with the batch; measure again.')
+    fixed = peaks[low] - low * per_image
+    return dict(largest_batch=max(0, math.floor((limit_mib - fixed) / per_image)),
+                per_image_mib=per_image, fixed_mib=fixed)
 
 
-def timing_fields(call: Callable[[], object], device: torch.device, warmup: int,
-                  repeats: int) -> Dict:
-    """``seconds`` (median wall), ``all_seconds``, ``cpu_seconds`` (fastest)
-    and ``all_cpu_seconds`` of ``repeats`` calls, for a result dict."""
-    wall, cpu = call_times(call, device, warmup, repeats)
-    return dict(seconds=statistics.median(wall), all_seconds=wall,
-                cpu_seconds=min(cpu), all_cpu_seconds=cpu)
+def largest_fitting_batch(fits: Callable[[int], bool], max_batch: int
+                          ) -> Tuple[int, bool]:
+    """The largest batch up to ``max_batch`` with ``fits(batch)``: doubling
+    from 1, then bisecting; and whether ``max_batch`` stopped the search."""
+    fitting, batch = 0, 1
+    while fits(batch):
+        fitting = batch
+        if batch >= max_batch:
+            return fitting, True
+        batch = min(2 * batch, max_batch)
+    low, high = fitting, batch
+    while low and high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, False
 
 
-def peak_memory_bytes(model, images: torch.Tensor, backward: bool) -> int:
-    """Memory held at the peak of one call, above what was held before it."""
-    return peak_memory_of(lambda: run_once(model, images, backward), images.device)
+def describe(error: BaseException) -> str:
+    """``'TypeName: first line of the message'``, at most 300 characters."""
+    lines = str(error).strip().splitlines()
+    return (type(error).__name__ + (f': {lines[0]}' if lines else ''))[:300]
 
 
-def matmul_throughput(size: int = 2048, repeats: int = 5, device='cpu') -> float:
-    """Dense float32 matmul throughput of this machine, multiply-adds/second."""
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
-    a @ b
-    best = float('inf')
-    for _ in range(repeats):
-        _synchronize(torch.device(device))
-        start = time.perf_counter()
-        a @ b
-        _synchronize(torch.device(device))
-        best = min(best, time.perf_counter() - start)
-    return size**3 / best
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == 'cuda':
+        torch.cuda.empty_cache()
 
 
-def measure(spec: str, shape: Tuple[int, int], device: str = 'cpu',
-            backward: bool = False, warmup: int = 1, repeats: int = 3,
-            flops: bool = False, batch: int = 1,
-            compile_backend: Optional[str] = None) -> Dict:
-    """Builds the backbone ``spec`` and measures it at ``shape``.
-
-    Args:
-        spec (str): Backbone spec (see :mod:`mmsoft_analysis.peers`).
-        shape (tuple[int, int]): Input (H, W).
-        device (str): ``'cpu'`` or ``'cuda'``. Default: ``'cpu'``.
-        backward (bool): Time forward + backward (training: the backbone in
-            train mode, the sum of its outputs' means as the loss) instead of
-            forward. Default: False.
-        warmup (int): Untimed calls first. Default: 1.
-        repeats (int): Timed calls; 0 measures memory only. Default: 3.
-        flops (bool): Also count FLOPs (mmsoft's handles). Default: False.
-        batch (int): Images per call. Default: 1.
-        compile_backend (str, optional): Measure ``torch.compile(model,
-            backend=compile_backend)`` instead, after a first call that
-            compiles it (``compile_seconds``). Default: None (eager).
-
-    Returns:
-        dict: ``seconds`` (median), ``all_seconds``, ``cpu_seconds``
-        (fastest), ``all_cpu_seconds``, ``peak_bytes``,
-        ``params``, ``compile`` (the backend or None), when compiled
-        ``compile_seconds`` (the first call's) and, with ``flops``,
-        ``gflops`` (of the eager model).
-    """
-    from .peers import build_backbone
-    torch.manual_seed(0)
-    model = build_backbone(spec).to(device)
-    if backward:
-        model.train()
-    images = torch.randn(batch, 3, *shape, device=device)
-    result = dict(model=spec, height=shape[0], width=shape[1], device=device,
-                  mode='forward+backward' if backward else 'forward', batch=batch,
-                  threads=torch.get_num_threads(),
-                  params=sum(p.numel() for p in model.parameters()),
-                  compile=compile_backend)
-    eager = model
-    if compile_backend is not None:
-        model = torch.compile(model, backend=compile_backend)
-        _synchronize(images.device)
-        start = time.perf_counter()
-        run_once(model, images, backward)  # compiles
-        _synchronize(images.device)
-        result['compile_seconds'] = time.perf_counter() - start
-    result['peak_bytes'] = peak_memory_bytes(model, images, backward)
-    if repeats > 0:
-        result.update(timing_fields(lambda: run_once(model, images, backward),
-                                    images.device, warmup, repeats))
-    if flops:
-        from mmsoft_analysis.flop_handles import count_flops
-        eager.eval()
-        with torch.no_grad():
-            total, _ = count_flops(eager, (images, ))
-        result['gflops'] = total / 1e9
-    return result
+# --- One case
+def build(case: Dict, device: torch.device, shapes) -> Tuple:
+    """(module stepped, eager module, loss, predict, module profiled) of a case."""
+    from .models import build_backbone, build_detector
+    if case['detector']:
+        model, loss, predict = build_detector(case['spec'], shapes, device)
+        return model, model, loss, predict, model
+    maps = build_backbone(case['spec']).to(device)
+    images = images_of(shapes, case['pad'], device)
+    maps.valid_shapes = [tuple(s) for s in shapes] if maps.takes_valid_shapes else None
+    module = maps
+    if case['compile']:
+        module = torch.compile(maps, backend=case['compile'], mode=case['compile_mode'])
+    return (module, maps, lambda m: sum(f.float().mean() for f in m(images)),
+            lambda m: m(images), maps)
 
 
-def add_live_memory_flag(parser: argparse.ArgumentParser) -> None:
-    """Adds a worker's ``--live-memory`` flag."""
-    parser.add_argument('--live-memory', action='store_true',
-                        help='measure the peak of live memory only (see '
-                        'track_live_memory); no timing')
+def measure_setting(case: Dict, built: Tuple, mode: str, precision: str,
+                    device: torch.device) -> Dict:
+    """The measured fields of one setting of a built case."""
+    module, eager, loss, predict, profiled = built
+    dtype = None if precision == 'float32' else getattr(torch, case['amp_dtype'])
+    step = make_step(module, loss, predict, mode, dtype, device, case['optimizer'])
+    fields = {}
+    if case['compile']:
+        began = time.perf_counter()
+        step()  # compiles
+        synchronize(device)
+        fields['compile_s'] = time.perf_counter() - began
+    if device.type == 'cpu' and (case['memory'] or case['live']):
+        fields['live_peak_mib' if case['live'] else 'peak_mib'] = rss_growth_mib(step)
+    if case['live']:
+        return fields
+    for _ in range(case['warmup']):
+        step()
+    if device.type == 'cuda':
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fields['allocated_before_mib'] = torch.cuda.memory_allocated(device) / MIB
+    fields.update(time_steps(step, device, case['steps']))
+    if device.type == 'cuda':
+        fields.update(max_allocated_mib=torch.cuda.max_memory_allocated(device) / MIB,
+                      max_reserved_mib=torch.cuda.max_memory_reserved(device) / MIB)
+    if case['kernels'] and device.type == 'cuda' and case['round'] == 0:
+        fields.update(count_activity(step, device, case['kernels']))
+    if case['host_sync'] and case['round'] == 0:
+        fields['host_sync'] = host_sync_of(step, device)
+    if case['regions']:
+        from .op_profile import profile_tables
+        fields.update(profile_tables(profiled, step, device))
+    if case['saved_tensors'] and mode == 'train':
+        from .saved_tensors import SavedTensorRecorder
+        with SavedTensorRecorder(profiled) as recorder, autocast(device, dtype):
+            loss(module)
+        fields['saved_mib'] = {k: v / MIB for k, v in recorder.bytes_by_prefix(1).items()}
+    return fields
 
 
-def start_worker(args: argparse.Namespace) -> None:
-    """With ``--live-memory``: tracks live memory and times nothing."""
-    if args.live_memory:
+def capacity(case: Dict, built: Tuple, device: torch.device) -> Dict:
+    """The largest training batch at the case's size within
+    ``memory_limit_gb``: on a GPU the largest that runs under
+    ``set_per_process_memory_fraction``, on the CPU extrapolated from the
+    live peaks of batches 1 and 2."""
+    _, maps, _, _, _ = built
+    size, limit_mib = tuple(case['shapes'][0]), case['memory_limit_gb'] * 1e9 / MIB
+    maps.valid_shapes = None
+
+    def step(batch: int) -> Callable[[], None]:
+        images = images_of([size] * batch, case['pad'], device)
+        return make_step(maps, lambda m: sum(f.float().mean() for f in m(images)),
+                         None, 'train', None, device)
+
+    if device.type == 'cpu':
         track_live_memory()
-        args.warmup, args.repeats = 0, 0
+        peaks = {batch: rss_growth_mib(step(batch)) for batch in (1, 2)}
+        return dict(largest_batch(peaks, limit_mib), peaks_mib=peaks)
+    total = torch.cuda.get_device_properties(device).total_memory / MIB
+    torch.cuda.set_per_process_memory_fraction(min(1., limit_mib / total), device)
+
+    def fits(batch: int) -> bool:
+        free(device)
+        try:
+            step(batch)()
+            return True
+        except torch.cuda.OutOfMemoryError:
+            maps.zero_grad(set_to_none=True)
+            return False
+    found, reached = largest_fitting_batch(fits, case['max_batch'])
+    return dict(largest_batch=found, limit_reached=reached)
 
 
-def main():
-    """Worker entry point: measures one (spec, size) and prints JSON."""
-    parser = argparse.ArgumentParser(description='Measure one backbone once.')
-    parser.add_argument('spec')
-    parser.add_argument('height', type=int)
-    parser.add_argument('width', type=int)
-    parser.add_argument('--device', default='cpu')
-    parser.add_argument('--backward', action='store_true')
-    parser.add_argument('--warmup', type=int, default=1)
-    parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--flops', action='store_true')
-    parser.add_argument('--batch', type=int, default=1)
-    parser.add_argument('--compile', default=None, metavar='BACKEND',
-                        help='measure torch.compile(model, backend=BACKEND)')
-    add_live_memory_flag(parser)
-    args = parser.parse_args()
-    start_worker(args)
-    result = measure(args.spec, (args.height, args.width), args.device,
-                     args.backward, args.warmup, args.repeats, args.flops,
-                     args.batch, args.compile)
-    print('RESULT ' + json.dumps(result))
+def run_case(case: Dict, emit: Callable[[Dict], None]) -> None:
+    """Builds the case's model and emits one record per setting (one for a
+    capacity case); a failing setting is recorded and the next one runs."""
+    device = torch.device(case['device'])
+    if device.type == 'cpu':
+        torch.set_num_threads(case['threads'])
+    if case['live']:
+        track_live_memory()
+    shapes = [tuple(s) for s in case['shapes']]
+    base = dict(label=case['label'], spec=case['spec'], input=case['input'],
+                detector=case['detector'], compiled=case['compile'], round=case['round'])
+    settings = [('capacity', 'float32')] if case['capacity'] else case['settings']
+    try:
+        built = build(case, device, shapes)
+    except Exception as error:  # a framework missing here, say
+        for mode, precision in settings:
+            emit(dict(base, mode=mode, precision=precision, status='error',
+                      error=f'build failed: {describe(error)}'))
+        return
+    base['params_m'] = sum(p.numel() for p in built[1].parameters()) / 1e6
+    if case['flops']:
+        from .flop_handles import count_flops
+        built[1].eval()
+        with torch.no_grad():
+            base['gflops'] = count_flops(built[1], (images_of(shapes, case['pad'],
+                                                              device), ))[0] / 1e9
+    for mode, precision in settings:
+        record = dict(base, mode=mode, precision=precision, status='ok')
+        try:
+            free(device)
+            record.update(capacity(case, built, device) if case['capacity'] else
+                          measure_setting(case, built, mode, precision, device))
+        except Exception as error:  # an out-of-memory must not stop the rest
+            built[1].zero_grad(set_to_none=True)
+            record.update(status='error', error=describe(error))
+        emit(record)
 
 
 if __name__ == '__main__':
-    main()
-
+    run_case(json.loads(sys.argv[1]),
+             lambda record: print('RESULT ' + json.dumps(record), flush=True))

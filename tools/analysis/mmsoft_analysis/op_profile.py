@@ -436,66 +436,25 @@ def attribute(events, device: str = 'cpu') -> Dict[str, Dict]:
 
 
 # --- One profile
-def _synchronize(device: torch.device) -> None:
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
-def step_function(model: nn.Module, images: torch.Tensor,
-                  mode: str) -> Callable[[], None]:
-    """One inference call (``'inference'``) or training step (``'train'``:
-    forward, the sum of the maps' means as the loss, backward)."""
-    model.train(mode == 'train')
-
-    def step():
-        if mode == 'train':
-            maps = model(images)
-            sum(feature.float().mean() for feature in maps).backward()
-            for param in model.parameters():
-                param.grad = None
-        else:
-            with torch.no_grad():
-                model(images)
-    return step
-
-
-def median_seconds(step: Callable[[], None], device: torch.device,
-                   repeats: int) -> List[float]:
-    """Wall times of ``repeats`` calls of ``step``."""
-    times = []
-    for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        step()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def profile_step(model: nn.Module, images: torch.Tensor, mode: str,
-                 repeats: int = 3, warmup: int = 1) -> Dict:
-    """Wall time (median of ``repeats`` unprofiled calls) and the attributed
-    profile of one more call of ``model`` on ``images``.
-
-    Returns:
-        dict: ``seconds``, ``all_seconds``, ``profiled_seconds`` and the
-        tables of :func:`attribute`.
-    """
+def profile_tables(model: nn.Module, step: Callable[[], None],
+                   device: torch.device) -> Dict:
+    """One ``step()`` under ``torch.profiler`` with the regions of ``model``
+    named: ``regions`` and ``classes`` (name -> ``ms``, ``gflop``,
+    ``kernels``) and ``profiled_ms``, the step's wall time under the profiler."""
     from torch.profiler import ProfilerActivity, profile
-    device = images.device
-    step = step_function(model, images, mode)
-    for _ in range(warmup):
-        step()
-    times = median_seconds(step, device, repeats)
     activities = [ProfilerActivity.CPU]
     if device.type == 'cuda':
         activities.append(ProfilerActivity.CUDA)
     with profile_regions(model):
         with profile(activities=activities, record_shapes=True) as prof:
-            start = time.perf_counter()
+            began = time.perf_counter()
             step()
-            _synchronize(device)
-            profiled = time.perf_counter() - start
-    tables = attribute(prof.events(), 'cuda' if device.type == 'cuda' else 'cpu')
-    return dict(seconds=sorted(times)[len(times) // 2], all_seconds=times,
-                profiled_seconds=profiled, **tables)
+            if device.type == 'cuda':
+                torch.cuda.synchronize(device)
+            profiled = (time.perf_counter() - began) * 1e3
+    tables = attribute(prof.events(), device.type)
+    return dict(profiled_ms=profiled, **{
+        table: {name: dict(ms=entry['us'] / 1e3, gflop=entry['flops'] / 1e9,
+                           kernels=entry['kernels'])
+                for name, entry in tables[table].items()}
+        for table in ('regions', 'classes')})

@@ -1,123 +1,245 @@
-"""Writing benchmark results: JSON, CSV and a plot against the pixel count."""
-import csv
+"""The benchmark's report: ``results.json`` (every record, row and target)
+and ``results.md`` (the tables).
+
+A *record* is one setting (mode, precision) of one model measured in one
+process; a *row* gathers the rounds of one setting: the median and
+interquartile range of all its timed steps, each round's median, the
+fastest step's CPU time, the memory peaks, the kernels and GPU-busy time of
+the round that counted them, and its time over the first model's in the
+same round (the median of the rounds' ratios: the interleaved A/B).
+"""
 import json
 import os
+import statistics
 from typing import Dict, List, Optional, Sequence
 
-CSV_FIELDS = ('model', 'compile', 'height', 'width', 'device', 'mode', 'batch',
-              'threads', 'params', 'compile_seconds', 'seconds', 'cpu_seconds',
-              'peak_bytes', 'live_peak_bytes', 'gflops', 'error')
-COMPONENTS = ('backbone', 'neck', 'rpn_head', 'roi_head')
-DETECTOR_FIELDS = CSV_FIELDS[:-2] + tuple(f'saved_{c}' for c in COMPONENTS) + (
-    'error', )
-PEAK_FIELDS = ('model', 'height', 'width', 'device', 'batch', 'peak_bytes', 'error')
-CAPACITY_FIELDS = ('model', 'height', 'width', 'limit_gb', 'largest_batch',
-                   'per_image_bytes', 'fixed_bytes', 'method', 'error')
+#: The fields that make a row.
+ROW_KEY = ('detector', 'input', 'compiled', 'mode', 'precision', 'label')
+MEMORY = ('peak_mib', 'live_peak_mib', 'max_allocated_mib', 'max_reserved_mib')
+#: The GPU targets (docs/cost.md): model, peer (None: the model's own
+#: figure), mode, row field, goal, and whether the figure must reach it.
+TARGETS = (
+    ('soft++-tiny', 'swin-t', 'train', 'median_ms', 1.0, False),
+    ('ufo-vit-small', 'swin-t', 'train', 'median_ms', 1.0, False),
+    ('soft++-small', 'pvtv2-b2', 'train', 'median_ms', 1.0, False),
+    ('soft++-tiny', 'swin-t', 'inference', 'median_ms', 0.8, False),
+    ('soft++-tiny', 'swin-t', 'train', 'kernels', 1.5, False),
+    ('ufo-vit-small', 'swin-t', 'train', 'kernels', 1.5, False),
+    ('soft++-tiny', None, 'train', 'busy_share', 0.8, True),
+    ('soft++-small', None, 'train', 'busy_share', 0.8, True),
+    ('soft++-tiny', 'swin-t', 'train', 'max_allocated_mib', 0.5, False),
+    ('ufo-vit-small', 'swin-t', 'train', 'max_allocated_mib', 0.7, False),
+)
 
 
-def _write_csv(path: str, fields: Sequence[str], rows: List[Dict]) -> None:
-    with open(path, 'w', newline='') as file:
-        writer = csv.DictWriter(file, fields, extrasaction='ignore')
-        writer.writeheader()
-        writer.writerows(rows)
+def _median(values: Sequence[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
 
 
-def detector_row(result: Dict) -> Dict:
-    """A detector result with its saved bytes as ``saved_<component>`` fields."""
-    saved = result.get('saved_bytes', {})
-    return dict(result, **{f'saved_{c}': saved.get(c) for c in COMPONENTS})
+def _row(records: List[Dict]) -> Dict:
+    ok = [r for r in records if r['status'] == 'ok' and not r.get('live')]
+    first = records[0]
+    row = {key: first[key] for key in ROW_KEY}
+    row.update(spec=first['spec'], params_m=first.get('params_m'),
+               gflops=first.get('gflops'), rounds=len(ok),
+               status='ok' if all(r['status'] == 'ok' for r in records) else
+               next(r['status'] for r in records if r['status'] != 'ok'),
+               errors=sorted({r.get('error') or r.get('note') for r in records
+                              if r['status'] != 'ok'}))
+    times = [t for r in ok for t in r.get('times_ms', [])]
+    row.update(median_ms=_median(times), steps=len(times),
+               round_medians_ms=[_median(r['times_ms']) for r in ok if r.get('times_ms')],
+               cpu_ms=min((t for r in ok for t in r.get('cpu_ms', [])), default=None),
+               host_ms=_median([t for r in ok for t in r.get('host_ms', [])]))
+    if len(times) > 1:
+        row['q1_ms'], _, row['q3_ms'] = statistics.quantiles(times, n=4,
+                                                             method='inclusive')
+    for field in MEMORY + ('compile_s', 'largest_batch', 'host_sync', 'saved_mib'):
+        values = [r[field] for r in records if r.get(field) is not None]
+        row[field] = max(values) if field in MEMORY and values else (
+            values[0] if values else None)
+    counted = next((r for r in ok if r.get('kernels') is not None), {})
+    row.update({k: counted.get(k) for k in ('kernels', 'copies', 'launch_calls',
+                                             'busy_ms')})
+    row['busy_share'] = (row['busy_ms'] / row['median_ms']
+                         if row['busy_ms'] and row['median_ms'] else None)
+    profiled = next((r for r in ok if r.get('regions')), None)
+    row.update(regions=profiled and profiled['regions'],
+               classes=profiled and profiled['classes'])
+    return row
 
 
-def write_results(results: List[Dict], meta: Dict, out_dir: str,
-                  detectors: Optional[List[Dict]] = None,
-                  capacity: Optional[List[Dict]] = None,
-                  peaks: Optional[List[Dict]] = None) -> Dict[str, str]:
-    """Writes ``results.json``, ``results.csv`` and ``scaling.png``, plus
-    ``detectors.csv``, ``capacity.csv`` and ``peaks.csv`` when those are
-    given.
+def make_rows(records: Sequence[Dict]) -> List[Dict]:
+    """One row per setting (:data:`ROW_KEY`), in the order first measured,
+    with ``vs_first``: its time (and CPU time, and memory) over the first
+    model's of the same setting, the median of the rounds' ratios."""
+    groups: Dict[tuple, List[Dict]] = {}
+    for record in records:
+        groups.setdefault(tuple(record[k] for k in ROW_KEY), []).append(record)
+    rows = [_row(group) for group in groups.values()]
+    first_label = records[0]['label'] if records else None
+    for key, row in zip(groups, rows):
+        reference = groups.get(key[:-1] + (first_label, ), [])
+        mine = {r['round']: r for r in groups[key] if r.get('times_ms')}
+        ratios = [_median(mine[r['round']]['times_ms']) / _median(r['times_ms'])
+                  for r in reference if r.get('times_ms') and r['round'] in mine]
+        cpu = [min(mine[r['round']]['cpu_ms']) / min(r['cpu_ms'])
+               for r in reference if r.get('cpu_ms') and r['round'] in mine]
+        base = _row(reference) if reference else {}
+        memory = next((f for f in ('live_peak_mib', 'max_allocated_mib', 'peak_mib')
+                       if row.get(f) and base.get(f)), None)
+        row.update(vs_first=_median(ratios), vs_first_cpu=_median(cpu),
+                   vs_first_memory=memory and row[memory] / base[memory],
+                   round_ratios=ratios)
+    return rows
 
-    Args:
-        results (list[dict]): One dict per (backbone, size) measurement.
-        meta (dict): Run-wide facts (machine, threads, matmul throughput).
-        out_dir (str): Folder to write into (created).
-        detectors (list[dict], optional): One dict per detector training
-            iteration. Default: None.
-        capacity (list[dict], optional): Largest batch per backbone.
-            Default: None.
-        peaks (list[dict], optional): Untimed training peaks (the live peak
-            on CPU). Default: None.
 
-    Returns:
-        dict[str, str]: Paths written, by kind.
-    """
+def evaluate_targets(rows: Sequence[Dict]) -> List[Dict]:
+    """Each target of :data:`TARGETS` in each setting where its rows were
+    measured eager: the value, met or missed, and both rows' figures."""
+    found = []
+    for model, peer, mode, field, goal, at_least in TARGETS:
+        for row in rows:
+            if row['label'] != model or row['mode'] != mode or row['compiled']:
+                continue
+            other = next((r for r in rows if r['label'] in (peer, f'timm-{peer}') and all(
+                r[k] == row[k] for k in ROW_KEY[:-1])), None)
+            if row.get(field) is None or (peer and (other is None or
+                                                    not other.get(field))):
+                continue
+            value = row[field] / (other[field] if peer else 1)
+            found.append(dict(
+                target=f"{model}{' / ' + peer if peer else ''}, {mode}, {field} "
+                       f"{'>=' if at_least else '<='} {goal:g}",
+                input=row['input'], precision=row['precision'],
+                detector=row['detector'], value=value,
+                status='met' if (value >= goal if at_least else value <= goal)
+                else 'missed', numbers='; '.join(describe(r) for r in (row, other) if r)))
+    return found
+
+
+def describe(row: Dict) -> str:
+    """A row's figures in a few words."""
+    parts = [f"{row['label']}: {_cell(row['median_ms'])} ms"]
+    parts += [f'{_cell(row[k], 0)} {k}' for k in ('kernels', 'max_allocated_mib')
+              if row.get(k) is not None]
+    if row.get('busy_share') is not None:
+        parts.append(f"GPU busy {row['busy_share']:.0%}")
+    return ', '.join(parts)
+
+
+def _cell(value, digits: int = 1) -> str:
+    if value is None:
+        return '-'
+    if isinstance(value, float):
+        return f'{value:,.{digits}f}'
+    return str(value).replace('|', '\\|').replace('\n', ' ')
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
+    return (['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+            + ['| ' + ' | '.join(cells) + ' |' for cells in body])
+
+
+def profile_tables(rows: Sequence[Dict], table: str) -> List[str]:
+    """Per setting, ``table`` (``regions`` or ``classes``) of the profiled
+    rows: each cell the ms (the median step's, by the profiled share), share
+    of the time / share of the FLOPs, and the kernels."""
+    lines = []
+    settings = dict.fromkeys((r['input'], r['mode'], r['precision'], r['compiled'])
+                             for r in rows if r.get(table))
+    for setting in settings:
+        chosen = [r for r in rows if r.get(table) and
+                  (r['input'], r['mode'], r['precision'], r['compiled']) == setting]
+        names = sorted(set().union(*(r[table] for r in chosen)),
+                       key=lambda n: -max(r[table].get(n, {}).get('ms', 0)
+                                          for r in chosen))
+        cells = []
+        for name in names:
+            cells.append([name])
+            for row in chosen:
+                total_ms = sum(e['ms'] for e in row[table].values()) or 1
+                total_flop = sum(e['gflop'] for e in row[table].values()) or 1
+                entry = row[table].get(name)
+                cells[-1].append('-' if entry is None else
+                                 f"{entry['ms'] * row['median_ms'] / total_ms:.1f} "
+                                 f"({entry['ms'] / total_ms:.0%} / "
+                                 f"{entry['gflop'] / total_flop:.0%}), "
+                                 f"{entry['kernels']}")
+        lines += ['', f'### By {table[:-1].replace("classe", "operator class")}: '
+                  f'{setting[1]}, {setting[0]}, {setting[2]}'
+                  + (' compiled' if setting[3] else ''), '']
+        lines += _table([table[:-2] if table == 'classes' else 'region']
+                        + [r['label'] for r in chosen], cells)
+    return lines
+
+
+COLUMNS = (('label', 'model', 0), ('mode', 'mode', 0), ('precision', 'precision', 0),
+           ('median_ms', 'median ms', 1), ('iqr', 'IQR ms', 0),
+           ('rounds_ms', "rounds' medians", 0), ('cpu_ms', 'fastest CPU ms', 1),
+           ('vs_first', 'x first', 3), ('peak_mib', 'peak MiB', 0),
+           ('live_peak_mib', 'live peak MiB', 0), ('max_allocated_mib', 'max allocated MiB', 0),
+           ('max_reserved_mib', 'max reserved MiB', 0), ('kernels', 'kernels / step', 0),
+           ('busy', 'GPU busy ms (share)', 0), ('compile_s', 'compile s', 1),
+           ('gflops', 'GFLOPs', 1), ('largest_batch', 'largest batch', 0),
+           ('host_sync', 'host sync', 0), ('status', 'status', 0))
+
+
+def markdown(data: Dict) -> str:
+    """The report's Markdown: the setting, the targets, one table per input,
+    the profiles, the tests, and what failed or was skipped."""
+    meta, rows = data['meta'], data.get('rows', [])
+    lines = ['# Benchmark', '',
+             f"{meta.get('device_name')} ({meta.get('device')}); torch "
+             f"{meta.get('torch')}, CUDA {meta.get('cuda')}, Python "
+             f"{meta.get('python')}; commit {meta.get('commit')}; {meta.get('date')}.",
+             '', f"Command: `{meta.get('command')}`."]
+    tests = data.get('tests', {})
+    if tests.get('ran'):
+        lines += ['', 'Tests: ' + (tests.get('error') or '{passed} passed, {failed} '
+                  'failed, {errors} errors, {skipped} skipped in {seconds:.0f} s'
+                  .format(**tests)) + '.']
+    if data.get('targets'):
+        lines += ['', '## Targets', '']
+        lines += _table(('target', 'input', 'precision', 'value', 'status', 'numbers'),
+                        [[t['target'], t['input'], t['precision'], _cell(t['value'], 2),
+                          t['status'], t['numbers']] for t in data['targets']])
+    for group in dict.fromkeys((r['detector'], r['input'], r['compiled']) for r in rows):
+        chosen = [r for r in rows if (r['detector'], r['input'], r['compiled']) == group]
+        shown = [c for c in COLUMNS if any(_value(r, c[0]) is not None for r in chosen)]
+        lines += ['', f"## {'Mask R-CNN' if group[0] else 'Backbones'}, {group[1]}"
+                  + (f', compiled ({group[2]})' if group[2] else ''), '']
+        lines += _table([c[1] for c in shown],
+                        [[_cell(_value(r, c[0]), c[2]) for c in shown] for r in chosen])
+    for table in ('regions', 'classes'):
+        lines += profile_tables(rows, table)
+    problems = [f"{r['label']} {r['input']} {r['mode']} {r['precision']}: "
+                f"{'; '.join(map(str, r['errors']))}" for r in rows if r['errors']]
+    if problems:
+        lines += ['', '## Failed or skipped', ''] + [f'- {p}' for p in problems]
+    return '\n'.join(lines) + '\n'
+
+
+def _value(row: Dict, key: str):
+    if key == 'iqr':
+        return row.get('q1_ms') and f"{row['q1_ms']:.1f}-{row['q3_ms']:.1f}"
+    if key == 'rounds_ms':
+        return ', '.join(f'{m:.1f}' for m in row['round_medians_ms']) or None
+    if key == 'busy':
+        return row['busy_ms'] and f"{row['busy_ms']:.1f} ({row['busy_share']:.0%})"
+    return row.get(key)
+
+
+def write_report(data: Dict, out_dir: str) -> Dict:
+    """Makes the rows and targets of ``data['records']`` and writes
+    ``results.json`` and ``results.md`` in ``out_dir``; returns ``data``."""
+    data['rows'] = make_rows(data['records'])
+    data['targets'] = evaluate_targets(data['rows'])
     os.makedirs(out_dir, exist_ok=True)
-    paths = dict(json=os.path.join(out_dir, 'results.json'),
-                 csv=os.path.join(out_dir, 'results.csv'),
-                 plot=os.path.join(out_dir, 'scaling.png'))
-    with open(paths['json'], 'w') as file:
-        json.dump(dict(meta=meta, results=results, detectors=detectors or [],
-                       capacity=capacity or [], peaks=peaks or []), file, indent=2)
-    _write_csv(paths['csv'], CSV_FIELDS, results)
-    if detectors:
-        paths['detectors'] = os.path.join(out_dir, 'detectors.csv')
-        _write_csv(paths['detectors'], DETECTOR_FIELDS,
-                   [detector_row(r) for r in detectors])
-    if capacity:
-        paths['capacity'] = os.path.join(out_dir, 'capacity.csv')
-        _write_csv(paths['capacity'], CAPACITY_FIELDS, capacity)
-    if peaks:
-        paths['peaks'] = os.path.join(out_dir, 'peaks.csv')
-        _write_csv(paths['peaks'], PEAK_FIELDS, peaks)
-    plot_scaling(results, paths['plot'], meta.get('mode', 'forward'), peaks)
-    return paths
-
-
-def series_label(result: Dict) -> str:
-    """A result's model, marked when it was measured compiled."""
-    backend = result.get('compile')
-    return result['model'] + (f' compiled ({backend})' if backend else '')
-
-
-def plot_scaling(results: List[Dict], path: str, mode: str = 'forward',
-                 peaks: Optional[List[Dict]] = None) -> None:
-    """Time and peak memory against megapixels, one line per model (log-log).
-
-    The memory is the peak of live memory where every result has it
-    (``live_peak_bytes``), else the peak resident set; untimed ``peaks``
-    (live peaks) add memory points when the memory axis is live.
-    """
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    measured = [r for r in results if r.get('seconds') is not None]
-    live = bool(measured) and all('live_peak_bytes' in r for r in measured)
-    memory_field = 'live_peak_bytes' if live else 'peak_bytes'
-    figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(12, 5))
-    models = sorted({series_label(r) for r in results})
-    for model in models:
-        rows = sorted((r for r in results
-                       if series_label(r) == model and r.get('seconds') is not None),
-                      key=lambda r: r['height'] * r['width'])
-        if not rows:
-            continue
-        pixels = [r['height'] * r['width'] / 1e6 for r in rows]
-        time_axis.plot(pixels, [r['seconds'] for r in rows], 'o-', label=model)
-        memory = {p: r[memory_field] for p, r in zip(pixels, rows)}
-        if live:
-            memory.update({r['height'] * r['width'] / 1e6: r['peak_bytes']
-                           for r in peaks or []
-                           if series_label(r) == model and 'peak_bytes' in r})
-        memory_axis.plot(sorted(memory), [memory[p] / 2**20 for p in sorted(memory)],
-                         'o-', label=model)
-    memory_label = 'peak live memory (MiB)' if live else 'peak resident memory (MiB)'
-    for axis, label in ((time_axis, f'{mode} time (s)'), (memory_axis, memory_label)):
-        axis.set_xscale('log')
-        axis.set_yscale('log')
-        axis.set_xlabel('megapixels per image')
-        axis.set_ylabel(label)
-        axis.grid(True, which='both', alpha=0.3)
-    if time_axis.lines:
-        time_axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    for name, text in (('results.json', json.dumps(data, indent=1)),
+                       ('results.md', markdown(data))):
+        with open(os.path.join(out_dir, name + '.partial'), 'w') as file:
+            file.write(text)
+        os.replace(os.path.join(out_dir, name + '.partial'),
+                   os.path.join(out_dir, name))
+    return data

@@ -1,0 +1,138 @@
+"""SOFT's bottleneck: the inverse under each solver, and what the cap on its
+tokens changes.
+
+``inverse``: for each bottleneck size m, Gaussian-kernel matrices of random
+tokens (one per head, as in an attention call) inverted by
+:func:`mmsoft.models.soft.kernel_inverse` with each solver: the median time
+(forward, or with ``--backward`` forward and backward), against the exact
+solver's, and the largest relative difference from the Newton iteration (the
+function the published checkpoints were trained with).
+
+``pooling``: a SOFT backbone with and without ``max_bottleneck_tokens``, the
+same weights, at each size: each attention stage's bottleneck grid before
+and after pooling, the relative difference of each stage's output and the
+time of each forward.
+
+Example::
+
+    python tools/analysis/soft_bottleneck.py inverse --sizes 49 240 1050 --heads 10
+    python tools/analysis/soft_bottleneck.py pooling --arch tiny \\
+        --sizes 512x512 512x683 800x1333 --cap 256
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from mmsoft.models import SOFT
+from mmsoft.models.soft import SOLVERS, capped_grid_size, gaussian_kernel, kernel_inverse
+from mmsoft_analysis import parse_size
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument('--json', help='write the results to this file')
+    commands = parser.add_subparsers(dest='command', required=True)
+    inverse = commands.add_parser('inverse', parents=[common], help='time each solver')
+    inverse.add_argument('--sizes', type=int, nargs='+', default=[49, 240, 1050])
+    inverse.add_argument('--heads', type=int, default=10)
+    inverse.add_argument('--head-dims', type=int, default=32)
+    inverse.add_argument('--spread', type=float, default=1.0,
+                         help='standard deviation of the random tokens')
+    inverse.add_argument('--repeats', type=int, default=3)
+    inverse.add_argument('--newton-iters', type=int, default=20)
+    inverse.add_argument('--backward', action='store_true',
+                         help='time forward plus backward')
+    pooling = commands.add_parser('pooling', parents=[common],
+                                  help='capped against uncapped')
+    pooling.add_argument('--arch', default='tiny')
+    pooling.add_argument('--attention', default='soft++')
+    pooling.add_argument('--solver', default='newton_closed_form')
+    pooling.add_argument('--cap', type=int, default=256,
+                         help='max_bottleneck_tokens of the capped model')
+    pooling.add_argument('--sizes', nargs='+', type=parse_size,
+                         default=[(512, 512), (512, 683), (800, 1333)])
+    return parser.parse_args()
+
+
+def timed(call, repeats: int, warmup: int = 1):
+    """The median time of ``repeats`` calls after ``warmup``, and the last
+    result."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def inverse_rows(args):
+    torch.manual_seed(0)
+    for size in args.sizes:
+        tokens = args.spread * torch.randn(1, args.heads, size, args.head_dims)
+        mats = gaussian_kernel(tokens, tokens)  # (1, heads, m, m)
+        for attention in ('soft', 'soft++'):
+            def step(solver):
+                leaf = mats.detach().requires_grad_(args.backward)
+                inverse = kernel_inverse(leaf, attention, solver, args.newton_iters)
+                if args.backward:
+                    inverse.sum().backward()
+                return inverse.detach()
+            results = {solver: timed(lambda: step(solver), args.repeats)
+                       for solver in SOLVERS}
+            newton = results['newton'][1]
+            for solver, (seconds, inverse) in results.items():
+                row = dict(m=size, heads=args.heads, attention=attention, solver=solver,
+                           backward=args.backward, seconds=seconds,
+                           relative_to_exact=seconds / results['exact'][0],
+                           difference_from_newton=float((inverse - newton).norm()
+                                                        / newton.norm()))
+                print(f"m={size:5d} {attention:6s} {solver:18s} {seconds * 1e3:9.2f} ms "
+                      f"({row['relative_to_exact']:5.2f}x exact)  rel. difference from "
+                      f"newton {row['difference_from_newton']:.1e}", flush=True)
+                yield row
+
+
+def pooling_rows(args):
+    torch.manual_seed(0)
+    settings = dict(arch=args.arch, variant=args.attention, solver=args.solver,
+                    drop_path_rate=0.)
+    capped = SOFT(max_bottleneck_tokens=args.cap, **settings).eval()
+    uncapped = SOFT(max_bottleneck_tokens=None, **settings).eval()
+    uncapped.load_state_dict(capped.state_dict())
+    for size in args.sizes:
+        image = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            capped_s, capped_outs = timed(lambda: capped.forward_intermediates(
+                image, intermediates_only=True), 1, 0)
+            uncapped_s, uncapped_outs = timed(lambda: uncapped.forward_intermediates(
+                image, intermediates_only=True), 1, 0)
+        differences = [float((c - u).norm() / u.norm())
+                       for c, u in zip(capped_outs, uncapped_outs)]
+        grids = []
+        for stage, ratio in enumerate(capped.arch_settings['sr_ratios'][:3]):
+            grid = tuple(-(-side // 2**(stage + 2)) // ratio for side in size)
+            grids.append((grid, capped_grid_size(*grid, args.cap)))
+        print(f"{size[0]}x{size[1]}: bottleneck grids "
+              + ', '.join(f'{a[0]}x{a[1]}->{b[0]}x{b[1]}' for a, b in grids)
+              + '; stage differences ' + ', '.join(f'{d:.3f}' for d in differences),
+              flush=True)
+        yield dict(size=size, grids=grids, relative_difference=differences,
+                   capped_seconds=capped_s, uncapped_seconds=uncapped_s)
+
+
+def main():
+    args = parse_args()
+    rows = list((inverse_rows if args.command == 'inverse' else pooling_rows)(args))
+    if args.json:
+        with open(args.json, 'w') as file:
+            json.dump(dict(vars(args), results=rows), file, indent=2, default=str)
+
+
+if __name__ == '__main__':
+    main()
