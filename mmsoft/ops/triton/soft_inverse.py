@@ -529,7 +529,9 @@ def inverse_forward(bottleneck: torch.Tensor, inside: Optional[torch.Tensor],
         inside: 1 for each image's own tokens (first), 0 for padding (B, m),
             or None where every token is the image's.
         variant: ``'soft'`` (``(A + 0.01 I)^-1``) or ``'soft++'`` (``D^-1/2
-            pinv(A) D^-1/2``); SOFT++ below 3 tokens is the caller's to map.
+            pinv(A) D^-1/2``). Where m or an image's token count is below 3,
+            the reference runs ``'soft'`` instead
+            (:func:`mmsoft.models.soft.inverse_formula`): the caller's to pass.
         num_iters: k >= 1 Newton steps.
 
     Returns:
