@@ -12,10 +12,12 @@ the step size alpha from the row sums ``r = A_m 1``; k Newton steps
 The matrices of one program live in scratch in global memory, padded with
 zeros to a whole number of tiles, and every product runs tile by tile; the
 threads of a program exchange them through global memory, so each phase that
-writes scratch ends with a barrier before the next reads it. One program for
-a whole inverse is slow for large m, but saves the ~160 launches per block
-that the same math costs in PyTorch: the callers use these kernels for
-m <= 256.
+writes scratch ends with a barrier before the next reads it. The forward
+keeps 4 such matrices per program, the backward 2k + 7 (every iterate V_j and
+product T_j, as the PyTorch backward keeps them): 12 MB per program at
+m = 256, k = 20 in float32. One program for a whole inverse is slow for large
+m, but saves the ~160 launches per block that the same math costs in PyTorch:
+the callers use these kernels for m <= 256.
 """
 import math
 from typing import Optional, Tuple
