@@ -1,14 +1,21 @@
 """Shared fixtures: small generated datasets, written once per test session."""
+import os
 import os.path as osp
 import sys
 
 import pytest
+import torch
+
+# Without a GPU, Triton's kernels run under its interpreter on CPU tensors
+# (tests/helpers/triton_kernels.py): on before any test imports them.
+if not torch.cuda.is_available():
+    os.environ['TRITON_INTERPRET'] = '1'
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # The shared helpers (tests.helpers) and the peer configs' backbones
 # (configs.comparison.peer_backbones) import from the checkout, ahead of the
 # top-level ``tests`` package that mmsegmentation's wheel installs; the
-# demo-data generators (tools/demo_data) and the cost-analysis package
+# demo-data generators (tools/demo_data.py) and the cost-analysis package
 # (tools/analysis/mmsoft_analysis) as the tools import them.
 sys.path.insert(0, REPO_ROOT)
 sys.path.append(osp.join(REPO_ROOT, 'tools'))
@@ -20,7 +27,8 @@ def pytest_collection_modifyitems(config, items):
     """A test that needs mmcv's compiled ops needs OpenMMLab: ``mmcv_ops``
     implies ``openmmlab`` (deselected in the newest environment)."""
     for item in items:
-        if item.get_closest_marker('mmcv_ops') and not item.get_closest_marker('openmmlab'):
+        if item.get_closest_marker('mmcv_ops') and \
+                not item.get_closest_marker('openmmlab'):
             item.add_marker(pytest.mark.openmmlab)
 
 

@@ -219,7 +219,7 @@ def in_package(name, package):
 #: What ``mmsoft.models`` may import of mmsoft besides itself, at module level:
 #: the utilities, the deprecated spellings, the official-key conversion
 #: (``checkpoint_filter_fn``) and the export formulation's bottleneck cap.
-MODELS_MAY_IMPORT = ('mmsoft.models', 'mmsoft.utils', 'mmsoft.deprecations',
+MODELS_MAY_IMPORT = ('mmsoft.models', 'mmsoft.ops', 'mmsoft.utils', 'mmsoft.deprecations',
                      'mmsoft.checkpoint', 'mmsoft.deployment.traceable')
 
 
@@ -245,15 +245,14 @@ def test_checkpoint_code_imports_no_model():
     assert not offences, offences
 
 
-#: Who may import whom inside ``mmsoft.models``: what both models share
-#: (``layers``) imports no model; SOFT's kernel math imports no model file.
-#: The models' files import one way: common <- soft, ufo_vit <- memory_efficient
-#: (the twins, which register themselves on the blocks).
+#: Who may import whom: the operations import no model; what both models
+#: share imports neither model; the models' files import one way:
+#: ops <- common <- soft, ufo_vit.
 FORBIDDEN_MODEL_IMPORTS = {
-    'mmsoft.models.common': ('mmsoft.models.soft', 'mmsoft.models.ufo_vit',
-                             'mmsoft.models.memory_efficient'),
-    'mmsoft.models.soft': ('mmsoft.models.ufo_vit', 'mmsoft.models.memory_efficient'),
-    'mmsoft.models.ufo_vit': ('mmsoft.models.soft', 'mmsoft.models.memory_efficient'),
+    'mmsoft.ops': ('mmsoft.models', ),
+    'mmsoft.models.common': ('mmsoft.models.soft', 'mmsoft.models.ufo_vit'),
+    'mmsoft.models.soft': ('mmsoft.models.ufo_vit', ),
+    'mmsoft.models.ufo_vit': ('mmsoft.models.soft', ),
 }
 
 

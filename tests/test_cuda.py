@@ -1,8 +1,9 @@
-"""The backbones on a CUDA device: float16 and bfloat16 autocast
-(``tools/train.py --amp``), batch independence, the chunked kernel product,
-the solver the closed form runs there, no host sync under CUDA's sync debug
-mode, TF32, and (where mmdet and mmseg are installed) training steps of a
-Mask R-CNN and an UperNet in float32 and under float16 autocast.
+"""The backbones on a CUDA device: the ops' Triton kernels against their
+references (float64 and float32), float16 and bfloat16 autocast
+(``tools/train.py --amp``), batch independence, the solver the closed form
+runs there, no host sync under CUDA's sync debug mode, TF32, and (where
+mmdet and mmseg are installed) training steps of a Mask R-CNN and an UperNet
+in float32 and under float16 autocast.
 
 Imports torch and mmsoft's plain models only, so that it runs on a GPU node
 that has torch (and pytest) and nothing of OpenMMLab; the detector and
@@ -14,8 +15,11 @@ import pytest
 import torch
 
 from mmsoft.models import SOFT, UFOViT
-from mmsoft.models.soft import SOLVERS, gaussian_kernel, kernel_inverse, solver_that_runs
-from mmsoft.models.memory_efficient import chunked_kernel_product
+from mmsoft.ops.kernel_inverse import (SOLVERS, NewtonMiddle, gaussian_kernel,
+                                       kernel_inverse, middle_matrix, solver_that_runs,
+                                       token_mask)
+from mmsoft.ops.soft import KernelProducts, kernel_products_reference
+from mmsoft.ops.xnorm import XNormAttention, xnorm_attention_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason='needs a CUDA device')
@@ -77,27 +81,76 @@ def test_image_alone_equals_image_in_batch(make_backbone):
         torch.testing.assert_close(got, expected[1:2], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize('dtype, tolerance', [(torch.float64, 1e-10),
-                                              (torch.float32, 1e-4)])
-def test_chunked_kernel_product_equals_plain_product(dtype, tolerance):
-    generator = torch.Generator(device=DEVICE).manual_seed(0)
+TOLERANCES = [(torch.float64, 1e-10), (torch.float32, 1e-4)]
 
-    def rand(*shape):
-        return torch.randn(*shape, generator=generator, device=DEVICE, dtype=dtype)
 
-    # (B, heads, N, d) queries and values, (B, heads, m, d) bottleneck
-    # tokens, (B, heads, m, m) middle matrix.
-    queries, bottleneck = 0.5 * rand(2, 3, 1000, 16), 0.5 * rand(2, 3, 64, 16)
-    middle, values = rand(2, 3, 64, 64), rand(2, 3, 1000, 16)
-    kernel = gaussian_kernel(queries, bottleneck)  # (B, heads, N, m)
-    plain = kernel @ (middle @ (kernel.transpose(-1, -2) @ values))
-    for chunk in (1, 128, 1000, 4096):
-        chunked = chunked_kernel_product(queries, bottleneck, middle, values, chunk)
-        torch.testing.assert_close(chunked, plain, rtol=tolerance, atol=tolerance)
-        with torch.no_grad():
-            inferred = chunked_kernel_product(queries, bottleneck, middle, values,
-                                              chunk)
-        torch.testing.assert_close(inferred, plain, rtol=tolerance, atol=tolerance)
+def random(*shape, dtype, seed=0, scale=0.5):
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    return scale * torch.randn(*shape, generator=generator, device=DEVICE, dtype=dtype)
+
+
+def assert_fused_equals_reference(fused, reference, inputs, tolerance):
+    """Outputs and input gradients of the ops' CUDA implementations (Triton's
+    kernels) against their references, relative to each tensor's largest."""
+    results = []
+    for function in (fused, reference):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        out = function(*leaves)
+        (out * random(*out.shape, dtype=out.dtype, seed=9, scale=1.)).sum().backward()
+        results.append([out.detach()] + [t.grad for t in leaves])
+    for got, expected in zip(*results):
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(got, expected, rtol=tolerance,
+                                   atol=tolerance * scale)
+
+
+@pytest.mark.parametrize('dtype, tolerance', TOLERANCES)
+@pytest.mark.parametrize('tokens, marks', [(1000, 64), (6000, 256)])
+def test_kernel_products_equal_the_reference(dtype, tolerance, tokens, marks):
+    """Queries and values (2, 3, N, 32) as views of NCHW maps."""
+    queries, values = (random(2, 3 * 32, tokens, dtype=dtype, seed=seed).view(
+        2, 3, 32, tokens).transpose(-1, -2) for seed in (1, 2))
+    bottleneck = random(2, 3, marks, 32, dtype=dtype, seed=3)
+    middle = random(2, 3, marks, marks, dtype=dtype, seed=4, scale=0.1)
+    assert_fused_equals_reference(
+        lambda *t: KernelProducts.apply(*t, 0.42, tokens),
+        lambda *t: kernel_products_reference(*t, 0.42),
+        [queries, bottleneck, middle, values], tolerance)
+
+
+@pytest.mark.parametrize('dtype, tolerance', TOLERANCES)
+@pytest.mark.parametrize('variant', ['soft', 'soft++'])
+@pytest.mark.parametrize('marks, counts', [(256, None), (256, [256, 180]),
+                                           (49, None), (7, [7, 5])])
+def test_newton_middle_equals_the_reference(dtype, tolerance, variant, marks, counts):
+    """The configs' 256 bottleneck tokens, a small bottleneck, and images with
+    fewer tokens than the batch's; 20 Newton steps."""
+    bottleneck = random(2, 4, marks, 32, dtype=dtype, seed=5, scale=0.3)
+    inside = None if counts is None else token_mask(counts, marks, DEVICE, dtype)
+
+    def reference(tokens):
+        kernel = gaussian_kernel(tokens, tokens, float32_products=True)
+        return middle_matrix(kernel, variant, 'newton', 20, counts)
+
+    assert_fused_equals_reference(lambda l: NewtonMiddle.apply(l, inside, variant, 20),
+                                  reference, [bottleneck],
+                                  tolerance if dtype == torch.float64 else 1e-3)
+
+
+@pytest.mark.parametrize('dtype, tolerance', TOLERANCES)
+@pytest.mark.parametrize('masked', [False, True])
+def test_xnorm_attention_equals_the_reference(dtype, tolerance, masked):
+    """UFO-ViT-small's heads (8 of 38 channels) on 2 x 3000 tokens."""
+    qkv = random(2, 3000, 3 * 304, dtype=dtype, seed=6, scale=1.)
+    key_mask = None
+    if masked:
+        key_mask = torch.ones(2, 3000, dtype=torch.bool, device=DEVICE)
+        key_mask[1, 2000:] = False
+    gammas = [1 + random(8, dtype=dtype, seed=seed) for seed in (7, 8)]
+    assert_fused_equals_reference(
+        lambda *t: XNormAttention.apply(t[0], 8, t[1], t[2], key_mask, 1e-6),
+        lambda *t: xnorm_attention_reference(t[0], 8, t[1], t[2], key_mask, 1e-6),
+        [qkv, *gammas], tolerance)
 
 
 def test_closed_form_runs_the_iteration_on_the_gpu():

@@ -6,9 +6,9 @@ rounded to TF32's 10 mantissa bits, products accumulated in float64.
 import pytest
 import torch
 
-import mmsoft.models.soft as float32_matmul_module
-from mmsoft.models.soft import float32_matmul, split_tf32, three_pass_matmul
-from mmsoft.models.soft import gaussian_kernel
+import mmsoft.ops.kernel_inverse as float32_matmul_module
+from mmsoft.ops.kernel_inverse import (float32_matmul, gaussian_kernel, split_tf32,
+                                       three_pass_matmul)
 
 
 def round_to_tf32(tensor: torch.Tensor) -> torch.Tensor:

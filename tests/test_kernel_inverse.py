@@ -5,15 +5,15 @@ import importlib
 import pytest
 import torch
 
-from functools import partial
-
-from mmsoft.models.soft import (SOLVERS, SoftAttention, exact_inverse, gaussian_kernel, kernel_inverse, newton_closed_form, newton_divided_differences, newton_iterations, newton_on_eigenvalues, newton_operand, newton_scale, solver_that_runs)
-from mmsoft.models.memory_efficient import recomputed_newton_iterations
+from mmsoft.models.soft import SoftAttention
+from mmsoft.ops.kernel_inverse import (SOLVERS, exact_inverse, gaussian_kernel,
+                                       kernel_inverse, newton_closed_form,
+                                       newton_divided_differences, newton_iterations,
+                                       newton_on_eigenvalues, newton_operand,
+                                       newton_scale, soft_middle, solver_that_runs)
 from mmsoft.utils.torch_compat import TORCH_VERSION
 
-kernel_inverse_module = importlib.import_module('mmsoft.models.soft')
-#: The memory-efficient kernel inverse (the 'newton' solver keeps P alone).
-recomputed_kernel_inverse = partial(kernel_inverse, iterate=recomputed_newton_iterations)
+kernel_inverse_module = importlib.import_module('mmsoft.ops.kernel_inverse')
 
 
 def random_kernel_matrices(batch=3, tokens=24, dims=8, spread=0.6, seed=0):
@@ -100,43 +100,12 @@ def test_gradient_is_that_of_the_inverse(variant, solver):
                                  40), (mats, ), eps=1e-6, atol=1e-4)
 
 
-def test_memory_efficient_forward_builds_no_graph_of_iterations():
-    mats = random_kernel_matrices().requires_grad_()
-    out = recomputed_kernel_inverse(mats, 'soft++', 'newton')
-    # One node for the whole inverse, not 20 iterations of matmuls.
-    assert type(out.grad_fn).__name__ == 'NewtonIterationsBackward'
-    assert out.grad_fn.next_functions[0][0].variable is mats
-
-
-@pytest.mark.parametrize('variant', ['soft', 'soft++'])
-@pytest.mark.parametrize('solver', SOLVERS)
-@pytest.mark.parametrize('closed_form_devices', [('cpu', ), ()])
-def test_plain_kernel_inverse_equals_the_memory_efficient_one(variant, solver,
-                                                              closed_form_devices,
-                                                              monkeypatch):
-    # Off the closed form's devices the layers run 'newton_closed_form' as
-    # the iteration (solver_that_runs).
-    device = 'cpu' if closed_form_devices else 'cuda'
-    solver = solver_that_runs(solver, device) if solver != 'newton_closed_form' \
-        or not closed_form_devices else solver
-    mats = random_kernel_matrices(batch=2, tokens=12, spread=1.0)
-    weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(4),
-                          dtype=mats.dtype)
-    results = []
-    for inverse in (recomputed_kernel_inverse, kernel_inverse):
-        leaf = mats.clone().requires_grad_()
-        out = inverse(leaf, variant, solver, 6)
-        (out * weights).sum().backward()
-        results.append((out.detach(), leaf.grad, type(out.grad_fn).__name__))
-    (efficient, efficient_grad, efficient_node), (plain, plain_grad,
-                                                  plain_node) = results
-    iterates = solver == 'newton'
-    assert (efficient_node == 'NewtonIterationsBackward') == iterates
-    assert plain_node != 'NewtonIterationsBackward'  # the steps, recorded
-    assert (efficient_node == plain_node) == (not iterates)
-    # The same operations forward: the same bits.
-    torch.testing.assert_close(efficient, plain, rtol=0, atol=0)
-    assert relative_error(efficient_grad, plain_grad) < 1e-10
+def test_training_inverse_builds_no_graph_of_iterations():
+    points = (0.5 * torch.randn(2, 3, 12, 8, dtype=torch.float64)).requires_grad_()
+    out = soft_middle(points, 'soft++', 'newton', 20)
+    # One node for the kernel, the whole iteration and the scaling.
+    assert type(out.grad_fn).__name__ == 'NewtonMiddleBackward'
+    assert out.grad_fn.next_functions[0][0].variable is points
 
 
 def gradients(solvers, inputs, operand_of, alpha, num_iters, weights):
@@ -159,37 +128,6 @@ def autograd_through_iterations(operand, alpha, num_iters):
 
 
 @pytest.mark.parametrize('variant', ['soft', 'soft++'])
-@pytest.mark.parametrize('spread', [0.1, 0.6])
-@pytest.mark.parametrize('num_iters', [0, 1, 3, 20])
-def test_newton_backward_is_the_derivative_of_its_iterations(variant, spread,
-                                                            num_iters):
-    mats = random_kernel_matrices(batch=2, tokens=30, dims=8, spread=spread)
-    alpha = newton_scale(mats, variant)
-    # Weights without symmetry, so that no transpose in backward goes unnoticed.
-    weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(1),
-                          dtype=mats.dtype)
-    solvers = (recomputed_newton_iterations, autograd_through_iterations)
-    grads = gradients(solvers, mats, lambda a: newton_operand(a, variant), alpha,
-                      num_iters, weights)
-    assert relative_error(grads[0], grads[1]) < 1e-10
-    # On a non-symmetric operand as well (the iteration is defined for any P).
-    operand = mats + 0.01 * torch.randn(mats.shape, dtype=mats.dtype)
-    grads = gradients(solvers, operand, lambda p: p, alpha, num_iters, weights)
-    assert relative_error(grads[0], grads[1]) < 1e-10
-
-
-@pytest.mark.parametrize('variant', ['soft', 'soft++'])
-def test_newton_gradcheck_before_convergence(variant):
-    mats = random_kernel_matrices(batch=2, tokens=8, dims=3, spread=1.0)
-    alpha = newton_scale(mats, variant)  # a constant step size, as in the model
-    # Three steps are far from the inverse: finite differences of the forward
-    # see the iteration's own derivative, not the inverse's.
-    assert torch.autograd.gradcheck(
-        lambda a: recomputed_newton_iterations(newton_operand(a, variant), alpha, 3),
-        (mats.requires_grad_(), ), eps=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize('variant', ['soft', 'soft++'])
 def test_newton_and_closed_form_have_the_same_gradient(variant):
     mats = random_kernel_matrices(batch=2, tokens=40, dims=16, spread=0.3).unsqueeze(0)
     weights = torch.randn(mats.shape, generator=torch.Generator().manual_seed(2),
@@ -202,20 +140,6 @@ def test_newton_and_closed_form_have_the_same_gradient(variant):
     assert relative_error(grads[0], grads[1]) < 1e-7
 
 
-def test_memory_efficient_newton_keeps_only_its_operand():
-    mats = random_kernel_matrices(batch=2, tokens=12).requires_grad_()
-    shapes = []
-
-    def pack(tensor):
-        shapes.append(tuple(tensor.shape))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        recomputed_kernel_inverse(mats, 'soft++', 'newton')
-    # P (2, 12, 12) and the per-image scale: no iterate is kept.
-    assert sorted(shapes) == [(2, 1, 1), (2, 12, 12)]
-
-
 def test_closed_form_runs_the_iteration_off_the_closed_form_devices():
     mats = random_kernel_matrices().requires_grad_()
     assert solver_that_runs('newton_closed_form', 'cpu') == 'newton_closed_form'
@@ -224,8 +148,8 @@ def test_closed_form_runs_the_iteration_off_the_closed_form_devices():
     # As on a GPU, where the float64 eigendecomposition is not used.
     solver = solver_that_runs('newton_closed_form', 'cuda')
     assert solver == 'newton'
-    iterated = recomputed_kernel_inverse(mats, 'soft++', solver)
-    assert type(iterated.grad_fn).__name__ == 'NewtonIterationsBackward'
+    iterated = kernel_inverse(mats, 'soft++', solver)
+    assert type(iterated.grad_fn).__name__ != 'NewtonClosedFormBackward'
     torch.testing.assert_close(iterated, on_cpu, rtol=1e-7, atol=1e-9)
 
 

@@ -18,7 +18,7 @@ from mmsoft.openmmlab import SOFT, UFOViT
 from mmsoft.models.common import MLP, ConvPatchEmbed, regions_on_grid
 from mmsoft.models.ufo_vit import UFOBlock
 from mmsoft.models.common import set_memory_efficient
-from mmsoft.models.memory_efficient import fusable
+from mmsoft.models.common import fusable
 
 from tests.helpers.plain_autograd import (TOLERANCE, assert_same_as_plain,
                                           outputs_and_gradients)
@@ -81,7 +81,7 @@ class _WrittenOutUFOBlock(nn.Module):
         return x + block.gamma3 * block.mlp(block.norm3(x))
 
 
-def test_layer_scale_folding_equals_gamma_times_branch():
+def test_layer_scales_in_their_branches_equal_gamma_times_branch():
     torch.manual_seed(0)
     block = randomise_affine(UFOBlock(16, num_heads=2)).double()
     tokens = torch.randn(2, 30, 16, dtype=torch.float64)
@@ -102,10 +102,10 @@ def test_layer_scale_folding_equals_gamma_times_branch():
 
 
 @pytest.mark.parametrize('valid_shapes', [None, [(5, 6), (3, 4)]])
-def test_ufo_block_twin_equals_plain_and_updates_stats_once(valid_shapes):
-    """Each LayerNorm keeping x^ only, the attention and the local patch
-    interaction recomputed: the plain block's outputs, gradients and
-    BatchNorm statistics, updated once."""
+def test_ufo_block_equals_plain_and_updates_stats_once(valid_shapes):
+    """Each LayerNorm keeping its input only, the layer scales in their
+    branches' last layers, the local patch interaction recomputed: the plain
+    block's outputs, gradients and BatchNorm statistics, updated once."""
     torch.manual_seed(0)
     block = randomise_affine(UFOBlock(16, num_heads=2)).double().train()
     tokens = 1 + torch.randn(2, 30, 16, dtype=torch.float64)
@@ -126,7 +126,7 @@ class _StemTokens(nn.Module):
         self.valid_shapes = valid_shapes
 
     def forward(self, x):
-        return self.stem(x, self.valid_shapes)[0]
+        return self.stem(x, regions_on_grid(self.valid_shapes, x.shape[-2:]))[0]
 
 
 @pytest.mark.parametrize('valid_shapes', [None, [(20, 24), (13, 9)]])
@@ -232,9 +232,8 @@ def test_memory_efficient_switch_of_the_backbones(build):
     assert all(m.memory_efficient for m in efficient.modules()
                if hasattr(m, 'memory_efficient'))
     image = torch.randn(1, 3, 64, 96, dtype=torch.float64)
-    # Activations only: the folded LayerScales and LayerNorm affines keep
-    # scaled weight copies (a Linear's as its transpose), which at this tiny
-    # input would outweigh the activations.
+    # Activations only: weights (a Linear's as its transpose) would outweigh
+    # them at this tiny input.
     weight_shapes = {tuple(p.shape) for p in efficient.parameters()}
     weight_shapes |= {shape[::-1] for shape in weight_shapes}
     kept, results = {}, {}
@@ -278,7 +277,7 @@ def test_recompute_mlp_keeps_no_hidden_layer(build):
         assert all(mlp.keep_hidden is not recompute for mlp in mlps.values())
         with SavedTensorRecorder(backbone) as recorder:
             backbone(image)
-        # The twins run the MLPs in their blocks' scope: (B, N, hidden) there.
+        # The ops run the MLPs in their blocks' scope: (B, N, hidden) there.
         kept_hidden[recompute] = [
             r for r in recorder.records if r.module in mlps and len(r.shape) == 3
             and r.shape[-1] == mlps[r.module].fc1.out_features]

@@ -26,8 +26,8 @@ import torch
 
 from mmsoft.openmmlab import SOFT, UFOViT
 from mmsoft.models.common import ConvPatchEmbed, autocast_dtype, set_memory_efficient
-from mmsoft.models.memory_efficient import chunked_kernel_product, layer_norm_mlp
 from mmsoft.models.soft import SOLVERS, SoftBlock, SoftmaxBlock, kernel_inverse
+from mmsoft.ops import layer_norm_mlp, soft_attention, xnorm_attention
 from mmsoft.models.ufo_vit import UFOBlock
 
 from tests.helpers.plain_autograd import LayerNormThenMLP, assert_same_as_plain
@@ -140,19 +140,28 @@ def test_kernel_inverse_stays_float32_under_autocast(solver, dtype):
     assert leaf.grad.dtype == dtype and torch.isfinite(leaf.grad).all()
 
 
+OPS = {
+    'soft-attention': (lambda q, l, v: soft_attention(q, l, v, 0.7, 'soft++', 'newton', 6,
+                                                      [9, 6], chunk_tokens=16),
+                       [(2, 2, 40, 8), (2, 2, 9, 8), (2, 2, 40, 8)]),
+    'xnorm-attention': (lambda qkv: xnorm_attention(qkv, 2, torch.ones(2),
+                                                    torch.ones(2)), [(2, 40, 24)]),
+}
+
+
 @pytest.mark.parametrize('dtype', DTYPES)
-def test_chunked_kernel_product_under_autocast_equals_float32(dtype):
+@pytest.mark.parametrize('name', list(OPS))
+def test_attention_ops_under_autocast_equal_float32(name, dtype):
+    """Documented as float32: autocast changes nothing inside."""
+    op, shapes = OPS[name]
     generator = torch.Generator().manual_seed(0)
-    queries, bottleneck = (0.5 * torch.randn(2, 2, 40, 8, generator=generator),
-                           0.5 * torch.randn(2, 2, 9, 8, generator=generator))
-    middle, values = torch.randn(2, 2, 9, 9), torch.randn(2, 2, 40, 8)
-    inputs = [t.requires_grad_() for t in (queries, bottleneck, middle, values)]
-    expected = chunked_kernel_product(*inputs, 16)
+    inputs = [(0.5 * torch.randn(*shape, generator=generator)).requires_grad_()
+              for shape in shapes]
+    expected = op(*inputs)
     expected_grads = torch.autograd.grad(expected.sum(), inputs)
     with torch.autocast('cpu', dtype=dtype):
-        out = chunked_kernel_product(*inputs, 16)
+        out = op(*inputs)
     grads = torch.autograd.grad(out.sum(), inputs)
-    # Documented as float32: autocast changes nothing inside.
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, expected)
     for grad, expected_grad in zip(grads, expected_grads):

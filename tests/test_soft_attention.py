@@ -3,6 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmsoft.models.common import set_memory_efficient
 from mmsoft.models.soft import SoftAttention, SoftBlock, capped_grid_size
 
 
@@ -95,7 +96,8 @@ def test_export_formulation_pools_with_tensor_sizes_and_iterates():
     # Traced in the ONNX export formulation, the cap pools by averaging
     # matrices on traced sizes and the closed form runs as the iteration:
     # the same sizes and, up to rounding, the same values. A plain trace
-    # (FLOP counting) records the eager pooling and the closed form's node.
+    # (FLOP counting) records the pooling matrix of this size and the
+    # closed form's node.
     from mmsoft.deployment.onnx_export import export_formulation
     torch.manual_seed(0)
     module = SoftAttention(64, 2, sr_ratio=2, local_kernel_size=3,
@@ -112,7 +114,7 @@ def test_export_formulation_pools_with_tensor_sizes_and_iterates():
     graph, plain_graph = str(traced.inlined_graph), str(plain.inlined_graph)
     assert 'adaptive_avg_pool2d' not in graph and '_shape_as_tensor' in graph
     assert 'PythonOp' not in graph and 'aten::matmul' in graph
-    assert 'adaptive_avg_pool2d' in plain_graph
+    assert '_shape_as_tensor' not in plain_graph  # a constant pooling matrix
     assert 'NewtonClosedForm' in plain_graph
     assert not module.exportable  # restored on exit
 
@@ -120,8 +122,7 @@ def test_export_formulation_pools_with_tensor_sizes_and_iterates():
 def spy_on_implementations(monkeypatch):
     """Records which implementation of the kernel products runs (plain or
     memory-saving), with the dtypes of its tensor inputs and output."""
-    import mmsoft.models.memory_efficient as memory_efficient
-    from mmsoft.models import soft
+    import mmsoft.ops.soft as soft_ops
     seen = []
 
     def spy(name, original):
@@ -134,23 +135,26 @@ def spy_on_implementations(monkeypatch):
 
         return implementation
 
-    monkeypatch.setattr(soft, 'kernel_products', spy('plain', soft.kernel_products))
-    monkeypatch.setattr(memory_efficient, 'chunked_kernel_product',
-                        spy('memory_efficient', memory_efficient.chunked_kernel_product))
+    class KernelProducts:
+        apply = staticmethod(spy('memory_efficient', soft_ops.KernelProducts.apply))
+
+    monkeypatch.setattr(soft_ops, 'kernel_products_reference',
+                        spy('plain', soft_ops.kernel_products_reference))
+    monkeypatch.setattr(soft_ops, 'KernelProducts', KernelProducts)
     return seen
 
 
 @pytest.mark.parametrize('memory_efficient', [True, False])
 def test_autocast_runs_kernel_in_float32(memory_efficient, monkeypatch):
     torch.manual_seed(0)
-    block = SoftBlock(64, 2, sr_ratio=2, local_kernel_size=3)
-    block.memory_efficient = memory_efficient
+    block = set_memory_efficient(SoftBlock(64, 2, sr_ratio=2, local_kernel_size=3),
+                                 memory_efficient)
     seen = spy_on_implementations(monkeypatch)
     x = torch.randn(1, 64, 64)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = block(x, (8, 8))
     name = 'memory_efficient' if memory_efficient else 'plain'
-    assert seen == [(name, ) + (torch.float32, ) * (5 if memory_efficient else 4)]
+    assert seen == [(name, ) + (torch.float32, ) * 5]
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import mmsoft  # noqa: F401  (registers the backbones)
 from mmsoft.openmmlab import UFOViT
 from mmsoft.models.ufo_vit import (FeaturePyramidAdapter, LocalPatchInteraction, UFOAttention, UFOBlock, ufo_attention)
+from mmsoft.ops.xnorm import qkv_heads
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # A small custom architecture for the behavioural tests.
@@ -40,7 +41,8 @@ def naive_ufo_reference(attn: UFOAttention, x: torch.Tensor) -> torch.Tensor:
 
 def attended(attn: UFOAttention, x: torch.Tensor) -> torch.Tensor:
     """The attention before its output projection: (B, h, N, d)."""
-    return ufo_attention(*attn.heads(attn.qkv(x)), attn.gamma_q, attn.gamma_kv)
+    return ufo_attention(*qkv_heads(attn.qkv(x), attn.num_heads), attn.gamma_q,
+                         attn.gamma_kv)
 
 
 def set_gammas(attn: UFOAttention, gamma_q, gamma_kv) -> None:
@@ -212,7 +214,7 @@ def test_out_indices_subset_and_block_readout():
     x = torch.randn(2, 3, 64, 80)
     with torch.no_grad():
         outs = model(x)
-        tokens, hw_shape = model.patch_embed(x)
+        tokens, hw_shape, _ = model.patch_embed(x)
         tokens = tokens + model.pos_embed(2, hw_shape).flatten(2).transpose(1, 2)
         for block in model.blocks:
             tokens = block(tokens, hw_shape)
@@ -446,7 +448,7 @@ def test_sync_batch_norm_is_never_recomputed_as_a_plain_one():
     their norms, and with_cp's rerun runs each SyncBatchNorm module itself
     (without a process group it normalises as a BatchNorm, so the gradients
     equal the unconverted model's)."""
-    from mmsoft.models.memory_efficient import recomputes_locally
+    from mmsoft.models.common import recomputes_locally
     torch.manual_seed(8)
     model = UFOViT(arch=MINI_ARCH, norm_eval=False, drop_path_rate=0.).train()
     converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))

@@ -38,7 +38,6 @@ xcit = pytest.importorskip('timm.models.xcit')
 cait = pytest.importorskip('timm.models.cait')
 
 from mmsoft.models.common import ConvPatchEmbed, regions_on_grid
-from mmsoft.models.memory_efficient import scaled_weight_and_bias
 from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction, UFOAttention,
                                    UFOBlock, ufo_attention)
 
@@ -264,9 +263,10 @@ def test_stem_valid_region_vs_xcit():
     batch = torch.cat([nn.functional.pad(small, (0, 64 - 45, 0, 48 - 37)), large])
     with torch.no_grad():
         alone, alone_grid = timm_stem(small)  # (1, 9, C), (3, 3)
-        mm_tokens, grid = mm_stem(batch, valid_shapes=[(37, 45), (48, 64)])
+        mm_tokens, grid, _ = mm_stem(
+            batch, regions_on_grid([(37, 45), (48, 64)], batch.shape[-2:]))
         timm_tokens, _ = timm_stem(batch)  # (2, 12, C)
-        mm_plain, _ = mm_stem(batch)
+        mm_plain = mm_stem(batch)[0]
     assert grid == (3, 4) and alone_grid == (3, 3)
     assert_close(region(mm_tokens[:1], grid, alone_grid), alone,
                  'stem padded, mmsoft valid region vs image alone')
@@ -312,7 +312,7 @@ def test_fourier_position_valid_region_vs_xcit():
     timm_pos, mm_pos = position_pair()
     grid, valid = (7, 5), [(3, 5), (7, 4)]
     with torch.no_grad():
-        mm_enc = mm_pos(2, grid, valid_shapes=valid)  # (2, C, 7, 5)
+        mm_enc = mm_pos(2, grid, regions_on_grid(valid, grid))  # (2, C, 7, 5)
         timm_enc = timm_pos(2, *grid)
         for i, (h, w) in enumerate(valid):
             alone = timm_pos(1, h, w)[0]  # (C, h, w)
@@ -343,21 +343,13 @@ def lpi_pair(dims: int = 16, kernel_size: int = 3, seed: int = 7):
 @pytest.mark.parametrize('kernel_size', [3, 5])
 @pytest.mark.parametrize('grid', [(5, 7), (1, 9), (8, 3)])
 def test_lpi_matches_xcit(grid, kernel_size):
-    """Same tokens (B, N, C) and input gradient on non-square grids; with a
-    LayerScale folded into ``conv2``'s weight and bias (as the memory-saving
-    twin runs it) the same as XCiT's ``gamma3 * LPI(x)``."""
+    """Same tokens (B, N, C) and input gradient on non-square grids."""
     timm_lpi, mm_lpi = lpi_pair(kernel_size=kernel_size)
     tokens = randn(2, grid[0] * grid[1], 16, seed=8)  # (B, N, C)
     timm_out, timm_grad = input_grad(lambda x: timm_lpi(x, *grid), tokens, seed=9)
     mm_out, mm_grad = input_grad(lambda x: mm_lpi(x, grid), tokens, seed=9)
     assert_close(mm_out, timm_out, f'LPI k{kernel_size} {grid} tokens')
     assert_close(mm_grad, timm_grad, f'LPI k{kernel_size} {grid} input grad')
-    scale = randn(16, seed=10)
-    with torch.no_grad():
-        weight2, bias2 = scaled_weight_and_bias(mm_lpi.conv2, scale)
-        grid_in = tokens.transpose(1, 2).unflatten(2, grid)  # (B, C, H, W)
-        folded = mm_lpi.mix(grid_in, None, weight2, bias2).flatten(2).transpose(1, 2)
-        assert_close(folded, scale * timm_out, f'LPI k{kernel_size} {grid} with a folded scale')
 
 
 def test_lpi_valid_region_vs_xcit():
@@ -433,7 +425,7 @@ def qkv_heads(attn: nn.Module, x: torch.Tensor, heads: int):
 
 def attend(attn: UFOAttention, x: torch.Tensor) -> torch.Tensor:
     """UFO's attention before its projection: (B, N, C) -> (B, h, N, d)."""
-    queries, keys, values = attn.heads(attn.qkv(x))
+    queries, keys, values = qkv_heads(attn, x, attn.num_heads)
     return ufo_attention(queries, keys, values, attn.gamma_q, attn.gamma_kv, attn.eps)
 
 
@@ -508,15 +500,15 @@ def test_attention_value_scale_ufo_invariant_xca_linear():
 
 
 def test_attention_key_mask_vs_xca_padding():
-    """Padded tokens (garbage): UFO told the ``padding`` gives the valid tokens
-    their values alone (``K^T V`` sums only them); XCA has no mask and its
-    per-channel norms and sums over tokens take the padding in."""
+    """Padded tokens (garbage): UFO told its keys (``key_mask``) gives the valid
+    tokens their values alone (``K^T V`` sums only them); XCA has no mask and
+    its per-channel norms and sums over tokens take the padding in."""
     timm_attn, mm_attn = attention_pair()
     alone = randn(1, 9, 32, seed=17)
     padded = torch.cat([alone, randn(1, 6, 32, seed=18)], dim=1)  # (1, 15, C)
-    padding = (torch.arange(15) >= 9).view(1, 1, 3, 5)  # (B, 1, H, W), True outside
+    key_mask = (torch.arange(15) < 9)[None]  # (B, N), True for the keys
     with torch.no_grad():
-        assert_close(mm_attn(padded, padding)[:, :9], mm_attn(alone),
+        assert_close(mm_attn(padded, key_mask)[:, :9], mm_attn(alone),
                      'UFO padding, valid tokens vs alone')
         assert_differs(timm_attn(padded)[:, :9], timm_attn(alone),
                        'XCA padded, valid tokens vs alone')

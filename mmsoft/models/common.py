@@ -1,13 +1,14 @@
 """What SOFT and UFO-ViT share.
 
-Mixed precision, valid regions of padded batches, the MLP, the convolutional
-stem, stochastic depth, and the backbone base class with its input checks
-and timm's model API. The memory-saving twins are in :mod:`.memory_efficient`.
+Valid regions of padded batches, recomputation, the MLP, the convolutional
+stem (with its training implementation, which keeps only its BatchNorms'
+inputs), stochastic depth, and the backbone base class with its input checks
+and timm's model API.
 """
-import importlib
 import threading
 from contextlib import contextmanager, nullcontext
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from functools import partial
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -16,103 +17,13 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ..deprecations import rename_deprecated_keys
+from ..ops._library import (apply_without_autocast, autocast_dtype, autocast_off,  # noqa: F401
+                           backward_without_autocast, cast_floating, full_precision,
+                           is_compiling, is_tracing, records_forward_only)
 from ..utils.validation import (check_choice, check_out_indices, check_positive_int,
                                 check_rate)
 
 ValidShapes = List[Tuple[int, int]]
-
-
-# --- Tracing and mixed precision
-if hasattr(getattr(torch, 'compiler', None), 'is_compiling'):
-    is_compiling = torch.compiler.is_compiling
-else:  # torch < 2.3
-    is_compiling = importlib.import_module('torch._dynamo').is_compiling
-
-
-def records_forward_only() -> bool:
-    """Whether ``torch.jit.trace`` or the ONNX exporter is recording."""
-    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-
-
-def is_tracing() -> bool:
-    """Whether a tracer or ``torch.compile`` is recording: the plain path runs."""
-    return records_forward_only() or is_compiling()
-
-
-# torch >= 2.4: the autocast queries take a device type.
-_AUTOCAST_QUERY_TAKES_DEVICE = hasattr(torch, 'get_autocast_dtype')
-
-
-def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The dtype autocast casts to on ``device_type``; None when it is off."""
-    if device_type == 'meta':
-        return None
-
-    if _AUTOCAST_QUERY_TAKES_DEVICE:
-        if not torch.is_autocast_enabled(device_type):
-            return None
-        return torch.get_autocast_dtype(device_type)
-    if device_type == 'cpu':  # torch < 2.4
-        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
-    if device_type == 'cuda' and torch.is_autocast_enabled():
-        return torch.get_autocast_gpu_dtype()
-    return None
-
-
-def autocast_off(device_type: str):
-    """Autocast switched off on ``device_type`` (``'meta'`` has none)."""
-    if device_type == 'meta':
-        return nullcontext()
-    return torch.autocast(device_type=device_type, enabled=False)
-
-
-def full_precision(tensor: torch.Tensor) -> torch.Tensor:
-    """float16 and bfloat16 tensors as float32; others as they are."""
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        return tensor.float()
-    return tensor
-
-
-def cast_floating(value, dtype: torch.dtype):
-    """A float16, bfloat16 or float32 tensor in ``dtype``; anything else as it is."""
-    if isinstance(value, torch.Tensor) and value.dtype in (
-            torch.float16, torch.bfloat16, torch.float32):
-        return value.to(dtype)
-    return value
-
-
-def _device_type(values) -> str:
-    return next((value.device.type for value in values
-                 if isinstance(value, torch.Tensor)), 'cpu')
-
-
-def apply_without_autocast(function: type, *args, cast_to: Optional[str] = 'float32'):
-    """``function.apply(*args)`` with autocast off.
-
-    Under autocast its floating inputs are cast first: to float32, or with
-    ``cast_to='autocast'`` to autocast's dtype (None: left as they are).
-    """
-    device_type = _device_type(args)
-    low = autocast_dtype(device_type)
-    if low is None:
-        return function.apply(*args)
-
-    if cast_to is not None:
-        dtype = torch.float32 if cast_to == 'float32' else low
-        args = [cast_floating(arg, dtype) for arg in args]
-    with autocast_off(device_type):
-        return function.apply(*args)
-
-
-def backward_without_autocast(backward: Callable) -> Callable:
-    """Runs an autograd function's ``backward`` with autocast off."""
-
-    def run(ctx, *grads):
-        with autocast_off(_device_type(grads)):
-            return backward(ctx, *grads)
-
-    run.__doc__ = backward.__doc__
-    return run
 
 
 # --- Gradient layout and GELU
@@ -212,22 +123,43 @@ def valid_mask(valid_shapes: ValidShapes, hw_shape: Sequence[int],
                         for height, width in valid_shapes])
 
 
-def mask_map(feature_map: torch.Tensor, valid_shapes: Optional[ValidShapes],
-             fill: float = 0.) -> torch.Tensor:
-    """A map (B, C, H, W) filled with ``fill`` outside the regions (None: as it is)."""
-    if valid_shapes is None:
-        return feature_map
-    inside = valid_mask(valid_shapes, feature_map.shape[-2:], feature_map.device)
-    return feature_map.masked_fill(~inside[:, None], fill)
+class Regions:
+    """The valid regions of a padded batch on one grid, with their masks.
 
+    The masks are made once per batch: a stride-s layer's grid keeps ceil(L /
+    s) of a side L, whose mask is a strided view of its input's
+    (:meth:`strided`). ``cache`` holds what the blocks of one grid share.
+    """
 
-class Regions(NamedTuple):
-    """The valid regions of a padded batch on one grid of tokens."""
+    def __init__(self, shapes: ValidShapes, padding: torch.Tensor):
+        #: Each image's (h, w).
+        self.shapes = shapes
+        #: (B, 1, H, W) bool, True outside the image's region.
+        self.padding = padding
+        self.cache = {}
 
-    #: Each image's (h, w).
-    shapes: ValidShapes
-    #: (B, 1, H, W) bool, True outside the image's region.
-    padding: torch.Tensor
+    @property
+    def inside(self) -> torch.Tensor:
+        """(B, H * W) bool, True for the tokens inside the image's region."""
+        if 'inside' not in self.cache:
+            self.cache['inside'] = (~self.padding).flatten(1)
+        return self.cache['inside']
+
+    def strided(self, stride: int) -> 'Regions':
+        """The regions after a layer of ``stride`` that keeps ceil(L / stride) of a
+        side L (a 3x3 convolution with padding 1, a ceil-mode pooling)."""
+        if stride == 1:
+            return self
+        return Regions(strided_shapes(self.shapes, (stride, )),
+                       self.padding[..., ::stride, ::stride])
+
+    def upsampled(self, factor: int) -> 'Regions':
+        """The regions of a grid ``factor`` times as fine: each side L -> factor L."""
+        batch, _, height, width = self.padding.shape
+        padding = self.padding[:, :, :, None, :, None].expand(
+            batch, 1, height, factor, width, factor)
+        return Regions([(h * factor, w * factor) for h, w in self.shapes],
+                       padding.reshape(batch, 1, height * factor, width * factor))
 
 
 def regions_on_grid(valid_shapes: Optional[ValidShapes], hw_shape: Sequence[int],
@@ -236,6 +168,14 @@ def regions_on_grid(valid_shapes: Optional[ValidShapes], hw_shape: Sequence[int]
     if valid_shapes is None:
         return None
     return Regions(valid_shapes, ~valid_mask(valid_shapes, hw_shape, device)[:, None])
+
+
+def mask_map(feature_map: torch.Tensor, regions: Optional[Regions],
+             fill: float = 0.) -> torch.Tensor:
+    """A map (B, C, H, W) filled with ``fill`` outside the regions (None: as it is)."""
+    if regions is None:
+        return feature_map
+    return feature_map.masked_fill(regions.padding, fill)
 
 
 def pad_to_grid(feature_map: torch.Tensor, hw_shape: Sequence[int]) -> torch.Tensor:
@@ -324,8 +264,8 @@ def tokens_to_map(tokens: torch.Tensor, hw_shape) -> torch.Tensor:
 
 # --- Layers
 class MLP(nn.Module):
-    """``fc2(act(fc1(x)))`` with dropout; its twin keeps ``fc1``'s output for
-    backward where ``keep_hidden``."""
+    """``fc2(act(fc1(x)))`` with dropout; :func:`~mmsoft.ops.layer_norm.layer_norm_mlp`
+    keeps ``fc1``'s output for backward where ``keep_hidden``."""
 
     def __init__(self, in_dims: int, hidden_dims: int, act_layer: type = GELU,
                  drop: float = 0., keep_hidden: bool = True):
@@ -342,20 +282,51 @@ class MLP(nn.Module):
         return self.drop(self.fc2(hidden))
 
 
+class MaskedResidual(torch.autograd.Function):
+    """``residual + mask o x``; backward ``d residual = G``, ``dx = mask o G``."""
+
+    @staticmethod
+    def forward(ctx, residual, x, mask):
+        ctx.save_for_backward(mask)
+        return torch.addcmul(residual, x, mask)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad * ctx.saved_tensors[0], None
+
+
 class DropPath(nn.Module):
-    """Stochastic depth: drops whole samples of a residual branch in training."""
+    """Stochastic depth: drops whole samples of a residual branch in training.
+
+    A backbone draws the masks of all its blocks' branches at once per step
+    (:meth:`DenseBackbone.drop_path_masks`) and hands each branch its own;
+    called without one, the module draws it."""
 
     def __init__(self, drop_prob: float = 0.):
         super().__init__()
         self.drop_prob = drop_prob
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        """x (B, ...) times ``mask`` (B, ): 0 for a dropped sample, else 1 / keep."""
         if not self.training or self.drop_prob == 0.:
             return x
 
-        keep = 1 - self.drop_prob
-        mask = x.new_empty((x.shape[0], ) + (1, ) * (x.dim() - 1)).bernoulli_(keep)
-        return x * mask / keep
+        return x * self._mask(x, mask)
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor,
+               mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``residual + self(x, mask)``, one kernel forward and one backward."""
+        if not self.training or self.drop_prob == 0.:
+            return residual + x
+        return MaskedResidual.apply(residual, x, self._mask(x, mask))
+
+    def _mask(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """``mask`` (B, ) or a new one, shaped to multiply x (B, ...)."""
+        if mask is None:
+            keep = 1 - self.drop_prob
+            mask = x.new_empty(x.shape[0]).bernoulli_(keep).div_(keep)
+        return mask.view(-1, *(1, ) * (x.dim() - 1))
 
 
 def drop_path_or_identity(rate: float) -> nn.Module:
@@ -374,24 +345,210 @@ def init_transformer_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+def _after(layer: nn.Module, regions: Optional[Regions]) -> Optional[Regions]:
+    """The regions after ``layer`` (a stride-s Conv2d keeps ceil(L / s))."""
+    if regions is None or not isinstance(layer, nn.Conv2d):
+        return regions
+    return regions.strided(layer.stride[0])
+
+
 def conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
-               valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-    """``layers`` in turn; each Conv2d sees zeros outside ``valid_shapes``."""
+               regions: Optional[Regions] = None
+               ) -> Tuple[torch.Tensor, Optional[Regions]]:
+    """``layers`` in turn, each Conv2d seeing zeros outside the regions; returns
+    the output, zero outside its regions, and those."""
     for layer in layers:
         if isinstance(layer, nn.Conv2d):
-            x = layer(mask_map(x, valid_shapes))  # (B, C', ceil(H / s), ceil(W / s))
-            if valid_shapes is not None:
-                valid_shapes = strided_shapes(valid_shapes, layer.stride[:1])
+            x = layer(mask_map(x, regions))  # (B, C', ceil(H / s), ceil(W / s))
         else:  # BatchNorm, activation
             x = layer(x)
-    return mask_map(x, valid_shapes)
+        regions = _after(layer, regions)
+    return mask_map(x, regions), regions
+
+
+# --- The stem: BatchNorm, activation and convolution
+CONVOLUTIONS = (nn.Conv2d, nn.ConvTranspose2d)
+
+
+def batch_norm_like_forward(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` with the statistics its forward uses, updating none."""
+    batch_stats = norm.training or not norm.track_running_stats
+    return F.batch_norm(x, None if batch_stats else norm.running_mean,
+                        None if batch_stats else norm.running_var, norm.weight,
+                        norm.bias, training=batch_stats, eps=norm.eps)
+
+
+def _activated(norm: Callable, act: nn.Module, x: torch.Tensor,
+               padding: Optional[torch.Tensor]) -> torch.Tensor:
+    """``act(norm(x))``, zero where ``padding`` (B, 1, H, W) is True."""
+    hidden = act(norm(x))
+    return hidden if padding is None else hidden.masked_fill(padding, 0.)
+
+
+def norm_input(norm: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """``x`` in BatchNorm's compute dtype, that of its parameters."""
+    if norm.weight is None:
+        return full_precision(x)
+    return x.to(norm.weight.dtype)
+
+
+def convolution(conv: nn.Module, x: torch.Tensor, weight, bias) -> torch.Tensor:
+    """``conv(x)`` (Conv2d or ConvTranspose2d) with the given weight and bias."""
+    return torch.convolution(x, weight, bias, conv.stride, conv.padding, conv.dilation,
+                             conv.transposed, conv.output_padding, conv.groups)
+
+
+def convolution_backward(conv: nn.Module, grad_out, inputs, weight,
+                         needs_grad: Sequence[bool], needs_input: bool = True):
+    """The gradients of ``conv``'s input, weight and bias, without running it."""
+    bias_sizes = None if conv.bias is None else [conv.bias.shape[0]]
+    return torch.ops.aten.convolution_backward(
+        grad_out, inputs, weight, bias_sizes, conv.stride, conv.padding, conv.dilation,
+        conv.transposed, conv.output_padding, conv.groups,
+        [needs_input, needs_grad[0], needs_grad[1] and conv.bias is not None])
+
+
+class NormActConv(torch.autograd.Function):
+    """``conv(act(norm(x)))``, zero outside the regions before ``conv``, keeping
+    only x; with ``first``, ``conv(act(norm(first(x))))``, ``first(x)`` recomputed.
+
+    Backward, with ``h = m * act(BN(x))``, ``y = conv(h)`` and G: ``dh =
+    conv^T(G)``, ``dW = G * h``, ``db = sum G``; ``dx``, ``d gamma`` and
+    ``d beta`` by autograd through ``h`` recomputed with the statistics
+    forward used; with ``x = first(u)``: ``du = first^T(dx)``, ``dW_first = dx * u``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, padding, norm_weight, norm_bias, conv_weight, conv_bias, layers,
+                out_dtype, first_weight=None, first_bias=None):
+        first, norm, act, conv = layers
+        inputs = x
+        if first is not None:
+            x = convolution(first, inputs, first_weight, first_bias)
+        # The running statistics update once, here.
+        hidden = _activated(norm, act, norm_input(norm, x), padding).to(out_dtype)
+
+        ctx.save_for_backward(inputs, padding, conv_weight, first_weight, first_bias)
+        ctx.layers = layers
+        ctx.out_dtype = out_dtype
+        if conv is None:
+            return hidden
+        return convolution(conv, hidden, conv_weight, conv_bias)
+
+    @staticmethod
+    @backward_without_autocast
+    def backward(ctx, grad_out):
+        inputs, padding, conv_weight, first_weight, first_bias = ctx.saved_tensors
+        first, norm, act, conv = ctx.layers
+        x = inputs if first is None else convolution(first, inputs, first_weight,
+                                                     first_bias)
+        input_dtype = x.dtype
+        with torch.enable_grad():
+            x = norm_input(norm, x.detach()).requires_grad_()
+            hidden = _activated(partial(batch_norm_like_forward, norm), act, x,
+                                padding).to(ctx.out_dtype)  # (B, C, H, W)
+
+        grad_conv_weight = grad_conv_bias = None
+        grad_hidden = grad_out
+        if conv is not None:
+            grad_hidden, grad_conv_weight, grad_conv_bias = convolution_backward(
+                conv, grad_out, hidden.detach(), conv_weight, ctx.needs_input_grad[4:6])
+        params = [p for p in (norm.weight, norm.bias) if p is not None]
+        grads = torch.autograd.grad(hidden, [x] + params, grad_hidden)
+        grad_norm_weight, grad_norm_bias = grads[1:] if params else (None, None)
+
+        grad_x, grad_first = grads[0].to(input_dtype), (None, None)
+        if first is not None:
+            grad_x, *grad_first = convolution_backward(
+                first, grad_x, inputs, first_weight, ctx.needs_input_grad[8:10],
+                needs_input=ctx.needs_input_grad[0])
+        return (grad_x, None, grad_norm_weight, grad_norm_bias, grad_conv_weight,
+                grad_conv_bias, None, None, *grad_first)
+
+
+def norm_act_conv(x: torch.Tensor, norm: nn.BatchNorm2d, act: nn.Module,
+                  conv: Optional[nn.Module] = None,
+                  padding: Optional[torch.Tensor] = None,
+                  first: Optional[nn.Conv2d] = None) -> torch.Tensor:
+    """:class:`NormActConv` of the layers; in autocast's dtype under autocast."""
+    low = autocast_dtype(x.device.type)
+    float_input = x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    out_dtype = low if low is not None and float_input else x.dtype
+
+    conv_weight = None if conv is None else cast_floating(conv.weight, out_dtype)
+    conv_bias = None if conv is None else cast_floating(conv.bias, out_dtype)
+    first_args = ()
+    if first is not None:  # cast as autocast casts a convolution's operands
+        x = cast_floating(x, out_dtype)
+        first_args = (cast_floating(first.weight, out_dtype),
+                      cast_floating(first.bias, out_dtype))
+    return apply_without_autocast(NormActConv, x, padding, norm.weight, norm.bias,
+                                  conv_weight, conv_bias, (first, norm, act, conv),
+                                  out_dtype, *first_args, cast_to=None)
+
+
+def fusable(layers: Sequence[nn.Module], index: int) -> bool:
+    """Whether ``layers[index:]`` starts with a BatchNorm2d and a parameter-free
+    act, then a zero-padded convolution or none."""
+    following = _following_conv(layers, index)
+    return (index + 1 < len(layers) and recomputes_locally(layers[index])
+            and not isinstance(layers[index + 1], (nn.BatchNorm2d, *CONVOLUTIONS))
+            and not any(True for _ in layers[index + 1].parameters())
+            and getattr(following, 'padding_mode', 'zeros') == 'zeros')
+
+
+def _following_conv(layers: Sequence[nn.Module], index: int) -> Optional[nn.Module]:
+    """The convolution after ``layers[index]`` and its activation, if any."""
+    following = layers[index + 2] if index + 2 < len(layers) else None
+    return following if isinstance(following, CONVOLUTIONS) else None
+
+
+def recomputes_first_conv(layers: Sequence[nn.Module]) -> bool:
+    """Whether :func:`fused_conv_stack` recomputes ``layers[0]``: a convolution
+    reading an image (at most 4 channels), then a fusable BatchNorm and act."""
+    first = layers[0]
+    return (isinstance(first, nn.Conv2d) and first.in_channels <= 4
+            and fusable(layers, 1))
+
+
+def fused_conv_stack(layers: Sequence[nn.Module], x: torch.Tensor,
+                     regions: Optional[Regions] = None
+                     ) -> Tuple[torch.Tensor, Optional[Regions]]:
+    """:func:`conv_stack` with each ``BN -> act (-> conv)`` fused by
+    :func:`norm_act_conv`, and the first convolution where it reads an image."""
+    layers = list(layers)
+    index, first = 0, None
+    if recomputes_first_conv(layers):
+        first, x = layers[0], mask_map(x, regions)
+        regions = _after(first, regions)
+        index = 1
+
+    while index < len(layers):
+        layer = layers[index]
+        following = _following_conv(layers, index)
+        if fusable(layers, index):
+            padding = None if following is None or regions is None else regions.padding
+            x = norm_act_conv(x, layer, layers[index + 1], following, padding, first)
+            first = None
+            index += 2
+            layer = following
+            if layer is None:
+                continue
+        elif isinstance(layer, nn.Conv2d):
+            x = layer(mask_map(x, regions))
+        else:
+            x = layer(x)
+        regions = _after(layer, regions)
+        index += 1
+    return mask_map(x, regions), regions
 
 
 class ConvPatchEmbed(nn.Module):
     """Image to tokens through ``Conv3x3(stride) -> BatchNorm2d -> act`` layers
     (``proj``), the last without ``act`` unless ``last_act``: ``channels`` are
     the input's and each layer's outputs. A stride-2 layer maps a side L to
-    ceil(L / 2)."""
+    ceil(L / 2). Where ``memory_efficient``, training keeps only the
+    BatchNorms' inputs (:func:`fused_conv_stack`)."""
 
     memory_efficient = True
 
@@ -411,25 +568,21 @@ class ConvPatchEmbed(nn.Module):
         self.proj = nn.Sequential(*layers)
         self.strides = tuple(strides)
 
-    def output_shapes(self, valid_shapes: ValidShapes) -> ValidShapes:
-        """The valid regions of the output grid, given those of the input."""
-        return strided_shapes(valid_shapes, self.strides)
-
-    def forward(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes] = None
-                ) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """(B, C_in, H, W) -> tokens (B, H' * W', C_out) and (H', W'); zero outside
-        ``valid_shapes``."""
+    def forward(self, x: torch.Tensor, regions: Optional[Regions] = None
+                ) -> Tuple[torch.Tensor, Tuple[int, int], Optional[Regions]]:
+        """(B, C_in, H, W) -> tokens (B, H' * W', C_out), (H', W') and the regions
+        on that grid; zero outside them."""
         # Channels-last: the convolutions run faster, and the tokens are a view.
         x = x.contiguous(memory_format=torch.channels_last)
-        stack = conv_stack  # its twin: memory_efficient.fused_conv_stack
         if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
-            stack = self.twin
-        x = stack(self.proj, x, valid_shapes)  # (B, C_out, H', W')
+            x, regions = fused_conv_stack(self.proj, x, regions)  # (B, C_out, H', W')
+        else:
+            x, regions = conv_stack(self.proj, x, regions)
 
         # The gradient laid out as the map: CPU batch-norm backward gets a
         # gradient in another layout than its input wrong.
         x = contiguous_gradient(x, memory_format_of(x))
-        return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:])
+        return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), regions
 
 
 # --- Backbone base
@@ -504,11 +657,30 @@ class DenseBackbone(nn.Module):
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.min_input_size = min_input_size
+        self.drop_path_rate = drop_path_rate
         self.grad_checkpointing = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Class logits (or pooled features without a classifier)."""
         return self.forward_head(self.forward_features(x))
+
+    def register_drop_paths(self, rates: Sequence[float], branches: int) -> None:
+        """Each block's stochastic-depth rate (one per block, ``branches``
+        residual branches each), kept as the probabilities of keeping a sample."""
+        self.drop_path_branches = branches
+        keep = torch.tensor([1 - rate for rate in rates], dtype=torch.float32)
+        self.register_buffer('keep_probs', keep, persistent=False)  # (blocks, )
+
+    def drop_path_masks(self, batch: int) -> Optional[torch.Tensor]:
+        """The stochastic-depth masks of every block's branches for a training
+        step, drawn at once (two kernels): (blocks, branches, B), 0 for a dropped
+        sample, else 1 / keep; None where nothing drops."""
+        if not self.training or self.drop_path_rate == 0:
+            return None
+        keep = self.keep_probs[:, None, None]  # (blocks, 1, 1)
+        masks = self.keep_probs.new_empty(len(self.keep_probs), self.drop_path_branches,
+                                          batch)
+        return masks.bernoulli_(keep).div_(keep)
 
     def _classifier(self, num_classes: int) -> nn.Module:
         """A Linear head of ``num_classes`` outputs (0: the identity), on the

@@ -6,7 +6,7 @@ to left in O(N d^2); the encoder follows XCiT's layout, and a pyramid
 resamples four of its blocks' outputs to strides 4-32 (docs/ufo_vit_design.md).
 """
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -14,12 +14,14 @@ import torch.nn.functional as F
 
 from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indices,
                                 check_positive_float, check_positive_int, resolve_arch)
+from ..ops.layer_norm import layer_norm_linear, layer_norm_mlp, scaled_linear
+from ..ops.xnorm import ufo_attention, xnorm_attention  # noqa: F401
 from .common import (GELU, MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidShapes,
-                     batch_norm_once, recomputed,
-                     autocast_off, drop_path_or_identity, full_precision,
-                     init_transformer_weights, is_tracing, mask_map, merge_heads,
-                     pad_to_grid, per_distinct_shape, regions_on_grid, split_heads,
-                     strided_shapes, take_indices, tokens_to_map)
+                     DropPath, batch_norm_once, drop_path_or_identity,
+                     init_transformer_weights,
+                     mask_map, merge_heads, pad_to_grid, per_distinct_shape,
+                     is_tracing, recomputed, recomputes_locally, regions_on_grid, split_heads, strided_shapes,
+                     take_indices, tokens_to_map)
 
 
 # --- Position encoding
@@ -34,34 +36,37 @@ class FourierPositionEncoding(nn.Module):
         self.temperature = temperature
         self.proj = nn.Conv2d(2 * hidden_dims, embed_dims, kernel_size=1)
 
-    def forward(self, batch: int, hw_shape: Tuple[int, int], device=None,
-                valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """The encoding (batch, embed_dims, H, W); per region with ``valid_shapes``."""
-        if valid_shapes is None:
-            return self.encode_grid(hw_shape, device).expand(batch, -1, -1, -1)
-        encodings = per_distinct_shape(  # (1, C, h, w) each
-            lambda shape: self.encode_grid(shape, device), valid_shapes)
-        return torch.cat([pad_to_grid(encodings[shape], hw_shape)
-                          for shape in valid_shapes])
+    def forward(self, batch: int, hw_shape: Tuple[int, int],
+                regions: Optional[Regions] = None) -> torch.Tensor:
+        """The encoding (batch, embed_dims, H, W); per region with ``regions``,
+        zero outside them."""
+        if regions is None:
+            sinusoids = self.sinusoids(hw_shape)[None]  # (1, 2 hidden, H, W)
+        else:
+            sinusoids = torch.stack([pad_to_grid(self.sinusoids(shape), hw_shape)
+                                     for shape in regions.shapes])
+        # Made on the CPU, copied to the device without waiting for it.
+        weight = self.proj.weight
+        sinusoids = sinusoids.to(weight.device, weight.dtype, non_blocking=True)
+        encoding = mask_map(self.proj(sinusoids), regions)  # (B or 1, C, H, W)
+        return encoding.expand(batch, -1, -1, -1)
 
-    def encode_axis(self, length: int, device) -> torch.Tensor:
-        """Sinusoidal features of one axis: (length, hidden_dims)."""
-        coords = torch.arange(1, length + 1, dtype=torch.float32, device=device)
+    def encode_axis(self, length: int) -> torch.Tensor:
+        """Sinusoidal features of one axis: (length, hidden_dims), on the CPU."""
+        coords = torch.arange(1, length + 1, dtype=torch.float32)
         coords = coords / (length + 1e-6) * 2 * math.pi
-        index = torch.arange(self.hidden_dims, dtype=torch.float32, device=device)
+        index = torch.arange(self.hidden_dims, dtype=torch.float32)
         freqs = self.temperature**(2 * torch.div(index, 2, rounding_mode='floor')
                                    / self.hidden_dims)
         angles = coords[:, None] / freqs  # (length, hidden)
         return torch.stack((angles[:, 0::2].sin(), angles[:, 1::2].cos()), 2).flatten(1)
 
-    def encode_grid(self, hw_shape: Tuple[int, int], device=None) -> torch.Tensor:
-        """The encoding of one (H, W) grid: (1, embed_dims, H, W)."""
+    def sinusoids(self, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """The features of one (H, W) grid, (2 hidden, H, W) on the CPU: y's, then x's."""
         height, width = hw_shape
-        device = device or self.proj.weight.device
-        pos_y = self.encode_axis(height, device)[:, None, :].expand(-1, width, -1)
-        pos_x = self.encode_axis(width, device)[None, :, :].expand(height, -1, -1)
-        pos = torch.cat((pos_y, pos_x), dim=-1).permute(2, 0, 1)  # (2 hidden, H, W)
-        return self.proj(pos.to(self.proj.weight.dtype).unsqueeze(0))
+        pos_y = self.encode_axis(height)[:, None, :].expand(-1, width, -1)
+        pos_x = self.encode_axis(width)[None, :, :].expand(height, -1, -1)
+        return torch.cat((pos_y, pos_x), dim=-1).permute(2, 0, 1)
 
 
 # --- Local patch interaction
@@ -91,48 +96,20 @@ class LocalPatchInteraction(nn.Module):
         zeros where ``padding`` (B, 1, H, W) is True."""
         batch, _, channels = x.shape
         grid = x.transpose(1, 2).view(batch, channels, *hw_shape)  # a view
-        grid = self.mix(grid, padding, self.conv2.weight, self.conv2.bias)
-        return grid.flatten(2).transpose(1, 2)
-
-    def mix(self, grid: torch.Tensor, padding: Optional[torch.Tensor],
-            weight2: torch.Tensor, bias2: Optional[torch.Tensor]) -> torch.Tensor:
-        """``conv2(bn(act(conv1(grid))))`` on (B, C, H, W), conv2's weight given."""
         if padding is not None:
             grid = grid.masked_fill(padding, 0.)
         hidden = batch_norm_once(self.bn, self.act(self.conv1(grid)))
         if padding is not None:
             hidden = hidden.masked_fill(padding, 0.)
-        return F.conv2d(hidden, weight2, bias2, padding=self.conv2.padding,
-                        groups=self.conv2.groups)
+        return self.conv2(hidden).flatten(2).transpose(1, 2)
 
 
 # --- Attention
-def ufo_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  gamma_q: torch.Tensor, gamma_kv: torch.Tensor,
-                  eps: float = 1e-6) -> torch.Tensor:
-    """``XNorm(Q) . XNorm(K^T V)`` per head, ``XNorm(x) = gamma x / |x|_2``.
-
-    Q (B, h, N, d_k) is normalised per token, K^T V (B, h, d_k, d_v) per
-    column, so its columns are unit centroids and the outputs cosines bounded
-    by ``|gamma_q gamma_kv|`` (per head, (h, )). Right to left, Q's norms scale
-    the rows of the product: O(N d_k d_v). Returns (B, h, N, d_v) in float32
-    (float64 for float64 input); ``eps`` bounds the norms from below."""
-    with autocast_off(queries.device.type):
-        queries = full_precision(queries)
-        keys = full_precision(keys).to(queries.dtype)
-        values = full_precision(values).to(queries.dtype)
-
-        context = keys.transpose(-2, -1) @ values  # K^T V: (B, h, d_k, d_v)
-        context_norm = torch.linalg.vector_norm(context, dim=-2, keepdim=True)
-        gamma = (gamma_q * gamma_kv).to(queries.dtype).view(-1, 1, 1)
-        context = context * (gamma / context_norm.clamp_min(eps))  # (B, h, d_k, d_v)
-
-        query_norm = torch.linalg.vector_norm(queries, dim=-1, keepdim=True)
-        return (queries @ context) / query_norm.clamp_min(eps)  # (B, h, N, d_v)
-
-
 class UFOAttention(nn.Module):
-    """UFO self-attention: ``proj(XNorm(Q) . XNorm(K^T V))``, linear in N."""
+    """UFO self-attention: ``proj(XNorm(Q) . XNorm(K^T V))``, linear in N
+    (:func:`~mmsoft.ops.xnorm.xnorm_attention`)."""
+
+    memory_efficient = True
 
     def __init__(self, embed_dims: int, num_heads: int = 8, qkv_bias: bool = True,
                  proj_drop: float = 0., eps: float = 1e-6):
@@ -151,19 +128,18 @@ class UFOAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor,
-                padding: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C); tokens where ``padding`` (B, 1, H, W) is True
-        are left out of ``K^T V``."""
-        queries, keys, values = self.heads(self.qkv(x), padding)  # (B, h, N, d) each
-        out = ufo_attention(queries, keys, values, self.gamma_q, self.gamma_kv, self.eps)
-        return self.proj_drop(self.proj(merge_heads(out.to(values.dtype))))
+                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, N, C) -> (B, N, C); tokens where ``key_mask`` (B, N) is False are
+        left out of ``K^T V``."""
+        return self.proj_drop(self.proj(self.attend(self.qkv(x), key_mask)))
 
-    def heads(self, qkv: torch.Tensor, padding: Optional[torch.Tensor] = None):
-        """(B, N, 3C) -> Q, K, V (B, h, N, d), K zero where ``padding`` is True."""
-        queries, keys, values = (split_heads(t, self.num_heads) for t in qkv.chunk(3, -1))
-        if padding is not None:
-            keys = keys.masked_fill(padding.flatten(1)[:, None, :, None], 0.)
-        return queries, keys, values
+    def attend(self, qkv: torch.Tensor,
+               key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``XNorm(Q) . XNorm(K^T V)`` of the projections (B, N, 3C): (B, N, C), in
+        their dtype."""
+        out = xnorm_attention(qkv, self.num_heads, self.gamma_q, self.gamma_kv,
+                              key_mask, self.eps, fused=self.memory_efficient)
+        return out.to(qkv.dtype)
 
 
 # --- Block
@@ -189,17 +165,42 @@ class UFOBlock(nn.Module):
         self.norm3 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.mlp = MLP(embed_dims, int(embed_dims * mlp_ratio), GELU, drop)
         self.gamma3 = nn.Parameter(torch.full((embed_dims, ), layer_scale_init_value))
-        self.drop_path = drop_path_or_identity(drop_path)
+        self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
-                regions: Optional[Regions] = None) -> torch.Tensor:
-        """Tokens (B, N, C) on the (H, W) grid -> (B, N, C)."""
-        if self.memory_efficient and torch.is_grad_enabled() and not is_tracing():
-            return self.twin(self, x, hw_shape, regions)  # memory_efficient.ufo_block
-        padding = None if regions is None else regions.padding
-        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x), padding))
-        x = x + self.drop_path(self.gamma2 * self.lpi(self.norm2(x), hw_shape, padding))
-        return x + self.drop_path(self.gamma3 * self.mlp(self.norm3(x)))
+                regions: Optional[Regions] = None,
+                drop_masks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Tokens (B, N, C) on the (H, W) grid -> (B, N, C); ``drop_masks`` (3, B):
+        the branches' stochastic-depth masks.
+
+        Where ``memory_efficient``, each LayerNorm runs as one op with the layer
+        that reads it and each layer scale with its branch's last layer
+        (:mod:`mmsoft.ops.layer_norm`: they keep the LayerNorm's input
+        alone), and the local patch interaction is recomputed in backward."""
+        fused = self.memory_efficient
+        masks = (None, ) * 3 if drop_masks is None else drop_masks
+        padding = None if regions is None else regions.padding  # (B, 1, H, W)
+        key_mask = None if regions is None else regions.inside  # (B, N)
+        # x + drop_path(g1 UFO(LN1(x))), as drop_path.add_to(x, ...) throughout
+        qkv = layer_norm_linear(x, self.norm1, self.attn.qkv, fused)  # (B, N, 3C)
+        attended = self.attn.attend(qkv, key_mask)
+        attended = scaled_linear(attended, self.attn.proj, self.gamma1, fused)
+        x = self.drop_path.add_to(x, self.attn.proj_drop(attended), masks[0])
+        # x + drop_path(g2 LPI(LN2(x)))
+        if fused and x.requires_grad and not is_tracing() \
+                and recomputes_locally(self.lpi.bn):  # a SyncBatchNorm is not rerun
+            local = recomputed(self.local_branch, x, hw_shape, padding)
+        else:
+            local = self.local_branch(x, hw_shape, padding)
+        x = self.drop_path.add_to(x, local, masks[1])
+        # x + drop_path(g3 MLP(LN3(x)))
+        mlp_out = layer_norm_mlp(x, self.norm3, self.mlp, self.gamma3, fused)[1]
+        return self.drop_path.add_to(x, mlp_out, masks[2])
+
+    def local_branch(self, x: torch.Tensor, hw_shape: Tuple[int, int],
+                     padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``g2 LPI(LN2(x))``: (B, N, C) -> (B, N, C)."""
+        return self.gamma2 * self.lpi(self.norm2(x), hw_shape, padding)
 
 
 # --- Feature pyramid
@@ -228,7 +229,7 @@ class FeaturePyramidAdapter(nn.Module):
         return nn.MaxPool2d(kernel_size=2, stride=2, ceil_mode=True)
 
     def forward(self, feats: Sequence[torch.Tensor],
-                valid_shapes: Optional[ValidShapes] = None) -> Tuple[torch.Tensor, ...]:
+                regions: Optional[Regions] = None) -> Tuple[torch.Tensor, ...]:
         """One (B, C, H, W) map per ``out_indices`` -> (B, C, 4H, 4W), (B, C, 2H, 2W),
         (B, C, H, W) or (B, C, ceil(H/2), ceil(W/2)) for scale 0-3.
 
@@ -238,22 +239,21 @@ class FeaturePyramidAdapter(nn.Module):
         if len(feats) != len(self.out_indices):
             raise ValueError(f'got {len(feats)} maps; expected one per out_indices='
                              f'{self.out_indices}.')
-        return tuple(self.resample(i, feat, valid_shapes)
+        return tuple(self.resample(i, feat, regions)
                      for i, feat in zip(self.out_indices, feats))
 
     def resample(self, scale: int, feat: torch.Tensor,
-                 valid_shapes: Optional[ValidShapes] = None) -> torch.Tensor:
-        """Branch ``scale`` on one map (B, C, H, W), zero outside ``valid_shapes``."""
+                 regions: Optional[Regions] = None) -> torch.Tensor:
+        """Branch ``scale`` on one map (B, C, H, W), zero outside the map's
+        ``regions`` (resampled with it)."""
         branch = self.branches[str(scale)]
-        if valid_shapes is None:
+        if regions is None:
             return branch(feat)
 
         if scale == 3:  # the max pool must not pick padded cells
-            pooled = branch(mask_map(feat, valid_shapes, float('-inf')))
-            return mask_map(pooled, strided_shapes(valid_shapes, (2, )))
-        factor = 2**(2 - scale)
-        upsampled = [(h * factor, w * factor) for h, w in valid_shapes]
-        return mask_map(branch(feat), upsampled)
+            pooled = branch(mask_map(feat, regions, float('-inf')))
+            return mask_map(pooled, regions.strided(2))
+        return mask_map(branch(feat), regions.upsampled(2**(2 - scale)))
 
 
 # --- Classifier
@@ -367,6 +367,7 @@ class UFOViT(DenseBackbone):
                 for _ in range(CLASS_ATTENTION_LAYERS))
             self.norm = nn.LayerNorm(dims, eps=1e-6)
         self.head = self._classifier(num_classes)
+        self.register_drop_paths(rates, branches=3)
         self.select_memory_path(memory_efficient, recompute_mlp)
         self._init_from_scratch()
 
@@ -398,23 +399,34 @@ class UFOViT(DenseBackbone):
     def embed(self, x: torch.Tensor, valid_shapes: Optional[ValidShapes] = None):
         """Images -> tokens (B, N, C) with their positions, the (H, W) grid and
         the regions on it."""
-        tokens, hw_shape = self.patch_embed(x, valid_shapes)  # (B, N, C)
-        if valid_shapes is not None:
-            valid_shapes = self.patch_embed.output_shapes(valid_shapes)
-        pos = self.pos_embed(x.shape[0], hw_shape, x.device, valid_shapes)  # (B,C,H,W)
+        regions = regions_on_grid(valid_shapes, x.shape[-2:], x.device)
+        tokens, hw_shape, regions = self.patch_embed(x, regions)  # (B, N, C)
+        pos = self.pos_embed(x.shape[0], hw_shape, regions)  # (B, C, H, W)
         tokens = self.pos_drop(tokens + pos.flatten(2).transpose(1, 2).to(tokens.dtype))
-        return tokens, hw_shape, regions_on_grid(valid_shapes, hw_shape, x.device)
+        return tokens, hw_shape, regions
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised ``[cls; patches]`` (B, 1 + N, C), or the tokens (B, N, C)."""
         self.check_input(x)
         x, hw_shape, _ = self.embed(x)
-        for block in self.blocks:
-            if self.grad_checkpointing and self.training and x.requires_grad:
-                x = recomputed(block, x, hw_shape, None)
-            else:
-                x = block(x, hw_shape, None)
+        x = self.run_blocks(self.blocks, x, hw_shape)
         return self.class_attention(x)
+
+    def run_blocks(self, blocks, x: torch.Tensor, hw_shape: Tuple[int, int],
+                   regions: Optional[Regions] = None, after: Optional[Callable] = None):
+        """Tokens (B, N, C) through ``blocks``, each with its stochastic-depth
+        masks, recomputed in backward where gradient checkpointing is on;
+        ``after(i, x)`` sees block i's output."""
+        drop_masks = self.drop_path_masks(x.shape[0])
+        for i, block in enumerate(blocks):
+            masks = None if drop_masks is None else drop_masks[i]
+            if self.grad_checkpointing and self.training and x.requires_grad:
+                x = recomputed(block, x, hw_shape, regions, masks)  # (B, N, C)
+            else:
+                x = block(x, hw_shape, regions, masks)
+            if after is not None:
+                after(i, x)
+        return x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> logits (B, num_classes), or features (B, C) with ``pre_logits``."""
@@ -440,17 +452,15 @@ class UFOViT(DenseBackbone):
         last = max(read_after) if stop_early or intermediates_only else self.depth - 1
 
         x, hw_shape, regions = self.embed(x, valid_shapes)
-        valid_shapes = None if regions is None else regions.shapes
         maps = []
-        for i, block in enumerate(self.blocks[:last + 1]):
-            if self.grad_checkpointing and self.training and x.requires_grad:
-                x = recomputed(block, x, hw_shape, regions)  # (B, N, C)
-            else:
-                x = block(x, hw_shape, regions)
+
+        def read(i: int, tokens: torch.Tensor) -> None:
             if i in read_after:
-                feat = tokens_to_map(x, hw_shape)  # (B, C, H, W)
-                maps.append(mask_map(feat, valid_shapes) if self.pyramid is None
-                            else self.pyramid.resample(read_after[i], feat, valid_shapes))
+                feat = tokens_to_map(tokens, hw_shape)  # (B, C, H, W)
+                maps.append(mask_map(feat, regions) if self.pyramid is None
+                            else self.pyramid.resample(read_after[i], feat, regions))
+
+        x = self.run_blocks(self.blocks[:last + 1], x, hw_shape, regions, read)
         return maps if intermediates_only else (self.class_attention(x), maps)
 
     def class_attention(self, tokens: torch.Tensor) -> torch.Tensor:

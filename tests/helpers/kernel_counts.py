@@ -19,9 +19,11 @@ from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmsoft.models import SOFT, UFOViT
+from mmsoft.ops import LAUNCHES
 
 #: Operations that launch no kernel: allocations, aliases and the reshapes
 #: that torch does not mark as views.
@@ -31,17 +33,30 @@ NO_KERNEL = frozenset((
 
 
 class KernelCounter(TorchDispatchMode):
-    """Counts, by operation name, the dispatched operations that launch a kernel."""
+    """Counts, by operation name, the dispatched operations that launch a kernel.
 
-    def __init__(self):
+    An operation of mmsoft's (``mmsoft::<name>``) counts as the kernels its
+    CUDA implementation launches (:data:`mmsoft.ops.LAUNCHES`). Unless
+    ``count_cpu``, one on CPU tensors alone counts as none: where the model
+    runs on the ``meta`` device, it makes a layer's constants on the host."""
+
+    def __init__(self, count_cpu: bool = False):
         super().__init__()
         self.counts = Counter()
+        self.count_cpu = count_cpu
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if not func.is_view and name not in NO_KERNEL:
+        out = func(*args, **(kwargs or {}))
+        tensors = [value for value in pytree.tree_leaves((args, kwargs, out))
+                   if isinstance(value, torch.Tensor)]
+        if not self.count_cpu and all(tensor.device.type == 'cpu' for tensor in tensors):
+            return out
+        if func.namespace == 'mmsoft':
+            self.counts[name] += LAUNCHES[name]
+        elif not func.is_view and name not in NO_KERNEL:
             self.counts[name] += 1
-        return func(*args, **(kwargs or {}))
+        return out
 
     @property
     def total(self) -> int:
@@ -99,12 +114,20 @@ def _timm_swin() -> torch.nn.Module:
         embed_layer=functools.partial(PatchEmbed, dynamic_img_pad=True))
 
 
-#: The models of the COCO configs, and timm's Swin-T as the yardstick.
+def _timm_pvt_v2_b2() -> torch.nn.Module:
+    import timm
+    return timm.create_model('pvt_v2_b2', features_only=True, drop_path_rate=0.1)
+
+
+#: The models of the COCO configs, and timm's Swin-T and PVTv2-b2 as the
+#: yardsticks (SOFT++-tiny and UFO-ViT-small against Swin-T, SOFT++-small
+#: against PVTv2-b2).
 MODELS: Dict[str, Callable[[], torch.nn.Module]] = {
     'soft++-tiny': _mmsoft('soft++', 'tiny', 0.1),
     'soft++-small': _mmsoft('soft++', 'small', 0.2),
     'ufo-vit-small': _mmsoft('ufo-vit', 'small', 0.1),
     'swin-t (timm)': _timm_swin,
+    'pvtv2-b2 (timm)': _timm_pvt_v2_b2,
 }
 #: Two COCO images as mmdet batches them (resized to 800 x 1067 and
 #: 800 x 1201, padded to a multiple of 32), and one 800 x 1333 image.
@@ -119,15 +142,32 @@ CASES: List[Tuple[str, str, str]] = [
     if inputs == 'batch 2' or model in ('soft++-tiny', 'swin-t (timm)')]
 
 
-def case_counts(model: str, inputs: str) -> Tuple[int, int]:
-    """The forward's and the training step's kernel counts of one case."""
+def inference_counts(model: torch.nn.Module, batch_shape: Sequence[int],
+                     valid_shapes: Optional[Sequence] = None) -> int:
+    """Kernels of one inference call (eval mode, no gradient) of ``model``, as
+    :func:`training_step_counts` calls it."""
+    model = model.to('meta').eval()
+    images = torch.empty(*batch_shape, device='meta')
+    with KernelCounter() as counter, torch.no_grad():
+        if isinstance(model, (SOFT, UFOViT)):
+            model.forward_intermediates(images, intermediates_only=True,
+                                        valid_shapes=valid_shapes)
+        else:
+            model(images)
+    return counter.total
+
+
+def case_counts(model: str, inputs: str) -> Dict[str, int]:
+    """The kernel counts of one case: its training step's forward and whole
+    step, and an inference call."""
     batch_shape, valid_shapes = INPUTS[inputs]
-    if MODELS[model] is _timm_swin:  # the peers see the padded canvas
+    if model.endswith('(timm)'):  # the peers see the padded canvas
         valid_shapes = None
     with torch.device('meta'):  # no weights to initialise
         built = MODELS[model]()
     forward, step, _ = training_step_counts(built, batch_shape, valid_shapes)
-    return forward, step
+    return dict(forward=forward, step=step,
+                inference=inference_counts(built, batch_shape, valid_shapes))
 
 
 def main(path: str) -> None:
@@ -141,12 +181,11 @@ def main(path: str) -> None:
     counts = {}
     for name, model, inputs in CASES:
         try:
-            forward, step = case_counts(model, inputs)
-        except ImportError as error:  # timm's yardstick where timm is absent
+            counts[name] = case_counts(model, inputs)
+        except ImportError as error:  # timm's yardsticks where timm is absent
             print(f'{name}: skipped ({error})')
             continue
-        counts[name] = dict(forward=forward, step=step)
-        print(f'{name}: forward {forward}, training step {step}')
+        print(f'{name}: {counts[name]}')
     record['releases'][release] = counts
     with open(path, 'w') as stream:
         json.dump(record, stream, indent=1, sort_keys=True)

@@ -55,7 +55,7 @@ def assert_same_as_plain(module, inputs, *args, autocast=None, tolerance=None):
 class LayerNormThenMLP(torch.nn.Module):
     """``y + mlp(y)`` with ``y = norm(x)`` (SOFT's post-norm MLP branch), or
     ``mlp(y)`` alone (the pre-norm one); its memory-saving path is
-    :func:`~mmsoft.models.memory_efficient.layer_norm_mlp`."""
+    :func:`~mmsoft.ops.layer_norm.layer_norm_mlp`."""
 
     memory_efficient = True
 
@@ -70,7 +70,7 @@ class LayerNormThenMLP(torch.nn.Module):
             self.norm.bias.uniform_(-0.5, 0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from mmsoft.models.memory_efficient import layer_norm_mlp
+        from mmsoft.ops.layer_norm import layer_norm_mlp
         if self.memory_efficient:
             y, out = layer_norm_mlp(x, self.norm, self.mlp)
         else:

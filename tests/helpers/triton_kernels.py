@@ -32,12 +32,24 @@ from tests.helpers.kernel_counts import KernelCounter  # noqa: E402
 SHARED_MEMORY_LIMITS = {80: 163 * 1024, 90: 227 * 1024}
 
 
+class _TorchKernels(KernelCounter):
+    """torch's kernels outside Triton's: the interpreter's own copies of a
+    kernel's arguments, while it runs, launch nothing on a GPU."""
+
+    paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.paused:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 class LaunchCount:
     """The kernels launched inside :func:`count_launches`: Triton's and torch's."""
 
     def __init__(self):
         self.triton = 0
-        self.torch = KernelCounter()
+        self.torch = _TorchKernels(count_cpu=True)
 
     @property
     def total(self) -> int:
@@ -55,7 +67,11 @@ def count_launches() -> Iterator[LaunchCount]:
 
         def run(self, *args, **kwargs):
             count.triton += 1
-            return original(self, *args, **kwargs)
+            count.torch.paused = True
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                count.torch.paused = False
 
         InterpretedFunction.run = run
         try:

@@ -533,7 +533,7 @@ def inverse_forward(bottleneck: torch.Tensor, inside: Optional[torch.Tensor],
         variant: ``'soft'`` (``(A + 0.01 I)^-1``) or ``'soft++'`` (``D^-1/2
             pinv(A) D^-1/2``). Where m or an image's token count is below 3,
             the reference runs ``'soft'`` instead
-            (:func:`mmsoft.models.soft.inverse_formula`): the caller's to pass.
+            (:func:`mmsoft.ops.kernel_inverse.inverse_formula`): the caller's to pass.
         num_iters: k >= 1 Newton steps.
 
     Returns:
