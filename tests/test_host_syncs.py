@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from mmsoft.models import soft as soft_kernels
+from mmsoft.ops import kernel_inverse as soft_kernels
 from tests.helpers.host_syncs import PACKAGE_DIR, HostSyncCounter
 
 from tests.helpers.small_backbones import BACKBONES, IMAGE_SIZE, VALID_SHAPES

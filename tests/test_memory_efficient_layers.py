@@ -68,13 +68,7 @@ def test_plain_soft_block_runs_autograd_through_every_step():
         out = block(tokens, (5, 6))
     # Autograd keeps K1 (1, 2, 30, 6), and the Newton steps are recorded.
     assert any(record.shape[-2:] == (30, 6) for record in recorder.records)
-    seen, nodes = set(), [out.grad_fn]
-    while nodes:
-        node = nodes.pop()
-        if node is not None and node not in seen:
-            seen.add(node)
-            nodes.extend(next_node for next_node, _ in node.next_functions)
-    names = {type(node).__name__ for node in seen}
+    names = graph_names(out)
     assert 'BaddbmmBackward0' in names
     assert not names & {'NewtonMiddleBackward', 'KernelProductsBackward',
                         'LayerNormMLPBackward', 'CheckpointFunctionBackward'}

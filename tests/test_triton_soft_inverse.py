@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmsoft.models.soft import gaussian_kernel, middle_matrix, newton_scale
+from mmsoft.ops.kernel_inverse import gaussian_kernel, middle_matrix, newton_scale
 from mmsoft.ops.triton.soft_inverse import (LAUNCHES, inverse_backward,
                                             inverse_forward)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mmsoft.models.common import merge_heads, split_heads
-from mmsoft.models.ufo_vit import ufo_attention
+from mmsoft.ops.xnorm import ufo_attention
 from mmsoft.ops.triton import xnorm
 
 EPS = 1e-6

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 import mmsoft  # noqa: F401  (registers the backbones)
 from mmsoft.openmmlab import UFOViT
-from mmsoft.models.ufo_vit import (FeaturePyramidAdapter, LocalPatchInteraction, UFOAttention, UFOBlock, ufo_attention)
-from mmsoft.ops.xnorm import qkv_heads
+from mmsoft.models.ufo_vit import (FeaturePyramidAdapter, LocalPatchInteraction,
+                                   UFOAttention, UFOBlock)
+from mmsoft.ops.xnorm import qkv_heads, ufo_attention
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # A small custom architecture for the behavioural tests.

@@ -39,7 +39,8 @@ cait = pytest.importorskip('timm.models.cait')
 
 from mmsoft.models.common import ConvPatchEmbed, regions_on_grid
 from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction, UFOAttention,
-                                   UFOBlock, ufo_attention)
+                                   UFOBlock)
+from mmsoft.ops.xnorm import ufo_attention
 
 pytestmark = pytest.mark.torchvision
 

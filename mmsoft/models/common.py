@@ -17,9 +17,10 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ..deprecations import rename_deprecated_keys
-from ..ops._library import (apply_without_autocast, autocast_dtype, autocast_off,  # noqa: F401
-                           backward_without_autocast, cast_floating, full_precision,
-                           is_compiling, is_tracing, records_forward_only)
+from ..ops._library import (apply_without_autocast, autocast_dtype,  # noqa: F401
+                            autocast_off, backward_without_autocast, cast_floating,
+                            full_precision, is_compiling, is_tracing,
+                            records_forward_only)
 from ..utils.validation import (check_choice, check_out_indices, check_positive_int,
                                 check_rate)
 
@@ -87,7 +88,8 @@ class GELU(nn.GELU):
 
 
 # --- Valid regions of a padded batch
-def check_valid_shapes(valid_shapes: Sequence, batch_shape: Sequence[int]) -> ValidShapes:
+def check_valid_shapes(valid_shapes: Sequence,
+                       batch_shape: Sequence[int]) -> ValidShapes:
     """One ``(h, w)`` per image of a padded batch (B, C, H, W), as ints.
 
     Raises:
@@ -587,7 +589,8 @@ class ConvPatchEmbed(nn.Module):
 
 # --- Backbone base
 def check_image_batch(x: torch.Tensor, in_channels: int, min_size: int) -> None:
-    """Raises ``ValueError`` unless ``x`` is (B, in_channels, H, W), H, W >= min_size."""
+    """Raises ``ValueError`` unless ``x`` is (B, in_channels, H, W) with H and W
+    at least ``min_size``."""
     if x.dim() != 4:
         raise ValueError(f'input must be a 4-D tensor (B, C, H, W); got shape '
                          f'{tuple(x.shape)}.')
@@ -700,7 +703,8 @@ class DenseBackbone(nn.Module):
         if recompute_mlp and not memory_efficient:
             raise ValueError(f'recompute_mlp={recompute_mlp!r} needs '
                              f'memory_efficient=True (plain autograd keeps every '
-                             f'hidden layer); got memory_efficient={memory_efficient!r}.')
+                             f'hidden layer); got '
+                             f'memory_efficient={memory_efficient!r}.')
 
         set_memory_efficient(self, memory_efficient)
         for module in self.modules():

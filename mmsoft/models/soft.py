@@ -17,18 +17,18 @@ import torch.nn.functional as F
 
 from ..checkpoint.soft_official import soft_official_to_mmsoft
 from ..deployment.traceable import averaging_matrix, traceable_cap_bottleneck_grid
+# gaussian_kernel and kernel_inverse, the inverse's solvers, for the tools.
 from ..ops.kernel_inverse import (SOLVERS, VARIANTS, gaussian_kernel,  # noqa: F401
-                                  kernel_inverse, middle_matrix, newton_scale,
-                                  solver_that_runs)
+                                  kernel_inverse)
 from ..ops.layer_norm import layer_norm_mlp
-from ..ops.soft import kernel_products_reference, soft_attention  # noqa: F401
+from ..ops.soft import soft_attention
 from ..utils.validation import (check_choice, check_divisible, check_lengths,
                                 check_positive_int, resolve_arch)
-from .common import (MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidShapes,
-                     contiguous_gradient, DropPath, full_precision, gelu,
-                     init_transformer_weights, merge_heads, pad_to_grid,
-                     per_distinct_shape, recomputed, regions_on_grid, split_heads,
-                     take_indices, tokens_as_map, tokens_to_map)
+from .common import (MLP, ConvPatchEmbed, DenseBackbone, DropPath, Regions,
+                     ValidShapes, full_precision, gelu, init_transformer_weights,
+                     merge_heads, pad_to_grid, per_distinct_shape, recomputed,
+                     regions_on_grid, split_heads, take_indices, tokens_as_map,
+                     tokens_to_map)
 
 #: The solver an ONNX graph computes for each solver ONNX can express.
 EXPORT_SOLVERS = {'newton': 'newton', 'newton_closed_form': 'newton'}
@@ -68,12 +68,13 @@ def pooling_matrix(cells: List[Tuple[int, int]], grid: Tuple[int, int],
              for (rows, cols), (out_rows, out_cols) in zip(
                  cells, [capped_grid_size(*cell, max_tokens) for cell in cells])]
     counts = [pool.shape[0] for pool in pools]
-    return torch.stack([F.pad(pool, (0, 0, 0, max(counts) - len(pool)))
-                        for pool in pools]), counts
+    return torch.stack([F.pad(pool, (0, 0, 0, max(counts) - count))
+                        for pool, count in zip(pools, counts)]), counts
 
 
 def linear_to_map(x: torch.Tensor, layer: nn.Linear, hw_shape) -> torch.Tensor:
-    """``layer`` on tokens (B, N, C_in) as ``W x^T + b``: an NCHW map (B, C_out, H, W)."""
+    """``layer`` on tokens (B, N, C_in) as ``W x^T + b``: an NCHW map (B, C_out,
+    H, W)."""
     batch, tokens, _ = x.shape
     weight = layer.weight.expand(batch, -1, -1)  # (B, C_out, C_in)
     bias = layer.bias[:, None].expand(batch, -1, tokens)  # (B, C_out, N)
@@ -145,7 +146,8 @@ class SoftAttention(nn.Module):
     def heads(self, feature_map: torch.Tensor) -> torch.Tensor:
         """A map (B, h * d, H, W) as heads of tokens (B, h, H * W, d), float32."""
         batch, channels = feature_map.shape[:2]
-        heads = feature_map.reshape(batch, self.num_heads, channels // self.num_heads, -1)
+        heads = feature_map.reshape(batch, self.num_heads, channels // self.num_heads,
+                                    -1)
         return full_precision(heads.transpose(-1, -2))
 
     def bottleneck_tokens(self, query_map: torch.Tensor,
@@ -187,7 +189,7 @@ class SoftAttention(nn.Module):
 
         cells = [grid_shape] if regions is None else [
             (height // stride, width // stride) for height, width in regions.shapes]
-        if not all(rows and cols for rows, cols in cells):
+        if regions is not None and not all(rows and cols for rows, cols in cells):
             raise ValueError(
                 f'valid_shapes={regions.shapes} holds a region too small for the '
                 f'bottleneck convolution of stride {stride}; expected every region '
@@ -249,7 +251,8 @@ class SoftBlock(nn.Module):
         # x + drop_path(attn(x)), as drop_path.add_to(x, ...) throughout
         x = self.drop_path.add_to(x, self.attn(x, hw_shape, regions), masks[0])
         # x = norm1(x), then MLP(x), as one op that keeps norm1's input alone.
-        x, mlp_out = layer_norm_mlp(x, self.norm1, self.mlp, fused=self.memory_efficient)
+        x, mlp_out = layer_norm_mlp(x, self.norm1, self.mlp,
+                                    fused=self.memory_efficient)
         return self.norm2(self.drop_path.add_to(x, mlp_out, masks[1]))
 
 
@@ -276,7 +279,8 @@ class GlobalSoftmaxAttention(nn.Module):
         return self.proj(merge_heads(out))
 
 
-def grid_key_mask(x: torch.Tensor, regions: Optional[Regions]) -> Optional[torch.Tensor]:
+def grid_key_mask(x: torch.Tensor,
+                  regions: Optional[Regions]) -> Optional[torch.Tensor]:
     """(B, N) bool: True for the leading extra tokens and the grid tokens inside
     the regions; None without regions."""
     if regions is None:
@@ -308,7 +312,8 @@ class SoftmaxBlock(nn.Module):
         # x + drop_path(attn(norm1(x))), as drop_path.add_to(x, ...) throughout
         attended = self.attn(self.norm1(x), grid_key_mask(x, regions))
         x = self.drop_path.add_to(x, attended, masks[0])
-        mlp_out = layer_norm_mlp(x, self.norm2, self.mlp, fused=self.memory_efficient)[1]
+        mlp_out = layer_norm_mlp(x, self.norm2, self.mlp,
+                                 fused=self.memory_efficient)[1]
         return self.drop_path.add_to(x, mlp_out, masks[1])
 
 
@@ -332,12 +337,14 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
 def resize_pos_embed_to_regions(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
                                 hw_shape: Tuple[int, int],
                                 valid_shapes: ValidShapes) -> torch.Tensor:
-    """Embeddings (1, Hs * Ws, C) resized to each region: (B, H * W, C), zero outside."""
+    """Embeddings (1, Hs * Ws, C) resized to each region: (B, H * W, C), zero
+    outside."""
     resized = per_distinct_shape(  # (1, h * w, C) each
         lambda shape: resize_pos_embed(pos_embed, src_shape, shape), valid_shapes)
     grids = [resized[shape].unflatten(1, shape).movedim(-1, 1)  # (1, C, h, w)
              for shape in valid_shapes]
-    return torch.cat([pad_to_grid(grid, hw_shape) for grid in grids]).flatten(2).transpose(1, 2)
+    padded = torch.cat([pad_to_grid(grid, hw_shape) for grid in grids])  # (B, C, H, W)
+    return padded.flatten(2).transpose(1, 2)
 
 
 # --- Stage
@@ -376,7 +383,8 @@ class SoftStage(nn.Module):
         if self.extra_tokens:
             cls_token = self.cls_token.expand(patches.shape[0], -1, -1)  # (B, 1, C)
             patches = torch.cat((cls_token, patches), dim=1)
-        tokens = self.pos_drop(patches + self.position_embeddings(hw_shape, valid_shapes))
+        tokens = self.pos_drop(patches
+                               + self.position_embeddings(hw_shape, valid_shapes))
 
         for i, block in enumerate(self.blocks):
             masks = None if drop_masks is None else drop_masks[i]
@@ -401,7 +409,8 @@ class SoftStage(nn.Module):
         if not self.extra_tokens:
             return grid
 
-        extra_embed = self.pos_embed[:, :self.extra_tokens].expand(grid.shape[0], -1, -1)
+        extra_embed = self.pos_embed[:, :self.extra_tokens]
+        extra_embed = extra_embed.expand(grid.shape[0], -1, -1)
         return torch.cat((extra_embed, grid), dim=1)
 
 
@@ -453,7 +462,8 @@ class SOFT(DenseBackbone):
                  solver: str = 'newton', newton_iters: int = 20,
                  max_bottleneck_tokens: Optional[int] = 256,
                  kernel_chunk_tokens: Optional[int] = 16384, in_channels: int = 3,
-                 pretrain_img_size: int = 224, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 pretrain_img_size: int = 224,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
                  drop_rate: float = 0., drop_path_rate: float = 0.1,
                  memory_efficient: bool = True, recompute_mlp: bool = False,
                  num_classes: int = 0, global_pool: str = 'token'):
@@ -469,7 +479,8 @@ class SOFT(DenseBackbone):
         check_choice('variant', variant, VARIANTS)
         check_choice('solver', solver, SOLVERS)
         check_positive_int('newton_iters', newton_iters)
-        check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens, allow_none=True)
+        check_positive_int('max_bottleneck_tokens', max_bottleneck_tokens,
+                           allow_none=True)
         check_positive_int('kernel_chunk_tokens', kernel_chunk_tokens, allow_none=True)
         check_positive_int('pretrain_img_size', pretrain_img_size)
 
@@ -478,7 +489,8 @@ class SOFT(DenseBackbone):
         self.solver = solver
         self.embed_dims = list(settings['embed_dims'])
         self.num_features = self.head_hidden_size = self.embed_dims[-1]
-        self.feature_info = [dict(num_chs=dims, reduction=2**(i + 2), module=f'stages.{i}')
+        self.feature_info = [dict(num_chs=dims, reduction=2**(i + 2),
+                                  module=f'stages.{i}')
                              for i, dims in enumerate(self.embed_dims)]
 
         depths = settings['depths']
@@ -501,7 +513,8 @@ class SOFT(DenseBackbone):
         self._init_from_scratch()
 
     def _patch_embed(self, stage: int) -> ConvPatchEmbed:
-        """Stage 1: three convolutions (strides 2, 1, 2); later stages one of stride 2."""
+        """Stage 1: three convolutions (strides 2, 1, 2); later stages one of
+        stride 2."""
         dims = self.embed_dims[stage]
         if stage == 0:
             stem = self.arch_settings['stem_channels']
@@ -542,7 +555,8 @@ class SOFT(DenseBackbone):
     def forward_intermediates(self, x: torch.Tensor,
                               indices: Optional[Union[int, Sequence[int]]] = None,
                               norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = 'NCHW', intermediates_only: bool = False,
+                              output_fmt: str = 'NCHW',
+                              intermediates_only: bool = False,
                               valid_shapes: Optional[Sequence] = None):
         """timm's feature API: the NCHW maps of ``indices`` (strides 4-32) in one
         pass, zero outside ``valid_shapes`` (each image's (h, w) in a padded
@@ -604,7 +618,8 @@ class SOFT(DenseBackbone):
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(stem=r'^stages\.0\.(?:patch_embed|pos_embed)',
                     blocks=r'^stages\.(\d+)' if coarse else
-                    [(r'^stages\.(\d+)\.blocks\.(\d+)', None), (r'^stages\.(\d+)\.', None)])
+                    [(r'^stages\.(\d+)\.blocks\.(\d+)', None),
+                     (r'^stages\.(\d+)\.', None)])
 
 
 def set_exportable(model: nn.Module, enabled: bool) -> nn.Module:
@@ -621,7 +636,8 @@ def checkpoint_filter_fn(state_dict: dict, model: SOFT) -> dict:
     """An official SOFT / SOFT++ checkpoint (fudan-zvg/SOFT) in :class:`SOFT`'s
     layout; one in mmsoft's layout (or an earlier one) passes as it is.
     ``head.*`` is kept where ``model`` has a classifier."""
-    if {'stages.0.patch_embed.proj.0.weight', 'patch_embeds.0.proj.0.weight'} & set(state_dict):
+    ours = {'stages.0.patch_embed.proj.0.weight', 'patch_embeds.0.proj.0.weight'}
+    if ours & set(state_dict):
         return state_dict
     converted, _ = soft_official_to_mmsoft(state_dict, variant=model.variant)
     if isinstance(model.head, nn.Linear):

@@ -15,13 +15,12 @@ import torch.nn.functional as F
 from ..utils.validation import (check_divisible, check_mlp_ratio, check_out_indices,
                                 check_positive_float, check_positive_int, resolve_arch)
 from ..ops.layer_norm import layer_norm_linear, layer_norm_mlp, scaled_linear
-from ..ops.xnorm import ufo_attention, xnorm_attention  # noqa: F401
-from .common import (GELU, MLP, ConvPatchEmbed, DenseBackbone, Regions, ValidShapes,
-                     DropPath, batch_norm_once, drop_path_or_identity,
-                     init_transformer_weights,
-                     mask_map, merge_heads, pad_to_grid, per_distinct_shape,
-                     is_tracing, recomputed, recomputes_locally, regions_on_grid, split_heads, strided_shapes,
-                     take_indices, tokens_to_map)
+from ..ops.xnorm import xnorm_attention
+from .common import (GELU, MLP, ConvPatchEmbed, DenseBackbone, DropPath, Regions,
+                     ValidShapes, batch_norm_once, drop_path_or_identity,
+                     init_transformer_weights, is_tracing, mask_map, merge_heads,
+                     pad_to_grid, recomputed, recomputes_locally, regions_on_grid,
+                     split_heads, take_indices, tokens_to_map)
 
 
 # --- Position encoding
@@ -62,7 +61,8 @@ class FourierPositionEncoding(nn.Module):
         return torch.stack((angles[:, 0::2].sin(), angles[:, 1::2].cos()), 2).flatten(1)
 
     def sinusoids(self, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """The features of one (H, W) grid, (2 hidden, H, W) on the CPU: y's, then x's."""
+        """The features of one (H, W) grid, (2 hidden, H, W) on the CPU: y's, then
+        x's."""
         height, width = hw_shape
         pos_y = self.encode_axis(height)[:, None, :].expand(-1, width, -1)
         pos_x = self.encode_axis(width)[None, :, :].expand(height, -1, -1)
@@ -219,9 +219,10 @@ class FeaturePyramidAdapter(nn.Module):
     @staticmethod
     def _branch(scale: int, dims: int) -> nn.Module:
         if scale == 0:
-            return nn.Sequential(nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2),
-                                 nn.BatchNorm2d(dims), GELU(),
-                                 nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2))
+            return nn.Sequential(
+                nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2),
+                nn.BatchNorm2d(dims), GELU(),
+                nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2))
         if scale == 1:
             return nn.ConvTranspose2d(dims, dims, kernel_size=2, stride=2)
         if scale == 2:
@@ -319,7 +320,8 @@ class UFOViT(DenseBackbone):
     Args:
         arch (str | dict): A key of ``ARCH_SETTINGS``, or a dict of ``embed_dims``,
             ``depth``, ``num_heads`` (and ``ARCH_DEFAULTS``' keys).
-        memory_efficient (bool): Train through the memory-saving twins.
+        memory_efficient (bool): Train through the ops' training implementations,
+            which keep less for backward (False: plain autograd throughout).
         recompute_mlp (bool): The MLPs recompute their hidden layer too.
         multi_scale (bool): Build the feature pyramid.
         global_pool (str): ``'token'`` (class attention) or ``''``."""
@@ -334,7 +336,8 @@ class UFOViT(DenseBackbone):
                  num_classes: int = 0, global_pool: str = ''):
         super().__init__(in_channels, out_indices, num_classes, global_pool, drop_rate,
                          drop_path_rate)
-        settings = resolve_arch(arch, ARCH_SETTINGS, ('embed_dims', 'depth', 'num_heads'),
+        settings = resolve_arch(arch, ARCH_SETTINGS,
+                                ('embed_dims', 'depth', 'num_heads'),
                                 ARCH_DEFAULTS)
         self._check_arch(settings)
         check_positive_float('layer_scale_init_value', layer_scale_init_value)
@@ -363,7 +366,8 @@ class UFOViT(DenseBackbone):
             self.cls_token = nn.Parameter(torch.zeros(1, 1, dims))
             self.cls_attn_blocks = nn.ModuleList(
                 ClassAttentionBlock(dims, settings['num_heads'], settings['mlp_ratio'],
-                                    qkv_bias, layer_scale_init_value=layer_scale_init_value)
+                                    qkv_bias,
+                                    layer_scale_init_value=layer_scale_init_value)
                 for _ in range(CLASS_ATTENTION_LAYERS))
             self.norm = nn.LayerNorm(dims, eps=1e-6)
         self.head = self._classifier(num_classes)
@@ -436,7 +440,8 @@ class UFOViT(DenseBackbone):
     def forward_intermediates(self, x: torch.Tensor,
                               indices: Optional[Union[int, Sequence[int]]] = None,
                               norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = 'NCHW', intermediates_only: bool = False,
+                              output_fmt: str = 'NCHW',
+                              intermediates_only: bool = False,
                               valid_shapes: Optional[Sequence] = None):
         """timm's feature API, as :meth:`mmsoft.models.soft.SOFT.forward_intermediates`;
         a ``ValueError`` for an output without a pyramid branch."""
@@ -505,6 +510,7 @@ class UFOViT(DenseBackbone):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r'^cls_token|^patch_embed|^pos_embed', blocks=r'^blocks\.(\d+)',
+        return dict(stem=r'^cls_token|^patch_embed|^pos_embed',
+                    blocks=r'^blocks\.(\d+)',
                     cls_attn_blocks=[(r'^cls_attn_blocks\.(\d+)', None),
                                      (r'^norm', (99999, ))])

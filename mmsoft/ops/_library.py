@@ -46,7 +46,8 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
             return None
         return torch.get_autocast_dtype(device_type)
     if device_type == 'cpu':  # torch < 2.4
-        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        enabled = torch.is_autocast_cpu_enabled()
+        return torch.get_autocast_cpu_dtype() if enabled else None
     if device_type == 'cuda' and torch.is_autocast_enabled():
         return torch.get_autocast_gpu_dtype()
     return None

@@ -74,7 +74,8 @@ def split_tf32(tensor: torch.Tensor):
     return high, tensor - high
 
 
-def three_pass_matmul(a: torch.Tensor, b: torch.Tensor, matmul=torch.matmul) -> torch.Tensor:
+def three_pass_matmul(a: torch.Tensor, b: torch.Tensor,
+                      matmul=torch.matmul) -> torch.Tensor:
     """``a @ b`` as ``a_hi b_hi + a_hi b_lo + a_lo b_hi``, the parts TF32-exact."""
     a_high, a_low = split_tf32(a)
     b_high, b_low = split_tf32(b)
@@ -201,7 +202,8 @@ def newton_iterations(operand: torch.Tensor, alpha: torch.Tensor,
 
 
 def newton_iterations_backward(operand: torch.Tensor, alpha: torch.Tensor,
-                               num_iters: int, grad_output: torch.Tensor) -> torch.Tensor:
+                               num_iters: int,
+                               grad_output: torch.Tensor) -> torch.Tensor:
     """``dL/dP`` of :func:`newton_iterations`, G = dL/dV_k.
 
     With ``W = G_{j+1} V_j^T``: ``G_j = 2 G_{j+1} - W P^T - (V_j P)^T G_{j+1}``,
@@ -233,7 +235,8 @@ def newton_on_eigenvalues(eigvals: torch.Tensor, alpha: torch.Tensor,
 
 
 def newton_divided_difference_pairs(larger: torch.Tensor, smaller: torch.Tensor,
-                                    alpha: torch.Tensor, num_iters: int) -> torch.Tensor:
+                                    alpha: torch.Tensor,
+                                    num_iters: int) -> torch.Tensor:
     """``(g_k(a) - g_k(b)) / (a - b)`` for ``a >= b`` (``g_k'(a)`` at ``a = b``),
     by ``D <- D (2 - b (v_a + v_b)) - v_a^2`` from ``D_0 = alpha``."""
     value_a, value_b = alpha * larger, alpha * smaller
@@ -281,13 +284,15 @@ class NewtonClosedForm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, operand, alpha, num_iters):
-        eigvals, eigvecs = torch.linalg.eigh(operand.to(EIGH_DTYPE))  # (..., m), (..., m, m)
+        # (..., m), (..., m, m)
+        eigvals, eigvecs = torch.linalg.eigh(operand.to(EIGH_DTYPE))
         alpha = alpha.squeeze(-1).to(EIGH_DTYPE)  # (..., 1)
         weights = newton_on_eigenvalues(eigvals, alpha, num_iters)
         eigvecs = eigvecs.to(operand.dtype)
         ctx.save_for_backward(eigvals, eigvecs, alpha)
         ctx.num_iters = num_iters
-        return (eigvecs * weights.to(operand.dtype).unsqueeze(-2)) @ eigvecs.transpose(-1, -2)
+        weighted = eigvecs * weights.to(operand.dtype).unsqueeze(-2)
+        return weighted @ eigvecs.transpose(-1, -2)
 
     @staticmethod
     @backward_without_autocast
@@ -309,7 +314,8 @@ def newton_closed_form(operand: torch.Tensor, alpha: torch.Tensor,
 def exact_inverse(mat: torch.Tensor, variant: str) -> torch.Tensor:
     """``(A + 0.01 I)^-1`` by Cholesky (``'soft'``) or ``pinv(A)`` (``'soft++'``)."""
     if variant == 'soft':
-        return torch.cholesky_inverse(torch.linalg.cholesky(newton_operand(mat, 'soft')))
+        factor = torch.linalg.cholesky(newton_operand(mat, 'soft'))
+        return torch.cholesky_inverse(factor)
     return torch.linalg.pinv(mat, hermitian=True)
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._library import (apply_without_autocast, autocast_dtype, autocast_off,
+from ._library import (autocast_dtype, autocast_off,
                        backward_without_autocast, cast_floating, is_tracing)
 
 
@@ -40,19 +40,21 @@ def linear_backward(grad: torch.Tensor, inputs: torch.Tensor, weight: torch.Tens
                     needs_bias: bool):
     """The gradients of the input, W, b and s of ``s o (inputs W^T + b)``: with
     ``M = G^T inputs``, ``dW = s o M``, ``db = s o colsum(G)``, ``ds = rowsum(W
-    o M) + b o colsum(G)``, ``d inputs = (s o G) W``."""
+    o M) + b o colsum(G)``, ``d inputs = (s o G) W``. The products run in the
+    weight's dtype, as autocast runs the layer's; s stays in its own."""
+    low = weight.dtype
     flat_grad = _flat(grad)
-    product = flat_grad.transpose(0, 1) @ _flat(inputs)  # M: (C_out, C_in)
+    product = flat_grad.to(low).transpose(0, 1) @ _flat(inputs)  # M: (C_out, C_in)
     column_sums = flat_grad.sum(0) if needs_bias or scale is not None else None
     if scale is None:
-        return grad @ weight, product, column_sums if needs_bias else None, None
+        return grad.to(low) @ weight, product, column_sums if needs_bias else None, None
 
     # rowsum(W o M) as a batch of (1, C_in) x (C_in, 1) products: one kernel
-    grad_scale = (weight.unsqueeze(1) @ product.unsqueeze(2)).view(-1)
+    grad_scale = (weight.unsqueeze(1) @ product.unsqueeze(2)).view(-1).to(scale.dtype)
     if bias is not None:
         grad_scale = torch.addcmul(grad_scale, bias, column_sums)
     grad_bias = scale * column_sums if needs_bias else None
-    return (grad @ (scale[:, None] * weight), scale[:, None] * product, grad_bias,
+    return ((grad * scale).to(low) @ weight, scale[:, None] * product, grad_bias,
             grad_scale)
 
 
@@ -79,7 +81,7 @@ class LayerNormMLP(torch.autograd.Function):
                               scale)
         ctx.act, ctx.eps = act, eps
         ctx.set_materialize_grads(False)  # y's gradient is None where y is unused
-        return y, _scaled(F.linear(act(pre), weight2, bias2), scale)
+        return y, _scaled(F.linear(act(pre), weight2, bias2), scale)  # scale's dtype
 
     @staticmethod
     @backward_without_autocast
@@ -95,7 +97,7 @@ class LayerNormMLP(torch.autograd.Function):
                 pre = pre.detach().requires_grad_()
                 hidden = ctx.act(pre)  # (..., hidden)
             grad_hidden, grad_weight2, grad_bias2, grad_scale = linear_backward(
-                grad_out.to(weight2.dtype), hidden.detach(), weight2, bias2, scale,
+                grad_out, hidden.detach(), weight2, bias2, scale,
                 ctx.needs_input_grad[7])
             grad_pre, = torch.autograd.grad(hidden, pre, grad_hidden)
             grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(y)
@@ -111,15 +113,16 @@ class LayerNormMLP(torch.autograd.Function):
         return (grad_x, grad_norm_weight, grad_norm_bias, None, *grads[1:], None, None)
 
 
-def _mixed_precision_args(x: torch.Tensor, norm: nn.LayerNorm, layers, scale):
-    """The LayerNorm's arguments in float32 and the layers' in autocast's dtype
-    (as autocast casts them), with autocast on; as they are without."""
-    norm_args = [x, norm.weight, norm.bias]
+def _mixed_precision_args(x: torch.Tensor, norm: Optional[nn.LayerNorm], layers):
+    """The LayerNorm's arguments (x first) in float32 and the layers' weights
+    and biases in autocast's dtype (as autocast casts them), with autocast on;
+    as they are without."""
+    norm_args = [x] if norm is None else [x, norm.weight, norm.bias]
     layer_args = [tensor for layer in layers for tensor in (layer.weight, layer.bias)]
-    layer_args.append(scale)
     low = autocast_dtype(x.device.type)
     if low is not None:
-        norm_args = [cast_floating(arg, torch.float32) for arg in norm_args]
+        norm_args = [cast_floating(arg, low if norm is None else torch.float32)
+                     for arg in norm_args]
         layer_args = [cast_floating(arg, low) for arg in layer_args]
     return norm_args, layer_args
 
@@ -137,10 +140,9 @@ def layer_norm_mlp(x: torch.Tensor, norm: nn.LayerNorm, mlp: nn.Module,
         y = norm(x)
         return y, _scaled(mlp(y), layer_scale)
 
-    norm_args, layer_args = _mixed_precision_args(x, norm, (mlp.fc1, mlp.fc2),
-                                                  layer_scale)
+    norm_args, layer_args = _mixed_precision_args(x, norm, (mlp.fc1, mlp.fc2))
     with autocast_off(x.device.type):
-        return LayerNormMLP.apply(norm_args[0], *norm_args[1:], norm.eps, *layer_args,
+        return LayerNormMLP.apply(*norm_args, norm.eps, *layer_args, layer_scale,
                                   mlp.act, mlp.keep_hidden)
 
 
@@ -162,8 +164,7 @@ class LayerNormLinear(torch.autograd.Function):
         x, mean, rstd, norm_weight, norm_bias, weight = ctx.saved_tensors
         y = layer_norm(x, norm_weight, norm_bias, ctx.eps)[0].to(weight.dtype)
         grad_y, grad_weight, grad_bias, _ = linear_backward(
-            grad_out.to(weight.dtype), y, weight, None, None,
-            ctx.has_bias and ctx.needs_input_grad[5])
+            grad_out, y, weight, None, None, ctx.has_bias and ctx.needs_input_grad[5])
         grad_x, grad_norm_weight, grad_norm_bias = layer_norm_backward(
             grad_y.to(x.dtype), x, mean, rstd, norm_weight, norm_bias)
         return grad_x, grad_norm_weight, grad_norm_bias, None, grad_weight, grad_bias
@@ -175,9 +176,9 @@ def layer_norm_linear(x: torch.Tensor, norm: nn.LayerNorm, linear: nn.Linear,
     (:class:`LayerNormLinear`). In autocast's dtype under autocast."""
     if not fused or is_tracing():
         return linear(norm(x))
-    norm_args, layer_args = _mixed_precision_args(x, norm, (linear, ), None)
+    norm_args, layer_args = _mixed_precision_args(x, norm, (linear, ))
     with autocast_off(x.device.type):
-        return LayerNormLinear.apply(*norm_args, norm.eps, *layer_args[:2])
+        return LayerNormLinear.apply(*norm_args, norm.eps, *layer_args)
 
 
 class ScaledLinear(torch.autograd.Function):
@@ -193,7 +194,7 @@ class ScaledLinear(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight, bias, scale = ctx.saved_tensors
         grad_x, grad_weight, grad_bias, grad_scale = linear_backward(
-            grad_out.to(weight.dtype), x, weight, bias, scale,
+            grad_out, x, weight, bias, scale,
             bias is not None and ctx.needs_input_grad[2])
         return grad_x, grad_weight, grad_bias, grad_scale
 
@@ -201,8 +202,10 @@ class ScaledLinear(torch.autograd.Function):
 def scaled_linear(x: torch.Tensor, linear: nn.Linear, scale: torch.Tensor,
                   fused: bool = True) -> torch.Tensor:
     """``scale * linear(x)``; ``fused``: keeping only x (:class:`ScaledLinear`).
-    In autocast's dtype under autocast."""
+    Under autocast the Linear layer runs in autocast's dtype and the scale in
+    its own, as autocast runs ``scale * linear(x)``."""
     if not fused or is_tracing():
         return scale * linear(x)
-    return apply_without_autocast(ScaledLinear, x, linear.weight, linear.bias, scale,
-                                  cast_to='autocast')
+    (x, ), layer_args = _mixed_precision_args(x, None, (linear, ))
+    with autocast_off(x.device.type):
+        return ScaledLinear.apply(x, *layer_args, scale)

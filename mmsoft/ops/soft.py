@@ -14,7 +14,8 @@ import torch
 
 from ._library import (apply_without_autocast, autocast_off, backward_without_autocast,
                        register, runs_reference, runs_triton, strided_like)
-from .kernel_inverse import gaussian_kernel, kernel_of_operands, kernel_operands, soft_middle
+from .kernel_inverse import (gaussian_kernel, kernel_of_operands, kernel_operands,
+                             soft_middle)
 
 #: On the CPU: most tokens per chunk of the kernel products, where they chunk
 #: at all, and per slice of their backward (a cache's size).
@@ -143,9 +144,11 @@ def kernel_products_backward(grad_out: torch.Tensor, queries: torch.Tensor,
         grad_left[..., start:end, :] = grad_exponent @ right
         grad_right += grad_exponent.transpose(-1, -2) @ left[..., start:end, :]
 
-    grad_queries = scale * (grad_left[..., :dims] - grad_left[..., dims:dims + 1] * scaled)
+    grad_queries = scale * (grad_left[..., :dims]
+                            - grad_left[..., dims:dims + 1] * scaled)
     grad_bottleneck = grad_right[..., :dims] - grad_right[..., dims + 1:] * bottleneck
-    return (strided_like(grad_queries, queries), strided_like(grad_bottleneck, bottleneck),
+    return (strided_like(grad_queries, queries),
+            strided_like(grad_bottleneck, bottleneck),
             strided_like(grad_middle, middle), grad_values)
 
 

@@ -11,8 +11,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._library import (autocast_off, backward_without_autocast, full_precision, register,
-                       runs_reference, runs_triton, strided_like)
+from ._library import (autocast_off, backward_without_autocast, full_precision,
+                       register, runs_reference, runs_triton, strided_like)
 
 
 def ufo_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
