@@ -52,15 +52,12 @@ SUITE_ENV := OMP_NUM_THREADS=$(SUITE_THREADS) MKL_NUM_THREADS=$(SUITE_THREADS)
 # GPU_CHECK_ARGS adds options.
 GPU_CHECK_PYTHON ?= python
 GPU_CHECK_ARGS ?=
-GPU_CHECK := --device cuda --tests --models soft++-tiny soft++-small ufo-vit-small \
-	timm-swin-t timm-pvtv2-b2 --images 800x1199 800x1067 --precisions float32 amp \
-	--optimizer adamw --kernels 2 --host-sync --budget-s 360
+GPU_CHECK := --device cuda --tests --preset gpu-check
 # `make gpu-benchmark` runs the GPU benchmark of docs/cost.md ("On a GPU"):
 # the CUDA tests, then batch 2, float32 and AMP, eager then compiled, with
 # kernels per step and GPU-busy share; GPU_BENCHMARK_ARGS adds options.
 GPU_BENCHMARK_ARGS ?=
-GPU_BENCHMARK := $(GPU_CHECK) --compile inductor --warmup 10 --steps 15 --rounds 2 \
-	--budget-s 540
+GPU_BENCHMARK := --device cuda --tests --preset gpu-benchmark
 # `make gpu-bundle` writes the offline bundle for a GPU node without
 # internet (tools/gpu_node.sh pack check; docs/gpu.md): pytest's wheels,
 # mmsoft's wheel, their lock and SHA256SUMS. `make gpu-bundle-lock` rewrites
@@ -75,7 +72,7 @@ GPU_BUNDLE_ARGS ?=
 # gpu-train-bundle-lock` rewrites its locks (requirements/locks/gpu-train*.txt).
 GPU_TRAIN_BUNDLE ?= work_dirs/gpu_train_bundle
 
-.PHONY: install install-floor install-newest lock demo test test-stack test-floor \
+.PHONY: install install-floor install-newest lock demo lint test test-stack test-floor \
 	test-newest gpu-check gpu-benchmark gpu-bundle gpu-bundle-lock clean-venv
 
 $(STAMP): requirements/locks/stack.txt requirements/locks/mmcv.txt setup.cfg \
@@ -106,10 +103,18 @@ lock:
 demo: $(STAMP)
 	PYTHON="$(abspath $(PYTHON))" bash tools/demo.sh
 
+# flake8 with setup.cfg's rules on the package, the tools and the tests, in the
+# newest environment (seconds); `make test` runs it once that environment is
+# installed, before its suite.
+lint: $(NEWEST_STAMP)
+	$(NEWEST_PYTHON) -m flake8 mmsoft tools tests
+
 # The stack's install (mmcv's compile) and then its suite run in the
 # background (their output in $(STACK_LOG), printed at the end), at normal
 # priority: they are the longest path. Meanwhile the newest environment
-# installs, then its suite runs at a lower priority (nice), on what the
+# installs, the lint runs (`make lint`, seconds: a failure fails `make test`
+# and the suites still run), then the newest suite runs at a lower priority
+# (nice), on what the
 # compile leaves of the cores, while the floor environment installs; the
 # floor's suite, also under nice, starts when the stack's or the newest
 # suite is done (its output in $(FLOOR_LOG), printed after the newest
@@ -134,6 +139,8 @@ test:
 		rc=$$?; mark 'stack: ends'; exit $$rc; } > $(STACK_LOG) 2>&1 & stack=$$!; \
 	mark 'newest: install starts'; \
 	$(MAKE) --no-print-directory install-newest && newest=1 || { newest=0; status=1; }; \
+	if [ $$newest = 1 ]; then mark 'lint starts'; \
+		$(MAKE) --no-print-directory lint || status=1; mark 'lint ends'; fi; \
 	echo "[test] the floor: install and suite in the background (log: $(FLOOR_LOG))"; \
 	{ mark 'floor: install starts'; $(MAKE) --no-print-directory install-floor; \
 		rc=$$?; mark 'floor: install ends'; \

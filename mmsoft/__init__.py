@@ -28,6 +28,7 @@ def _register(adapter: str, framework: str) -> None:
 
 
 _register('timm_models', 'timm')  # the models in timm's registry
-_register('openmmlab.registry', 'mmengine')  # type='SOFT', 'UFOViT', ... in mmengine's MODELS
+# type='SOFT', 'UFOViT', ... in mmengine's MODELS
+_register('openmmlab.registry', 'mmengine')
 
 __all__ = ['SOFT', 'UFOViT', '__version__']

@@ -1,7 +1,8 @@
 """FLOP handles (counts known by hand) and the benchmark/FLOP tools' output."""
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
+                    'and floor environments')
 
 import json
 import subprocess
@@ -13,11 +14,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft_analysis.flop_handles import (INVERSE_FUNCTIONS, count_flops,
-                                           kernel_inverse_handle)
-from mmsoft.models.soft import SoftAttention
-from mmsoft.models.soft import gaussian_kernel, kernel_inverse
+                                          kernel_inverse_handle)
 from mmsoft.models.common import set_memory_efficient
-from mmsoft.models.soft import newton_iterations
+from mmsoft.models.soft import SoftAttention
+from mmsoft.ops.kernel_inverse import gaussian_kernel, kernel_inverse, newton_iterations
 from tests.helpers.tools import load_tool
 
 pytestmark = pytest.mark.openmmlab
@@ -128,8 +128,8 @@ def test_inverse_tool_times_every_solver(monkeypatch, capsys):
                                       '--heads', '2', '--repeats', '1'])
     rows = list(tool.inverse_rows(tool.parse_args()))
     assert [(r['attention'], r['solver']) for r in rows] == [
-        (a, s) for a in ('soft', 'soft++') for s in ('newton', 'newton_closed_form',
-                                                      'exact')]
+        (a, s) for a in ('soft', 'soft++')
+        for s in ('newton', 'newton_closed_form', 'exact')]
     assert all(r['seconds'] > 0 for r in rows)
     assert [r['difference_from_newton'] for r in rows if r['solver'] == 'newton'] == \
         [0.0, 0.0]

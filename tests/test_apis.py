@@ -8,7 +8,8 @@ The tools' end-to-end runs are in tests/test_tools.py.
 """
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
+                    'and floor environments')
 
 import argparse
 import copy

@@ -7,7 +7,8 @@ of the neck (heads) changed, and every peer must be a library's class.
 """
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
+                    'and floor environments')
 
 import json
 import subprocess
@@ -23,7 +24,7 @@ from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, GROUP_PARAMS,
                                         detection_schedule, epoch_loss,
                                         PLAIN, comparison_rows, final_metrics,
                                         first_epoch_metrics, measure_costs,
-                                        probe_options, recipe_options,
+                                        probe_jobs, probe_options, recipe_options,
                                         seed_summary, segmentation_schedule,
                                         write_report)
 
@@ -80,7 +81,7 @@ def test_segmentor_differs_from_the_demo_only_in_backbone(entry):
     pytest.param(e, id=f'{e.name}-{Path(e.config).stem[:4]}', marks=_marks(e))
     for e in DETECTORS + SEGMENTORS])
 def test_backbone_is_the_libraries_class_in_its_group(entry):
-    from mmsoft_analysis.peers import config_backbone
+    from mmsoft_analysis.models import config_backbone
     backbone = config_backbone(str(REPO / entry.config))
     modules = [type(backbone).__module__]
     if hasattr(backbone, 'trunk'):  # XCiT: timm's trunk, resampled
@@ -131,7 +132,7 @@ def test_backbone_gives_strides_4_to_32_at_the_heads_widths(entry):
     it: four maps at strides 4, 8, 16 and 32 with the neck's (heads')
     input widths."""
     import torch
-    from mmsoft_analysis.peers import config_backbone
+    from mmsoft_analysis.models import config_backbone
     torch.manual_seed(0)
     backbone = config_backbone(str(REPO / entry.config))
     backbone.eval()  # some backbones' train() returns None
@@ -239,12 +240,6 @@ def test_recipes_set_the_learning_rate_and_a_warmup_in_epochs():
 def test_probe_covers_every_recipe_and_the_control(tmp_path):
     """The failed backbones and the control under every recipe: the first
     epoch, then the full run after it, in the same work dir."""
-    sys.path.insert(0, str(REPO / 'tools/analysis'))
-    try:
-        from compare_backbones import probe_jobs
-    finally:
-        sys.path.pop(0)
-
     class Args:
         seeds, epochs, cfg_options, work_dir = [0, 1], 3, [], tmp_path
 
@@ -303,7 +298,8 @@ def _run(entry, task, seed, metrics):
 
 def _costs(entries):
     def rows(**columns):
-        return [dict(label=e.config, status='ok', **{k: v + i for k, v in columns.items()})
+        return [dict(label=e.config, status='ok',
+                     **{k: v + i for k, v in columns.items()})
                 for i, e in enumerate(entries)]
     plain = [dict(label=e.config + PLAIN, status='ok', cpu_ms=7000.,
                   live_peak_mib=102.) for e in entries if e.ours]

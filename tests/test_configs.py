@@ -8,7 +8,8 @@ checkpoint, and parameters are counted without running a forward pass.
 """
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
+                    'and floor environments')
 
 import functools
 import glob
@@ -164,7 +165,8 @@ def test_config_parses(path):
     cfg = load(path)
     assert isinstance(cfg, Config)
     # The distributed backend is mmengine's (NCCL on GPUs); on a machine
-    # without CUDA, tools/train.py takes gloo (mmsoft.apis.building.setup_cpu_distributed).
+    # without CUDA, tools/train.py takes gloo
+    # (mmsoft.apis.building.setup_cpu_distributed).
     backend = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('backend')
     assert backend in (None, 'nccl'), (path, backend)
 
@@ -345,7 +347,8 @@ def is_pooled(image_hw, cap):
     """Whether the cap pools the bottleneck grid of every stage (True), of
     none (False); raises if it pools some stages but not others."""
     from mmsoft.models.soft import capped_grid_size
-    pooled = {capped_grid_size(*grid, cap) != grid for grid in bottleneck_grids(image_hw)}
+    pooled = {capped_grid_size(*grid, cap) != grid
+              for grid in bottleneck_grids(image_hw)}
     assert len(pooled) == 1, (image_hw, cap)
     return pooled.pop()
 

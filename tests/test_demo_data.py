@@ -1,7 +1,8 @@
 """The generated demo datasets: COCO validity, content statistics, ADE layout."""
 import pytest
 
-pytest.importorskip('cv2', reason='needs OpenCV, which the OpenMMLab stack brings (mmcv): runs in the stack and floor environments')
+pytest.importorskip('cv2', reason='needs OpenCV, which the OpenMMLab stack brings '
+                    '(mmcv): runs in the stack and floor environments')
 
 import importlib.util
 import json
@@ -14,8 +15,8 @@ import cv2
 import numpy as np
 from pycocotools.coco import COCO
 
-from demo_data import DEFAULT_CLASSES, ade_metainfo, coco_metainfo, generate_coco_demo
-from demo_data.scenes import is_simple_region
+from demo_data import (DEFAULT_CLASSES, ade_metainfo, coco_metainfo, generate_coco_demo,
+                       is_simple_region)
 
 pytestmark = pytest.mark.openmmlab
 

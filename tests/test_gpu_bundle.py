@@ -31,8 +31,8 @@ PLATFORM = 'manylinux_2_28_x86_64'
 #: Every platform tag pip accepts for --platform manylinux_2_28_x86_64.
 PLATFORMS = [f'manylinux_2_{minor}_x86_64' for minor in range(28, 4, -1)] + [
     'manylinux2014_x86_64', 'manylinux2010_x86_64', 'manylinux1_x86_64']
-SUPPORTED_TAGS = set(cpython_tags(PYTHON_VERSION, abis=['cp312'], platforms=PLATFORMS)) \
-    | set(compatible_tags(PYTHON_VERSION, 'cp312', PLATFORMS))
+SUPPORTED_TAGS = (set(cpython_tags(PYTHON_VERSION, abis=['cp312'], platforms=PLATFORMS))
+                  | set(compatible_tags(PYTHON_VERSION, 'cp312', PLATFORMS)))
 #: Signs in pip's output that the package index could not be reached.
 UNREACHABLE = re.compile(
     r'NewConnectionError|Name or service not known|Temporary failure in name '
@@ -58,7 +58,8 @@ def locked_pins(path: Path) -> dict:
         line = line.split('#', 1)[0].strip()
         if line:
             name, version = line.split()[0].split('==')
-            pins[canonicalize_name(name)] = (version, re.findall(r'--hash=sha256:\w+', line))
+            hashes = re.findall(r'--hash=sha256:\w+', line)
+            pins[canonicalize_name(name)] = (version, hashes)
     return pins
 
 
@@ -99,7 +100,8 @@ def test_bundle_resolves_for_cpython_312(tmp_path):
         filename = item['download_info']['url'].rsplit('/', 1)[-1].split('#')[0]
         assert filename.endswith('.whl'), f'{name} resolved to {filename}, not a wheel'
         tags = parse_wheel_filename(filename)[3]
-        assert tags & SUPPORTED_TAGS, f'{filename} does not run on CPython 3.12, {PLATFORM}'
+        assert tags & SUPPORTED_TAGS, \
+            f'{filename} does not run on CPython 3.12, {PLATFORM}'
         resolved[name] = item['metadata']['version']
     assert requirement_names(REQUIREMENTS) <= set(resolved)
     # The lock holds the same packages (their versions may have moved on).
@@ -134,7 +136,8 @@ def test_refuses_this_python_without_a_gpu(tmp_path):
     torch = pytest.importorskip('torch')
     if torch.cuda.is_available():
         pytest.skip('a CUDA device is visible here')
-    cpu_only = torch.version.cuda is None and getattr(torch.version, 'hip', None) is None
+    cpu_only = torch.version.cuda is None and \
+        getattr(torch.version, 'hip', None) is None
     done, seconds = run_offline(tmp_path, sys.executable)
     assert done.returncode == 3, done.stdout + done.stderr
     reason = 'torch without CUDA' if cpu_only else 'no GPU visible'
@@ -160,9 +163,9 @@ def test_refuses_a_python_without_torch(tmp_path):
         assert 'no torch' in done.stderr and seconds < SECONDS
 
 
-@pytest.mark.parametrize('wheel, message', [(None, 'holds no wheels'),
-                                            ('torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl',
-                                             "the node's own is used")])
+@pytest.mark.parametrize('wheel, message', [
+    (None, 'holds no wheels'),
+    ('torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl', "the node's own is used")])
 def test_refuses_a_bad_bundle(tmp_path, wheel, message):
     (tmp_path / 'bundle').mkdir()
     if wheel:

@@ -12,7 +12,7 @@ without building mmcv:
   (exit status 3, naming which), its checks of the bundle (exit status 2)
   and of the node against the bundle's manifest (exit status 3, naming
   the missing package or the torch that differs);
-- the table of training runs (tools/analysis/gpu_train_table.py) from
+- the table of training runs (tools/gpu_node.py table) from
   mmengine's logs, and, where the OpenMMLab stack is installed, from a real
   training run's.
 """
@@ -28,7 +28,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-import gpu_train_table
+import gpu_node
 from tests.test_gpu_bundle import (PLATFORM, SECONDS, SUPPORTED_TAGS, UNREACHABLE,
                                    fake_torch, locked_pins, requirement_names)
 
@@ -39,13 +39,15 @@ BUILD_LOCK = REQUIREMENTS / 'locks' / 'gpu-train-build.txt'
 GPU_NODE = str(REPO / 'tools' / 'gpu_node.sh')
 BUNDLE_SCRIPT = [GPU_NODE, 'pack', 'train']
 OFFLINE = [GPU_NODE, 'run', 'train']
-TABLE = REPO / 'tools' / 'analysis' / 'gpu_train_table.py'
+TABLE = REPO / 'tools' / 'gpu_node.py'
 #: pip's environment markers on the node: CPython 3.12 on x86-64 Linux.
 NODE_MARKERS = dict(python_version='3.12', python_full_version='3.12.3',
                     implementation_name='cpython',
                     platform_python_implementation='CPython', sys_platform='linux',
                     platform_system='Linux', os_name='posix', platform_machine='x86_64',
                     extra='')
+
+
 def requirements_in(path: Path) -> list:
     return [Requirement(line.split('#', 1)[0].strip())
             for line in path.read_text().splitlines() if line.split('#', 1)[0].strip()]
@@ -77,13 +79,13 @@ def test_bundle_lock_leaves_out_the_node_and_mmcv():
     fonttools, say) are not carried; mmcv is compiled, not downloaded; the
     OpenMMLab packages and mmcv's own requirements are."""
     pins = locked_pins(LOCK)
-    assert {'torch', 'numpy', 'pillow', 'opencv-python', 'opencv-python-headless', 'scipy',
-            'matplotlib'} <= NODE
+    assert {'torch', 'numpy', 'pillow', 'opencv-python', 'opencv-python-headless',
+            'scipy', 'matplotlib'} <= NODE
     left_out = NODE | {'mmcv', 'mmcv-lite', 'fonttools', 'kiwisolver', 'contourpy'}
     assert not left_out & set(pins)
     assert not [name for name in pins if name.startswith('nvidia-') or name == 'triton']
-    assert {'mmengine', 'mmdet', 'mmsegmentation', 'pycocotools', 'addict', 'yapf', 'pyyaml',
-            'packaging', 'ftfy', 'regex'} <= set(pins)
+    assert {'mmengine', 'mmdet', 'mmsegmentation', 'pycocotools', 'addict', 'yapf',
+            'pyyaml', 'packaging', 'ftfy', 'regex'} <= set(pins)
 
 
 def test_build_lock_is_the_node_torch_with_cuda_13_compiler():
@@ -102,13 +104,16 @@ def lock_report(tmp_path) -> dict:
     """pip's report of a dry run of the bundle's lock for the node's target
     (metadata only, no wheel installed); skips where no index answers."""
     options = ['--dry-run', '--ignore-installed', '--no-deps', '--require-hashes',
-               '--only-binary=:all:', '--python-version', '3.12', '--implementation', 'cp',
-               '--platform', PLATFORM, '--target', str(tmp_path / 'site'),
-               '--report', str(tmp_path / 'report.json'), '--timeout', '10', '--retries', '1']
+               '--only-binary=:all:', '--python-version', '3.12',
+               '--implementation', 'cp', '--platform', PLATFORM,
+               '--target', str(tmp_path / 'site'),
+               '--report', str(tmp_path / 'report.json'),
+               '--timeout', '10', '--retries', '1']
     try:
-        done = subprocess.run([sys.executable, '-m', 'pip', 'install', '--quiet',
-                               '--disable-pip-version-check', *options, '-r', str(LOCK)],
-                              capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [sys.executable, '-m', 'pip', 'install', '--quiet',
+             '--disable-pip-version-check', *options, '-r', str(LOCK)],
+            capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired:
         pytest.skip('the package index did not answer within 180 s')
     if done.returncode:
@@ -142,16 +147,18 @@ def test_bundle_lock_is_complete_for_cpython_312(tmp_path):
             if requirement.marker and not requirement.marker.evaluate(NODE_MARKERS):
                 continue
             assert canonicalize_name(requirement.name) in available, \
-                f'{name} needs {requirement}, which is neither in the bundle nor the node\'s'
+                f"{name} needs {requirement}, which is neither in the bundle nor " \
+                "the node's"
 
 
 def test_bundle_script_checks_its_arguments():
-    for args, env, message in [(['--bogus'], {}, 'unknown option: --bogus'),
-                               (['a', 'b'], {}, 'one OUT_DIR at most'),
-                               (['lock', 'x'], {}, 'lock takes no arguments'),
-                               ([], {'TORCH_CUDA_ARCH_LIST': 'sm_90'},
-                                'TORCH_CUDA_ARCH_LIST=sm_90: expected')]:
-        done = subprocess.run(['bash', *BUNDLE_SCRIPT, *args], capture_output=True,
+    for args, env, message in [
+            ([*BUNDLE_SCRIPT, '--bogus'], {}, 'unknown option: --bogus'),
+            ([*BUNDLE_SCRIPT, 'a', 'b'], {}, 'one OUT_DIR at most'),
+            ([GPU_NODE, 'lock', 'train', 'x'], {}, 'lock takes no arguments'),
+            (BUNDLE_SCRIPT, {'TORCH_CUDA_ARCH_LIST': 'sm_90'},
+             'TORCH_CUDA_ARCH_LIST=sm_90: expected')]:
+        done = subprocess.run(['bash', *args], capture_output=True,
                               text=True, timeout=SECONDS, env={**os.environ, **env})
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
     done = subprocess.run(['bash', GPU_NODE, '--help'], capture_output=True,
@@ -165,7 +172,8 @@ def test_bundle_script_checks_its_arguments():
 def run_offline(tmp_path, python, *args, extra_env=None, bundle=None):
     env = {k: v for k, v in os.environ.items()
            if k not in ('MMSOFT_GPU_CHECK_DEVICE', 'PYTHONPATH', 'MIN_BBOX_MAP')}
-    env.update(PYTHON=str(python), WORK_ROOT=str(tmp_path / 'runs'), **(extra_env or {}))
+    env.update(PYTHON=str(python), WORK_ROOT=str(tmp_path / 'runs'),
+               **(extra_env or {}))
     start = time.monotonic()
     done = subprocess.run(
         ['bash', *OFFLINE, str(bundle or tmp_path / 'bundle'), str(tmp_path / 'out'),
@@ -174,7 +182,7 @@ def run_offline(tmp_path, python, *args, extra_env=None, bundle=None):
 
 
 def training_bundle(tmp_path, built_torch='0.0+fake', node=('numpy',), mmcv=True):
-    """A bundle folder as tools/gpu_train_bundle.sh lays it out, with empty
+    """A bundle folder as ``tools/gpu_node.sh pack train`` lays it out, with empty
     wheels (the checks before the install read names and the manifest),
     built for ``built_torch`` (by default the stand-in torch's version)."""
     bundle = tmp_path / 'bundle'
@@ -187,14 +195,16 @@ def training_bundle(tmp_path, built_torch='0.0+fake', node=('numpy',), mmcv=True
     (bundle / 'gpu-train-node.txt').write_text(
         '# what the node provides\n' + ''.join(f'{name}\n' for name in node))
     (bundle / 'gpu-train-manifest.json').write_text(json.dumps(dict(
-        mmcv=dict(wheel=wheels[-1], torch=built_torch, cuda='13.0', arch_list='8.0;9.0'))))
+        mmcv=dict(wheel=wheels[-1], torch=built_torch, cuda='13.0',
+                  arch_list='8.0;9.0'))))
     return bundle
 
 
 @pytest.mark.parametrize('args, env, message', [
     (['--budget-s', '10'], {}, '--budget-s 10: expected whole seconds, 60 or more'),
     (['--budget-s'], {}, '--budget-s : expected whole seconds'),
-    (['--speed-iters', '1'], {}, '--speed-iters 1: expected a whole number of iterations'),
+    (['--speed-iters', '1'], {},
+     '--speed-iters 1: expected a whole number of iterations'),
     (['--speed-iters=ten'], {}, '--speed-iters ten: expected'),
     (['--bogus'], {}, 'unknown argument: --bogus'),
     ([], {'MIN_BBOX_MAP': '25'}, 'MIN_BBOX_MAP=25: expected a number from 0 to 1'),
@@ -226,12 +236,14 @@ def test_refuses_without_a_gpu_naming_what_is_missing(tmp_path):
              (sys.executable, dict(PYTHONPATH=fake_torch(tmp_path, None)),
               'torch without CUDA: torch 0.0+fake')]
     if not torch.cuda.is_available():
-        cpu_only = torch.version.cuda is None and getattr(torch.version, 'hip', None) is None
+        cpu_only = torch.version.cuda is None and \
+            getattr(torch.version, 'hip', None) is None
         cases.append((sys.executable, {},
                       'torch without CUDA' if cpu_only else 'no GPU visible'))
     for python, env, reason in cases:
         done, seconds = run_offline(tmp_path, python, extra_env=env)
-        assert done.returncode == 3 and reason in done.stderr, (python, env, done.stderr)
+        assert done.returncode == 3 and reason in done.stderr, \
+            (python, env, done.stderr)
         assert python.startswith('/nonexistent') or '--allow-cpu' in done.stderr
         assert seconds < SECONDS and not (tmp_path / 'out').exists()
     cuda_build = tmp_path / 'cuda-build'
@@ -256,14 +268,15 @@ def test_refuses_a_bad_bundle(tmp_path, case, message):
         training_bundle(tmp_path)
         wheel = 'torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl'
         (tmp_path / 'bundle' / wheel).write_bytes(b'')
-    elif case == 'backbone bundle':  # tools/gpu_bundle.sh's: pytest, mmsoft
+    elif case == 'backbone bundle':  # pack check's: pytest, mmsoft
         (tmp_path / 'bundle').mkdir()
         (tmp_path / 'bundle' / 'pytest-9.2.0-py3-none-any.whl').write_bytes(b'')
     elif case == 'no mmcv':
         training_bundle(tmp_path, mmcv=False)
     elif case == 'checksums':
         bundle = training_bundle(tmp_path)
-        (bundle / 'SHA256SUMS').write_text('0' * 64 + '  mmengine-0.10.7-py3-none-any.whl\n')
+        (bundle / 'SHA256SUMS').write_text(
+            '0' * 64 + '  mmengine-0.10.7-py3-none-any.whl\n')
     done, _ = run_offline(tmp_path, sys.executable, '--allow-cpu',
                           extra_env=dict(PYTHONPATH=fake_torch(tmp_path, '13.0')))
     assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr
@@ -326,13 +339,15 @@ def test_table_from_mmengine_logs(tmp_path):
     (demo / '20261206_130000').mkdir()
     (demo / '20261206_130000' / '20261206_130000.json').write_text(
         json.dumps({'coco/bbox_mAP': 0.41, 'coco/segm_mAP': 0.39}))
-    write_scalars(soft, [dict(iter=10, time=1.0, loss=1.0), dict(iter=20, time=0.3, loss=1.0)])
-    write_scalars(swin, [dict(iter=10, time=1.0, loss=1.0), dict(iter=20, time=0.6, loss=1.0)])
+    for work_dir, seconds in ((soft, 0.3), (swin, 0.6)):
+        write_scalars(work_dir, [dict(iter=10, time=1.0, loss=1.0),
+                                 dict(iter=20, time=seconds, loss=1.0)])
     write_scalars(failed, [dict(iter=10, time=1.0, loss=1.0)])
     out = tmp_path / 'out'
     out.mkdir()
     done = subprocess.run(
-        [sys.executable, str(TABLE), '--out', str(out), '--device', 'a test device',
+        [sys.executable, str(TABLE), 'table', '--out', str(out),
+         '--device', 'a test device',
          '--run', 'label=demo', f'work_dir={demo}', 'batch=8', 'size=160x160',
          f'metrics={demo}', 'status=0',
          '--run', 'label=soft++-tiny', f'work_dir={soft}', 'batch=2', 'size=800x800',
@@ -346,9 +361,11 @@ def test_table_from_mmengine_logs(tmp_path):
     seconds = (0.5 * 10 + 0.8 * 5) / 15
     assert rows['demo']['seconds_per_iter'] == pytest.approx(seconds)
     assert rows['demo']['images_per_s'] == pytest.approx(8 / seconds)
-    assert rows['demo']['iterations_timed'] == 15 and rows['demo']['iterations_logged'] == 25
+    assert rows['demo']['iterations_timed'] == 15
+    assert rows['demo']['iterations_logged'] == 25
     assert rows['demo']['peak_memory_mib'] == 1000
-    assert rows['demo']['coco/bbox_mAP'] == 0.41 and rows['demo']['coco/segm_mAP'] == 0.39
+    assert rows['demo']['coco/bbox_mAP'] == 0.41
+    assert rows['demo']['coco/segm_mAP'] == 0.39
     assert rows['demo']['time_vs_swin-t'] is None  # another size and batch
     assert rows['soft++-tiny']['time_vs_swin-t'] == pytest.approx(0.5)
     assert rows['soft++-tiny']['peak_memory_mib'] is None
@@ -370,7 +387,7 @@ def test_table_from_mmengine_logs(tmp_path):
 ])
 def test_table_checks_its_runs(items, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        gpu_train_table.parse_run(items)
+        gpu_node.parse_run(items)
 
 
 @pytest.mark.openmmlab
@@ -383,7 +400,8 @@ def test_table_from_a_training_run(small_coco, tmp_path):
     options = ['default_hooks.logger.interval=1', 'train_cfg.max_epochs=1',
                'val_dataloader=None', 'val_cfg=None', 'val_evaluator=None',
                'train_dataloader.batch_size=2',
-               'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+               'train_dataloader.num_workers=0',
+               'train_dataloader.persistent_workers=False',
                f'train_dataloader.dataset.data_root={small_coco}',
                'train_dataloader.dataset.indices=8',
                'train_dataloader.dataset.pipeline.2.scale=(96,96)']
@@ -391,10 +409,11 @@ def test_table_from_a_training_run(small_coco, tmp_path):
     done = subprocess.run([sys.executable, 'tools/train.py',
                            'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py', '--work-dir',
                            str(work_dir), '--cfg-options', *options],
-                          capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    rows = gpu_train_table.build_rows([dict(label='demo', work_dir=str(work_dir), batch='2',
-                                            size='96x96')], skip=1)
+    rows = gpu_node.table_rows([dict(label='demo', work_dir=str(work_dir), batch='2',
+                                     size='96x96')], skip=1)
     assert rows[0]['iterations_logged'] == 4 and rows[0]['iterations_timed'] == 3
     assert 0 < rows[0]['seconds_per_iter'] < 60
     assert rows[0]['images_per_s'] == pytest.approx(2 / rows[0]['seconds_per_iter'])

@@ -241,9 +241,11 @@ def test_disk_check_of_make_test_sums_the_environments_not_yet_installed(tmp_pat
         'free_gib() { echo 1000; }; '
         f'check_disks test {tmp_path}/a:stack {tmp_path}/b:floor {installed}', tmp_path)
     assert done.returncode == 0, done.stderr
-    stack, floor = (int(run_installer_function(f'env_disk {kind}', tmp_path).stdout.split()[0])
-                    for kind in ('stack', 'floor'))
-    assert f'[test] to install: {tmp_path}/a {tmp_path}/b ({stack + floor} GiB' in done.stdout
+    stack, floor = (
+        int(run_installer_function(f'env_disk {kind}', tmp_path).stdout.split()[0])
+        for kind in ('stack', 'floor'))
+    assert f'[test] to install: {tmp_path}/a {tmp_path}/b ({stack + floor} GiB' \
+        in done.stdout
     assert osp.dirname(osp.dirname(sys.executable)) not in done.stdout
     short = run_installer_function(
         f'free_gib() {{ echo 1000; }}; env_disk() {{ echo "100000 1"; }}; '

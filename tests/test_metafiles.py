@@ -8,7 +8,8 @@ checkpoint; the whole detectors and segmentors are built in
 """
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
+                    'and floor environments')
 
 import functools
 import glob

@@ -1,7 +1,8 @@
 """The mixed-size demo: varied image sizes, padded batches, valid regions."""
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
+                    'and floor environments')
 
 import contextlib
 import functools
@@ -16,8 +17,7 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
-from demo_data import generate_coco_demo
-from demo_data.coco import image_sizes
+from demo_data import generate_coco_demo, image_sizes
 from mmsoft.openmmlab.backbones import registered_valid_shapes
 from tests.helpers.host_syncs import PACKAGE_DIR, HostSyncCounter
 from tests.helpers.dataset_digest import dataset_digest

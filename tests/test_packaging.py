@@ -34,7 +34,7 @@ def test_imported_package_is_the_checkout():
 
 # Lab code (cost analysis, the benchmark and its runner, the comparison) lives in
 # tools/analysis/mmsoft_analysis, outside the installed package.
-LAB_NAME = re.compile(r'analysis|benchmark|comparison|op_profile|gpu_train')
+LAB_NAME = re.compile(r'analysis|benchmark|comparison|op_profile|gpu_node')
 # Top-level packages of the checkout that the installed package lacks, and
 # their folders.
 CHECKOUT_ONLY = {'mmsoft_analysis': 'tools/analysis/mmsoft_analysis',
@@ -51,7 +51,7 @@ def test_lab_names_select_the_lab_code():
     """Each alternative of LAB_NAME names lab code that exists, and each
     CHECKOUT_ONLY package is a folder of the checkout."""
     lab = [osp.relpath(path, REPO) for path in glob.glob(
-        osp.join(REPO, 'tools', 'analysis', '**', '*.py'), recursive=True)]
+        osp.join(REPO, 'tools', '**', '*.py'), recursive=True)]
     assert unselected_alternatives(LAB_NAME, lab) == []
     assert unselected_alternatives(re.compile(LAB_NAME.pattern + '|profiler'),
                                    lab) == ['profiler']
@@ -123,7 +123,8 @@ def test_supported_torch_range_is_the_tested_one():
     floor, ceiling = SUPPORTED_TORCH
     assert torch_version(_pinned_torch('floor.txt')) == floor  # make test-floor
     assert torch_version(_pinned_torch('newest.txt')) == ceiling  # make test-newest
-    assert floor <= torch_version(_pinned_torch('build.txt')) <= ceiling  # make test-stack
+    # make test-stack
+    assert floor <= torch_version(_pinned_torch('build.txt')) <= ceiling
     config = configparser.ConfigParser()
     config.read(osp.join(REPO, 'setup.cfg'))
     requires = config['options']['install_requires'].split()

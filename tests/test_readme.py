@@ -33,15 +33,15 @@ Checks, on every page:
 - the README has the section "Quick start (two commands)";
 - the commands of "Train, test, scale out" (one section of one page) that
   are not synopses run, in order, in a scratch directory (``tools/`` and
-  ``configs/`` linked into it) with options appended that shrink them to seconds: a few 96x96 images,
-  one iteration per epoch. ``python`` is the interpreter running the tests,
-  as in an activated environment; the shell launchers run with ``PYTHON``
-  unset and without that environment on ``PATH``, where ``python`` is a
-  stand-in that fails, so they have to find the checkout's ``.venv`` by
-  themselves (when the tests run in another environment, the launchers get
-  ``PYTHON`` and that check is skipped). The scripts in :data:`NOT_RUN` are
-  left out there, to keep the run short: other tests run them with the same
-  config;
+  ``configs/`` linked into it) with options appended that shrink them to
+  seconds: a few 96x96 images, one iteration per epoch. ``python`` is the
+  interpreter running the tests, as in an activated environment; the shell
+  launchers run with ``PYTHON`` unset and without that environment on
+  ``PATH``, where ``python`` is a stand-in that fails, so they have to
+  find the checkout's ``.venv`` by themselves (when the tests run in
+  another environment, the launchers get ``PYTHON`` and that check is
+  skipped). The scripts in :data:`NOT_RUN` are left out there, to keep the
+  run short: other tests run them with the same config;
 - the table of "Where things live" names existing paths and every package
   of ``mmsoft``.
 
@@ -63,13 +63,16 @@ where its framework is not installed). The test checks that the model it
 trained is that model, that one optimizer step moved its parameters, that
 the loss is finite, and the predictions' structure and shapes.
 """
+import contextlib
 import functools
 import glob
 import importlib.util
 import inspect
+import io
 import os
 import os.path as osp
 import re
+import runpy
 import shlex
 import socket
 import stat
@@ -274,10 +277,14 @@ def repo_tool(command: Command) -> Optional[str]:
 
 
 def python_tool(command: Command) -> Optional[str]:
-    """The repository Python tool whose options the command passes."""
+    """The repository tool whose options the command passes: a Python tool,
+    the one a shell launcher hands its options to, or a shell tool that
+    parses its own (it answers ``--help``)."""
     tool = repo_tool(command)
     if tool and tool.endswith('.sh') and osp.isfile(osp.join(REPO, tool)):
-        return forwarded_tool(tool)
+        with open(osp.join(REPO, tool)) as f:
+            parses_options = '--help' in f.read()
+        return forwarded_tool(tool) or (tool if parses_options else None)
     return tool
 
 
@@ -294,14 +301,41 @@ def make_targets() -> set:
 
 
 @functools.lru_cache(maxsize=None)
-def tool_options(tool: str) -> frozenset:
-    """The ``--options`` in ``python <tool> --help``."""
-    result = subprocess.run([sys.executable, osp.join(REPO, tool), '--help'],
-                            capture_output=True, text=True, timeout=120,
-                            env=_base_env(), cwd=REPO)
-    assert result.returncode == 0, \
-        f'{tool} --help failed:\n{result.stdout}{result.stderr}'
-    return frozenset(re.findall(r'(?<![\w-])(--[A-Za-z][\w-]*)', result.stdout))
+def tool_help(tool: str, subcommand: Optional[str] = None) -> str:
+    """What ``python <tool> [subcommand] --help`` prints, run in this process
+    (the tools share their imports: a process each would import torch and
+    OpenMMLab again, about 10 s a tool); ``bash <tool> --help`` for a shell
+    tool."""
+    if tool.endswith('.sh'):
+        result = subprocess.run(['bash', tool, '--help'], capture_output=True,
+                                text=True, timeout=120, env=_base_env(), cwd=REPO)
+        assert result.returncode == 0, \
+            f'{tool} --help failed:\n{result.stdout}{result.stderr}'
+        return result.stdout
+    argv, path, out = sys.argv, sys.path[:], io.StringIO()
+    sys.argv = [tool, *filter(None, [subcommand]), '--help']
+    sys.path.insert(0, osp.dirname(osp.join(REPO, tool)))  # as python TOOL has it
+    try:
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+            runpy.run_path(osp.join(REPO, tool), run_name='__main__')
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    assert done.value.code in (0, None), f'{tool} --help failed:\n{out.getvalue()}'
+    return out.getvalue()
+
+
+def tool_options(tool: str, subcommand: Optional[str] = None) -> frozenset:
+    """The ``--options`` that the tool's (subcommand's) help lists."""
+    return frozenset(re.findall(r'(?<![\w-])(--[A-Za-z][\w-]*)',
+                                tool_help(tool, subcommand)))
+
+
+def subcommands(tool: str) -> frozenset:
+    """The subcommands of a Python tool that has them (argparse's ``{a,b}``
+    in the usage line of its help)."""
+    usage = tool_help(tool).split('\n\n', 1)[0]
+    return frozenset(word for group in re.findall(r'\{([\w,-]+)\}', usage)
+                     for word in group.split(','))
 
 
 def _base_env() -> Dict[str, str]:
@@ -462,7 +496,10 @@ def test_flags_are_accepted_by_the_tools():
             wrong.append(f'{command}: {repo_tool(command)} takes no options, '
                          f'the page shows {shown}')
             continue
-        accepted = tool_options(tool)
+        words = command.argv[2:3] if command.argv[1] == tool else []
+        subcommand = words[0] if words and not tool.endswith('.sh') and \
+            words[0] in subcommands(tool) else None
+        accepted = tool_options(tool, subcommand)
         wrong += [f'{command}: {flag} is not an option of {tool}'
                   for flag in shown if flag not in accepted]
     assert not wrong, '\n'.join(wrong)
@@ -1223,18 +1260,17 @@ def test_launchers_find_the_checkout_venv(section_runs):
 
 
 def _layout_table() -> Dict[str, str]:
-    """The "Where things live" table of the page that has it (a ``#`` or
-    ``##`` heading): path -> description."""
+    """The first table of the "Where things live" section of the page that
+    has it (a ``#`` or ``##`` heading): path -> description."""
     for path in PAGES:
         with open(path, encoding='utf-8') as f:
             text = f.read()
         parts = re.split(rf'^#{{1,2}} {LAYOUT_SECTION}\n', text, maxsplit=1,
                          flags=re.M)
         if len(parts) == 2:
-            section = re.split(r'^#{1,2} ', parts[1], maxsplit=1,
-                               flags=re.M)[0]
-            return dict(re.findall(r'^\| `([^`]+)` \| (.+) \|$', section,
-                                   re.MULTILINE))
+            table = re.search(r'^\|.*\|\n(?:\|.*\|\n)*', parts[1], re.M)
+            return dict(re.findall(r'^\| `([^`]+)` \| (.+) \|$',
+                                   table.group() if table else '', re.M))
     return {}
 
 

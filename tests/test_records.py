@@ -324,7 +324,8 @@ def unquoted_figures(files: Sequence[str], mentions: List[Mention],
                 if not any(start <= match.start() and match.end() <= end
                            for start, end in spans):
                     near = text[max(0, match.start() - 60):match.end() + 20]
-                    problems.append(f'{path}:{line}: {match.group()!r} in "...{near}..."')
+                    problems.append(
+                        f'{path}:{line}: {match.group()!r} in "...{near}..."')
     return problems
 
 

@@ -1,7 +1,7 @@
 """Writes the generated demo datasets: COCO instance segmentation and
 ADE20K-layout semantic segmentation (``configs/demo``), and ImageNet-layout
 shape classification (``configs/ufo_vit/pretrain/ufo-vit-tiny_demo_cls.py``).
-The generators are in ``tools/demo_data/``.
+The generators are in ``tools/demo_data.py``.
 
 Examples::
 
@@ -14,9 +14,8 @@ Examples::
 import argparse
 import time
 
-from demo_data import (DEFAULT_CLASSES, SHAPES, generate_ade_demo,
+from demo_data import (DEFAULT_CLASSES, SHAPES, check_side_range, generate_ade_demo,
                        generate_classification_demo, generate_coco_demo)
-from demo_data.coco import check_side_range
 
 #: Default COCO root, without and with --mixed-sizes.
 COCO_ROOTS = {False: 'data/demo_coco/', True: 'data/demo_coco_mixed/'}

@@ -1,6 +1,6 @@
 # Sourced by the installers (tools/install_env.sh, tools/install_floor_env.sh,
-# tools/build_mmcv_wheel.sh, tools/lock.sh) and the bundle writers
-# (tools/gpu_bundle.sh, tools/gpu_train_bundle.sh).
+# tools/install_newest_env.sh, tools/build_mmcv_wheel.sh, tools/lock.sh) and
+# the bundle writer (tools/gpu_node.sh pack).
 #
 # Each step runs through run_step, which writes the step's output to a log
 # (install-logs/ in the checkout, or $MMSOFT_INSTALL_LOGS) and, when the step

@@ -56,7 +56,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def demo_image(height: int, width: int, seed: int) -> np.ndarray:
     """One generated scene, uint8 RGB (H, W, 3)."""
-    from demo_data.scenes import DEFAULT_CLASSES, SHAPES, render_scene
+    from demo_data import DEFAULT_CLASSES, SHAPES, render_scene
     scene = render_scene(np.random.default_rng(seed), height, width,
                          len(DEFAULT_CLASSES),
                          [SHAPES[name] for name in DEFAULT_CLASSES])

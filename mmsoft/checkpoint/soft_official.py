@@ -88,8 +88,8 @@ def _metadata_model_names(checkpoint: Mapping) -> List[str]:
     if isinstance(checkpoint.get('arch'), str):
         names.append(checkpoint['arch'])
     args = checkpoint.get('args')
-    model = args.get('model') if isinstance(args, Mapping) else getattr(args, 'model',
-                                                                         None)
+    model = (args.get('model') if isinstance(args, Mapping)
+             else getattr(args, 'model', None))
     if isinstance(model, str):
         names.append(model)
     return names
@@ -97,7 +97,7 @@ def _metadata_model_names(checkpoint: Mapping) -> List[str]:
 
 def resolve_variant(checkpoint: Mapping, variant: Optional[str] = None,
                     name_hint: Optional[str] = None
-                      ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+                    ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
     """``(variant, source, detected)`` of an official checkpoint: the argument
     wins over the metadata (timm's ``arch``, ``args.model``), which wins over
     the file name; ``detected`` is what the file itself points to.

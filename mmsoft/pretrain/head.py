@@ -107,7 +107,8 @@ class UFOViTClassAttentionHead(ClsHead):
             for old, new in MMPRETRAIN_BLOCK_KEYS.items():
                 for param in ('weight', 'bias'):
                     if block + old + param in state_dict:
-                        state_dict[block + new + param] = state_dict.pop(block + old + param)
+                        state_dict[block + new + param] = state_dict.pop(
+                            block + old + param)
             for param in ('weight', 'bias'):
                 keys, values = block + 'attn.k.' + param, block + 'attn.v.' + param
                 if keys in state_dict and values in state_dict:

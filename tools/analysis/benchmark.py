@@ -20,13 +20,11 @@ Example::
 
     python tools/analysis/benchmark.py --models soft++-tiny swin-t pvtv2-b2 \\
         --sizes 800x1333 1536x1536 --modes inference --live-memory
-    python tools/analysis/benchmark.py --device cuda --tests tests/test_cuda.py \\
-        --models soft++-tiny soft++-small ufo-vit-small timm-swin-t timm-pvtv2-b2 \\
-        --images 800x1199 800x1067 --precisions float32 amp --optimizer adamw \\
-        --compile inductor --kernels 2 --budget-s 500 --out-dir OUT
-    python tools/analysis/benchmark.py --device cpu --smoke   # the CPU smoke mode
+    python tools/analysis/benchmark.py --device cuda --tests --preset gpu-benchmark
+    python tools/analysis/benchmark.py --device cpu --preset smoke  # the CPU smoke mode
 """
 import argparse
+import dataclasses
 import shlex
 import sys
 
@@ -35,17 +33,32 @@ from mmsoft_analysis.models import NAMES
 from mmsoft_analysis.report import markdown
 from mmsoft_analysis.runner import MODES, PRECISIONS, Settings, passed, run_benchmark
 
-#: What ``--smoke`` sets where not given: tiny inputs and few steps.
-SMOKE = dict(models=['soft++-tiny', 'timm-swin-t'], images=[(32, 64), (32, 48)],
-             warmup=1, steps=2, amp_dtype='bfloat16')
+GPU_MODELS = ['soft++-tiny', 'soft++-small', 'ufo-vit-small', 'timm-swin-t',
+              'timm-pvtv2-b2']
+GPU_CHECK = dict(models=GPU_MODELS, images=[(800, 1199), (800, 1067)],
+                 precisions=['float32', 'amp'], optimizer='adamw', kernels=2,
+                 host_sync=True, budget_s=360.)
+#: What a preset sets where an option is not given: ``smoke``, tiny inputs
+#: and few steps on the CPU; ``gpu-check``, the one-command GPU check (``make
+#: gpu-check``); ``gpu-benchmark``, the GPU benchmark of docs/cost.md (``make
+#: gpu-benchmark``, ``tools/gpu_node.sh run check``).
+PRESETS = dict(
+    smoke=dict(models=['soft++-tiny', 'timm-swin-t'], images=[(32, 64), (32, 48)],
+               warmup=1, steps=2, amp_dtype='bfloat16'),
+    **{'gpu-check': GPU_CHECK,
+       'gpu-benchmark': dict(GPU_CHECK, compile='inductor', warmup=10, steps=15,
+                             rounds=2, budget_s=540.)})
 
 
 def parse_args(argv):
+    """The arguments, a preset's values where an option is not given."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--models', nargs='+', metavar='SPEC',
-                        help=f'[LABEL=]NAME[:key=value,...], NAME one of {", ".join(NAMES)} '
-                        'or a config path (default: soft++-tiny soft++-small '
-                        'ufo-vit-small swin-t pvtv2-b2)')
+    parser.add_argument('--preset', choices=PRESETS,
+                        help='settings where not given: ' + ', '.join(PRESETS))
+    parser.add_argument('--models', nargs='+', metavar='SPEC', default=[
+        'soft++-tiny', 'soft++-small', 'ufo-vit-small', 'swin-t', 'pvtv2-b2'],
+        help=f'[LABEL=]NAME[:key=value,...], NAME one of {", ".join(NAMES)} or a '
+        'config path (default: %(default)s)')
     parser.add_argument('--sizes', nargs='+', type=parse_size, default=None,
                         metavar='HxW', help='inputs, each --batch images of one size')
     parser.add_argument('--batch', type=int, default=1)
@@ -61,8 +74,8 @@ def parse_args(argv):
     parser.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
     parser.add_argument('--precisions', nargs='+', default=['float32'],
                         choices=PRECISIONS)
-    parser.add_argument('--amp-dtype', default=None, choices=('float16', 'bfloat16'),
-                        help='autocast dtype of amp (default float16)')
+    parser.add_argument('--amp-dtype', default='float16',
+                        choices=('float16', 'bfloat16'), help='autocast dtype of amp')
     parser.add_argument('--optimizer', default='none', choices=('none', 'adamw'),
                         help="the training step's optimizer step")
     parser.add_argument('--compile', nargs='?', const='inductor', default=None,
@@ -70,9 +83,8 @@ def parse_args(argv):
                         '(torch.compile with BACKEND, default inductor)')
     parser.add_argument('--compile-mode', default=None)
     parser.add_argument('--compiled-only', action='store_true')
-    parser.add_argument('--warmup', type=int, default=None, help='untimed steps (1)')
-    parser.add_argument('--steps', type=int, default=None,
-                        help='timed steps per process (3)')
+    parser.add_argument('--warmup', type=int, default=1, help='untimed steps')
+    parser.add_argument('--steps', type=int, default=3, help='timed steps per process')
     parser.add_argument('--rounds', type=int, default=1,
                         help='processes per model and input, the models in turn')
     parser.add_argument('--threads', type=int, default=1,
@@ -101,38 +113,27 @@ def parse_args(argv):
     parser.add_argument('--budget-s', type=float, default=1e9,
                         help='seconds for the whole run, tests included')
     parser.add_argument('--case-timeout-s', type=float, default=900.)
-    parser.add_argument('--smoke', action='store_true',
-                        help='tiny inputs and few steps (the CPU smoke mode)')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
+    preset = dict(PRESETS.get(parser.parse_known_args(argv)[0].preset, {}))
+    preset.pop('images', None)  # settings_of's: --sizes replaces them
+    parser.set_defaults(**preset)
     return parser.parse_args(argv)
 
 
 def settings_of(args, argv) -> Settings:
-    """The settings of the parsed arguments; ``--smoke``'s where not given."""
-    smoke = SMOKE if args.smoke else {}
-    images = args.images or (None if args.sizes else smoke.get('images'))
+    """The settings of the parsed arguments: without ``--images`` and
+    ``--sizes``, the preset's images or one image of 800x1333."""
+    images = args.images or (None if args.sizes else
+                             PRESETS.get(args.preset, {}).get('images'))
     inputs = ([images] if images else
               [[size] * args.batch for size in args.sizes or [(800, 1333)]])
-    return Settings(
-        models=args.models or smoke.get('models') or [
-            'soft++-tiny', 'soft++-small', 'ufo-vit-small', 'swin-t', 'pvtv2-b2'],
-        inputs=inputs, out_dir=args.out_dir, device=args.device,
-        detector=args.detector, modes=args.modes, precisions=args.precisions,
-        amp_dtype=args.amp_dtype or smoke.get('amp_dtype', 'float16'),
-        compile=args.compile, compile_mode=args.compile_mode,
-        compiled_only=args.compiled_only, optimizer=args.optimizer,
-        pad=args.pad or (32 if images else 1),
-        warmup=args.warmup if args.warmup is not None else smoke.get('warmup', 1),
-        steps=args.steps if args.steps is not None else smoke.get('steps', 3),
-        rounds=args.rounds,
-        threads=args.threads, memory=args.memory, live_memory=args.live_memory,
-        kernels=args.kernels, host_sync=args.host_sync, flops=args.flops,
-        regions=args.regions, saved_tensors=args.saved_tensors,
-        capacity=args.capacity, memory_limit_gb=args.memory_limit_gb,
-        max_batch=args.max_batch,
-        tests=(args.tests or ['tests/test_cuda.py']) if args.tests is not None else (),
-        budget_s=args.budget_s, case_timeout_s=args.case_timeout_s,
-        command='python tools/analysis/benchmark.py ' + shlex.join(argv))
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)
+              if hasattr(args, f.name)}
+    fields.update(inputs=inputs, pad=args.pad or (32 if images else 1),
+                  tests=() if args.tests is None else
+                  args.tests or ['tests/test_cuda.py'],
+                  command='python tools/analysis/benchmark.py ' + shlex.join(argv))
+    return Settings(**fields)
 
 
 def main(argv=None) -> int:

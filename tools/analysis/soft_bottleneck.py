@@ -27,7 +27,8 @@ import time
 import torch
 
 from mmsoft.models import SOFT
-from mmsoft.models.soft import SOLVERS, capped_grid_size, gaussian_kernel, kernel_inverse
+from mmsoft.models.soft import (SOLVERS, capped_grid_size, gaussian_kernel,
+                                kernel_inverse)
 from mmsoft_analysis import parse_size
 
 
@@ -92,7 +93,8 @@ def inverse_rows(args):
                            relative_to_exact=seconds / results['exact'][0],
                            difference_from_newton=float((inverse - newton).norm()
                                                         / newton.norm()))
-                print(f"m={size:5d} {attention:6s} {solver:18s} {seconds * 1e3:9.2f} ms "
+                print(f"m={size:5d} {attention:6s} {solver:18s} "
+                      f"{seconds * 1e3:9.2f} ms "
                       f"({row['relative_to_exact']:5.2f}x exact)  rel. difference from "
                       f"newton {row['difference_from_newton']:.1e}", flush=True)
                 yield row

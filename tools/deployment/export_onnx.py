@@ -36,7 +36,7 @@ from mmsoft.deployment import onnx_export
 # The tools' shared code (tools/analysis/mmsoft_analysis).
 TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TOOLS_DIR, 'analysis'))
-from mmsoft_analysis.sizes import parse_size  # noqa: E402
+from mmsoft_analysis import parse_size  # noqa: E402
 
 
 class FeatureMaps(nn.Module):

@@ -1,22 +1,37 @@
-"""The backbones compared side by side on the demo data, their training runs
-and the report of ``tools/analysis/compare_backbones.py``.
+"""Accuracy against cost: the backbones that ``tools/analysis/compare_backbones.py``
+trains side by side on the demo data, their runs, costs and report.
 
-``tools/analysis/compare_backbones.py`` trains every entry of
-:data:`DETECTORS` (Mask R-CNN, demo COCO shapes) and :data:`SEGMENTORS`
-(UperNet, demo ADE20K shapes) with each seed, on the demo schedule
-compressed to fewer epochs (iterations) in proportion
-(:func:`detection_schedule`, :func:`segmentation_schedule`), and reads each
-run's final validation metrics (:func:`final_metrics`). Each of mmsoft's
-entries is a demo config (``configs/demo/``); each peer's config
-(``configs/comparison/``) inherits the demo config and changes only the
-backbone (and the input widths of the neck or heads).
+Every entry of :data:`DETECTORS` (Mask R-CNN, demo COCO shapes) and
+:data:`SEGMENTORS` (UperNet, demo ADE20K shapes) trains with each seed on the
+demo schedule compressed to fewer epochs (iterations) in proportion; its
+final validation gives its metrics. Each of mmsoft's entries is a demo config
+(``configs/demo/``); each peer's config (``configs/comparison/``) inherits it
+and changes only the backbone (and the input widths of the neck or heads).
+The phases:
+
+1. **probe**: the first epoch under each recipe of :data:`RECIPES` for the
+   backbones that did not learn under the shared one, and a control, then
+   the full run of each, resumed from its first epoch;
+2. **train**: ``tools/train.py`` per (config, seed), ``jobs`` at a time;
+3. **costs**: the benchmark on each detector's backbone (:func:`measure_costs`);
+4. **report**: ``table.md``, ``probe.md``, ``comparison.json`` and two plots.
+
+Every finished run is recorded in ``runs.json`` beside the report and is not
+run again, here or in another clone; a run finished in its work dir (its
+``result.json``) is recorded at the next call; a killed run resumes from its
+last checkpoint.
 """
 import json
 import math
 import os
-from dataclasses import dataclass
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+from . import REPO
 
 DEMO_CONFIGS = 'configs/demo'
 PEER_CONFIGS = 'configs/comparison'
@@ -168,7 +183,8 @@ def recipe_options(recipe: str, epochs: int) -> List[str]:
         options.append(f'optim_wrapper.optimizer.lr={settings.lr}')
     if settings.warmup_epochs is not None:
         warmup = math.ceil(settings.warmup_epochs * DEMO_EPOCH_ITERS)
-        options.append(f'param_scheduler.0.end={min(warmup, epochs * DEMO_EPOCH_ITERS)}')
+        warmup = min(warmup, epochs * DEMO_EPOCH_ITERS)
+        options.append(f'param_scheduler.0.end={warmup}')
     return options
 
 
@@ -257,6 +273,181 @@ def seed_summary(values: Sequence[float]) -> Dict:
                 high=max(values), values=list(values))
 
 
+# --- Training runs
+#: Where each task's demo data is, and the generator's name for it.
+DATASETS = dict(detection=('coco', 'data/demo_coco'),
+                segmentation=('ade', 'data/demo_ade'))
+
+
+def run_key(task: str, config: str, recipe: str, seed: int) -> str:
+    """What identifies a run among the records."""
+    return f'{task}:{config}:{recipe}:{seed}'
+
+
+def _job(args, task: str, entry: Entry, seed: int, schedule: List[str],
+         marker: str) -> Dict:
+    """One ``tools/train.py`` run of ``entry`` in its work dir under
+    ``args.work_dir``, resumed where it stopped; ``marker`` is the file that
+    :func:`finish` writes there."""
+    recipe = '' if entry.recipe == 'shared' else f'_{entry.recipe}'
+    work_dir = (Path(args.work_dir) / ('detection' if task == 'probe' else task)
+                / f'{Path(entry.config).stem}{recipe}_seed{seed}')
+    command = [sys.executable, 'tools/train.py', entry.config, '--work-dir',
+               str(work_dir), '--resume', '--cfg-options', f'randomness.seed={seed}',
+               *schedule, *args.cfg_options]
+    return dict(task=task, entry=entry, seed=seed, work_dir=work_dir, command=command,
+                marker=work_dir / marker, key=run_key(task, entry.config, entry.recipe,
+                                                      seed))
+
+
+def training_jobs(args) -> List[Dict]:
+    """Every (entry, seed) run of ``args.detectors`` and ``args.segmentors``,
+    seed-major, on the schedules compressed to ``args.epochs`` and
+    ``args.seg_iters``."""
+    jobs = []
+    for seed in args.seeds:
+        jobs += [_job(args, 'detection', entry, seed,
+                      [*detection_schedule(args.epochs),
+                       *recipe_options(entry.recipe, args.epochs)], 'result.json')
+                 for entry in args.detectors]
+        jobs += [_job(args, 'segmentation', entry, seed,
+                      segmentation_schedule(args.seg_iters), 'result.json')
+                 for entry in args.segmentors]
+    return jobs
+
+
+def probe_jobs(args) -> List[Dict]:
+    """The probe's runs (first seed): for each backbone of the probe and each
+    recipe, the first epoch, then the full run resuming from it (``after``:
+    started only once the first epoch has finished); all first epochs first."""
+    first_epochs, full_runs = [], []
+    for base in PROBE_DETECTORS:
+        for recipe in RECIPES:
+            entry = replace(base, recipe=recipe)
+            schedule = [*detection_schedule(args.epochs),
+                        *recipe_options(recipe, args.epochs)]
+            first = _job(args, 'probe', entry, args.seeds[0],
+                         [*schedule, *probe_options()], 'probe.json')
+            full = _job(args, 'detection', entry, args.seeds[0], schedule,
+                        'result.json')
+            first_epochs.append(first)
+            full_runs.append(dict(full, after=first['key']))
+    return first_epochs + full_runs
+
+
+def finish(job: Dict, returncode: int, seconds: float) -> Dict:
+    """A finished run's result: its metrics (a probe's: those of its first
+    epoch, and its training loss there), written to its marker file."""
+    keys = ([MIOU_METRIC] if job['task'] == 'segmentation'
+            else [BBOX_METRIC, SEGM_METRIC])
+    read = first_epoch_metrics if job['task'] == 'probe' else final_metrics
+    metrics, entry = read(job['work_dir'], keys), job['entry']
+    result = dict(task=job['task'], name=entry.name, config=entry.config,
+                  recipe=entry.recipe, seed=job['seed'], wall_seconds=round(seconds, 1),
+                  returncode=returncode, date=time.strftime('%Y-%m-%d'))
+    if returncode != 0 or metrics is None:
+        return dict(result, error=f'tools/train.py exited with {returncode}; see '
+                                  f"{job['work_dir'] / 'train.log'}")
+    result['metrics'] = metrics
+    if job.get('after'):
+        result['note'] = ('wall_seconds counts the epochs after the first; the '
+                          'first is the probe run of the same work dir')
+    if job['task'] == 'probe':
+        result['loss'] = epoch_loss(job['work_dir'], DEMO_EPOCH_ITERS)
+    job['marker'].write_text(json.dumps(result, indent=2))
+    return result
+
+
+def run_jobs(jobs: List[Dict], recorded: Dict[str, Dict], records: Path,
+             at_once: int, threads: int) -> List[Dict]:
+    """Runs every job that is not recorded, ``at_once`` at a time with
+    ``threads`` torch threads each, and records each as it finishes; a job
+    waits for the run it resumes from (``after``) and is dropped when that
+    run failed. Returns the failed runs."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    pending = [job for job in jobs if job['key'] not in recorded]
+    running, failed, total = [], [], len(pending)
+    while pending or running:
+        failed_keys = {result['key'] for result in failed}
+        for job in [job for job in pending if job.get('after') in failed_keys]:
+            pending.remove(job)
+            failed.append(dict(key=job['key'], name=job['entry'].name, seed=job['seed'],
+                               error='its first epoch failed'))
+        ready = [job for job in pending if job.get('after') in (None, *recorded)]
+        if pending and not ready and not running:
+            raise RuntimeError('runs wait for runs that are not scheduled: '
+                               f"{[job['after'] for job in pending]}")
+        while ready and len(running) < at_once:
+            job = ready.pop(0)
+            pending.remove(job)
+            job['work_dir'].mkdir(parents=True, exist_ok=True)
+            job['log'] = open(job['work_dir'] / 'train.log', 'a')
+            job['process'] = subprocess.Popen(
+                job['command'], cwd=REPO, env=env, stdout=job['log'],
+                stderr=subprocess.STDOUT)
+            job['start'] = time.time()
+            running.append(job)
+            print(f"[{total - len(pending)}/{total}] training {job['entry'].name} "
+                  f"({job['task']}, recipe {job['entry'].recipe}, seed {job['seed']}) "
+                  f"in {job['work_dir']}", flush=True)
+        time.sleep(5)
+        for job in [job for job in running if job['process'].poll() is not None]:
+            running.remove(job)
+            job['log'].close()
+            result = finish(job, job['process'].returncode, time.time() - job['start'])
+            if 'error' in result:
+                failed.append(dict(result, key=job['key']))
+                print(f"failed: {job['entry'].name} seed {job['seed']}: "
+                      f"{result['error']}", flush=True)
+            else:
+                recorded[job['key']] = result
+                save_records(records, recorded)
+                print(f"done: {job['entry'].name} seed {job['seed']}: "
+                      f"{result['metrics']} ({result['wall_seconds']:.0f} s)",
+                      flush=True)
+    return failed
+
+
+def load_records(path: Path, jobs: Sequence[Dict] = ()) -> Dict[str, Dict]:
+    """The recorded runs (``runs.json`` beside the report) by :func:`run_key`,
+    with those of ``jobs`` finished in their work dirs (their result replaces
+    an older record)."""
+    recorded = {} if not path.exists() else {
+        run_key(r['task'], r['config'], r.get('recipe', 'shared'), r['seed']): r
+        for r in json.loads(path.read_text())}
+    recorded.update({job['key']: json.loads(job['marker'].read_text())
+                     for job in jobs if job['marker'].exists()})
+    return recorded
+
+
+def save_records(path: Path, recorded: Dict[str, Dict]) -> None:
+    """Adds ``recorded`` to the records in ``path`` (another call of the tool
+    may have added some since this one read them) and writes them, sorted."""
+    merged = {**load_records(path), **recorded}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([merged[key] for key in sorted(merged)], indent=2)
+                    + '\n')
+
+
+def ensure_data(entries_by_task: Dict[str, Sequence[Entry]]) -> None:
+    """Generates the demo datasets that the entries train on, where missing."""
+    for task, entries in entries_by_task.items():
+        kind, root = DATASETS[task]
+        if entries and not (REPO / root).exists():
+            subprocess.run([sys.executable, 'tools/generate_demo_data.py', kind],
+                           cwd=REPO, check=True)
+
+
+def machine() -> Dict:
+    """Where the figures come from."""
+    import platform
+
+    import torch
+    return dict(processor=platform.processor() or platform.machine(),
+                cpu_count=os.cpu_count(), torch=torch.__version__,
+                python=platform.python_version(), date=time.strftime('%Y-%m-%d'))
+
+
 # --- The report: accuracy against cost
 # The benchmark spec suffix of mmsoft's backbones without the memory-efficient
 # path (compare_backbones.py measures them both ways).
@@ -280,7 +471,8 @@ def cost_fields(entry: Entry, costs: Optional[Dict]) -> Dict:
             for kind, found in (costs or {}).items()}
     inference = rows.get('inference', {}).get(entry.config, {})
     fields = dict(params_m=inference.get('params_m'), gflops=inference.get('gflops'),
-                  gflops_small=rows.get('flops', {}).get(entry.config, {}).get('gflops'),
+                  gflops_small=rows.get('flops', {}).get(entry.config, {}).get(
+                      'gflops'),
                   latency_s=inference.get('cpu_ms') and inference['cpu_ms'] / 1e3)
     plain = entry.config + PLAIN if entry.ours else entry.config
     for suffix, spec in (('', entry.config), ('_plain', plain)):

@@ -4,7 +4,8 @@ mmengine's :class:`~mmengine.analysis.FlopAnalyzer` counts one multiply-add
 as one FLOP and only knows matmul/linear/conv/norm/pool-like operators. The
 handles below count, with the same convention, the rest of what mmsoft's
 models compute: the Gaussian kernel's exponentials and distance terms, the
-projections SOFT computes straight into maps (``baddbmm``), the norms of XNorm, the softmax attention of SOFT's last stage
+projections SOFT computes straight into maps (``baddbmm``), the norms of
+XNorm, the softmax attention of SOFT's last stage
 (``scaled_dot_product_attention``) and SOFT's kernel inverses that run as
 one autograd function (the closed form and the exact solvers; the Newton
 iteration is traced step by step). A matrix product of (a x b) by (b x c) is
@@ -22,13 +23,13 @@ ELEMENTWISE_OPS = (
     'aten::exp', 'aten::exp_', 'aten::rsqrt', 'aten::sqrt', 'aten::mul',
     'aten::mul_', 'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_',
     'aten::div', 'aten::div_', 'aten::pow', 'aten::neg', 'aten::clamp_min',
-    'aten::reciprocal', 'aten::abs', 'aten::rsub', 'aten::cumsum')
-# No arithmetic (allocation), or activations, which mmengine and fvcore leave
-# out for every model alike.
+    'aten::reciprocal', 'aten::abs', 'aten::rsub', 'aten::cumsum', 'aten::kron')
+# No arithmetic (allocation, copies, comparisons for masks), or activations,
+# which mmengine and fvcore leave out for every model alike.
 NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
                    'aten::eye', 'aten::where', 'aten::repeat',
-                   'aten::repeat_interleave', 'aten::gelu', 'aten::silu',
-                   'aten::relu', 'aten::relu_', 'aten::unflatten')
+                   'aten::repeat_interleave', 'aten::pad', 'aten::lt', 'aten::gelu',
+                   'aten::silu', 'aten::relu', 'aten::relu_', 'aten::unflatten')
 REDUCTION_OPS = ('aten::sum', 'aten::amax', 'aten::linalg_vector_norm', 'aten::norm',
                  'aten::frobenius_norm', 'aten::mean')
 

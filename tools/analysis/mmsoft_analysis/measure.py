@@ -27,7 +27,7 @@ import math
 import re
 import sys
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -190,10 +190,12 @@ def count_activity(step: Callable[[], None], device: torch.device, steps: int) -
         kind = activity_kind(event.name(), event.device_type() != DeviceType.CPU,
                              getattr(event, 'activity_type', lambda: None)())
         if kind:
-            found.append((kind, event.start_ns(), event.start_ns() + event.duration_ns()))
+            start = event.start_ns()
+            found.append((kind, start, start + event.duration_ns()))
     kinds = [kind for kind, _, _ in found]
     busy = union_length((a, b) for kind, a, b in found if kind != 'launch')
-    return dict(kernels=kinds.count('kernel') / steps, copies=kinds.count('copy') / steps,
+    return dict(kernels=kinds.count('kernel') / steps,
+                copies=kinds.count('copy') / steps,
                 launch_calls=kinds.count('launch') / steps or None,
                 busy_ms=busy / steps / 1e6)
 
@@ -315,7 +317,8 @@ def measure_setting(case: Dict, built: Tuple, mode: str, precision: str,
         from .saved_tensors import SavedTensorRecorder
         with SavedTensorRecorder(profiled) as recorder, autocast(device, dtype):
             loss(module)
-        fields['saved_mib'] = {k: v / MIB for k, v in recorder.bytes_by_prefix(1).items()}
+        fields['saved_mib'] = {k: v / MIB
+                               for k, v in recorder.bytes_by_prefix(1).items()}
     return fields
 
 
@@ -362,7 +365,8 @@ def run_case(case: Dict, emit: Callable[[Dict], None]) -> None:
         track_live_memory()
     shapes = [tuple(s) for s in case['shapes']]
     base = dict(label=case['label'], spec=case['spec'], input=case['input'],
-                detector=case['detector'], compiled=case['compile'], round=case['round'])
+                detector=case['detector'], compiled=case['compile'],
+                round=case['round'])
     settings = [('capacity', 'float32')] if case['capacity'] else case['settings']
     try:
         built = build(case, device, shapes)

@@ -3,14 +3,14 @@ the Mask R-CNN around any of them.
 
 | name | model | origin |
 |---|---|---|
-| ``soft++-tiny`` ... ``soft++-large`` | :class:`mmsoft.models.SOFT`, the COCO configs' settings | mmsoft |
-| ``ufo-vit-tiny`` ... ``ufo-vit-base`` | :class:`mmsoft.models.UFOViT`, the COCO configs' settings | mmsoft |
+| ``soft++-tiny`` ... ``-large`` | :class:`mmsoft.models.SOFT`, as configured | mmsoft |
+| ``ufo-vit-tiny`` ... ``-base`` | :class:`mmsoft.models.UFOViT`, the same | mmsoft |
 | ``swin-t`` | ``SwinTransformer`` of mmdet's Swin-T Mask R-CNN config | mmdet |
 | ``pvtv2-b2`` | ``PyramidVisionTransformerV2`` of mmdet's PVTv2-b2 config | mmdet |
 | ``timm-swin-t`` | ``swin_tiny_patch4_window7_224``, any input size | timm |
 | ``timm-pvtv2-b2`` | ``pvt_v2_b2`` | timm |
 | ``pvtv2-b2-li`` | ``pvt_v2_b2_li`` (keys pooled to 7x7) | timm |
-| ``xcit-s12`` | ``xcit_small_12_p16_224``, blocks 3/5/7/11 resampled to strides 4-32 (``IsotropicPyramid``) | timm |
+| ``xcit-s12`` | ``xcit_small_12_p16_224``, blocks 3/5/7/11 at strides 4-32 | timm |
 
 A *spec* is ``[LABEL=]NAME[:key=value,...]``, ``NAME`` one of the table or
 the path of an mmdet or mmseg config (its backbone). The options are the
@@ -98,7 +98,8 @@ def parse_spec(text: str) -> Spec:
     for item in filter(None, options.split(',')):
         key, sep, value = item.partition('=')
         if not sep:
-            raise ValueError(f'option {item!r} of {text!r} is invalid; expected key=value.')
+            raise ValueError(f'option {item!r} of {text!r} is invalid; expected '
+                             'key=value.')
         try:
             kwargs[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
@@ -128,7 +129,8 @@ def unavailable(name: str, detector: bool = False) -> Optional[str]:
     here, or None."""
     needs = {'mmdet': ['mmdet.models'], 'timm': ['timm'],
              'config': ['mmengine']}.get(origin(name), [])
-    needs += ['mmengine'] * (name == 'xcit-s12') + ['mmcv.ops', 'mmdet.models'] * detector
+    needs += ['mmengine'] * (name == 'xcit-s12')
+    needs += ['mmcv.ops', 'mmdet.models'] * detector
     for module in needs:
         problem = import_problem(module)
         if problem is not None:
@@ -174,6 +176,18 @@ class Backbone(nn.Module):
         return [m.permute(0, 3, 1, 2) for m in maps] if self.nhwc else maps
 
 
+def config_backbone(path: str, **overrides) -> nn.Module:
+    """The backbone of config ``path``'s model (mmdet or mmseg), built in the
+    config's scope after its ``custom_imports``, without weights, with
+    ``overrides`` in its settings."""
+    from mmengine.config import Config
+
+    from mmsoft.apis import build_model_from_config
+    config = Config.fromfile(path)
+    config.model.backbone.update(overrides)
+    return build_model_from_config(config).backbone
+
+
 def _body(name: str, kwargs: Dict) -> nn.Module:
     if name in MMSOFT:
         import mmsoft.models
@@ -182,12 +196,7 @@ def _body(name: str, kwargs: Dict) -> nn.Module:
         settings.update(SOFT_PLUS_PLUS if family == 'SOFT' else {})
         return getattr(mmsoft.models, family)(**dict(settings, **kwargs))
     if name.endswith('.py'):
-        from mmengine.config import Config
-
-        from mmsoft.apis import build_model_from_config
-        config = Config.fromfile(name)
-        config.model.backbone.update(kwargs)
-        body = build_model_from_config(config).backbone
+        body = config_backbone(name, **kwargs)
     elif origin(name) == 'mmdet':
         _, class_name, settings = PEERS[name]
         body = getattr(importlib.import_module('mmdet.models.backbones'),

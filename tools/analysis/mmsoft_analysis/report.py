@@ -48,7 +48,8 @@ def _row(records: List[Dict]) -> Dict:
                               if r['status'] != 'ok'}))
     times = [t for r in ok for t in r.get('times_ms', [])]
     row.update(median_ms=_median(times), steps=len(times),
-               round_medians_ms=[_median(r['times_ms']) for r in ok if r.get('times_ms')],
+               round_medians_ms=[_median(r['times_ms']) for r in ok
+                                 if r.get('times_ms')],
                cpu_ms=min((t for r in ok for t in r.get('cpu_ms', [])), default=None),
                host_ms=_median([t for r in ok for t in r.get('host_ms', [])]))
     if len(times) > 1:
@@ -59,8 +60,8 @@ def _row(records: List[Dict]) -> Dict:
         row[field] = max(values) if field in MEMORY and values else (
             values[0] if values else None)
     counted = next((r for r in ok if r.get('kernels') is not None), {})
-    row.update({k: counted.get(k) for k in ('kernels', 'copies', 'launch_calls',
-                                             'busy_ms')})
+    row.update({key: counted.get(key)
+                for key in ('kernels', 'copies', 'launch_calls', 'busy_ms')})
     row['busy_share'] = (row['busy_ms'] / row['median_ms']
                          if row['busy_ms'] and row['median_ms'] else None)
     profiled = next((r for r in ok if r.get('regions')), None)
@@ -102,8 +103,8 @@ def evaluate_targets(rows: Sequence[Dict]) -> List[Dict]:
         for row in rows:
             if row['label'] != model or row['mode'] != mode or row['compiled']:
                 continue
-            other = next((r for r in rows if r['label'] in (peer, f'timm-{peer}') and all(
-                r[k] == row[k] for k in ROW_KEY[:-1])), None)
+            other = next((r for r in rows if r['label'] in (peer, f'timm-{peer}')
+                          and all(r[k] == row[k] for k in ROW_KEY[:-1])), None)
             if row.get(field) is None or (peer and (other is None or
                                                     not other.get(field))):
                 continue
@@ -114,7 +115,8 @@ def evaluate_targets(rows: Sequence[Dict]) -> List[Dict]:
                 input=row['input'], precision=row['precision'],
                 detector=row['detector'], value=value,
                 status='met' if (value >= goal if at_least else value <= goal)
-                else 'missed', numbers='; '.join(describe(r) for r in (row, other) if r)))
+                else 'missed',
+                numbers='; '.join(describe(r) for r in (row, other) if r)))
     return found
 
 
@@ -178,8 +180,10 @@ COLUMNS = (('label', 'model', 0), ('mode', 'mode', 0), ('precision', 'precision'
            ('median_ms', 'median ms', 1), ('iqr', 'IQR ms', 0),
            ('rounds_ms', "rounds' medians", 0), ('cpu_ms', 'fastest CPU ms', 1),
            ('vs_first', 'x first', 3), ('peak_mib', 'peak MiB', 0),
-           ('live_peak_mib', 'live peak MiB', 0), ('max_allocated_mib', 'max allocated MiB', 0),
-           ('max_reserved_mib', 'max reserved MiB', 0), ('kernels', 'kernels / step', 0),
+           ('live_peak_mib', 'live peak MiB', 0),
+           ('max_allocated_mib', 'max allocated MiB', 0),
+           ('max_reserved_mib', 'max reserved MiB', 0),
+           ('kernels', 'kernels / step', 0),
            ('busy', 'GPU busy ms (share)', 0), ('compile_s', 'compile s', 1),
            ('gflops', 'GFLOPs', 1), ('largest_batch', 'largest batch', 0),
            ('host_sync', 'host sync', 0), ('status', 'status', 0))
@@ -196,17 +200,18 @@ def markdown(data: Dict) -> str:
              '', f"Command: `{meta.get('command')}`."]
     tests = data.get('tests', {})
     if tests.get('ran'):
-        lines += ['', 'Tests: ' + (tests.get('error') or '{passed} passed, {failed} '
-                  'failed, {errors} errors, {skipped} skipped in {seconds:.0f} s'
-                  .format(**tests)) + '.']
+        counts = ('{passed} passed, {failed} failed, {errors} errors, {skipped} '
+                  'skipped in {seconds:.0f} s')
+        lines += ['', f"Tests: {tests.get('error') or counts.format(**tests)}."]
     if data.get('targets'):
         lines += ['', '## Targets', '']
         lines += _table(('target', 'input', 'precision', 'value', 'status', 'numbers'),
                         [[t['target'], t['input'], t['precision'], _cell(t['value'], 2),
                           t['status'], t['numbers']] for t in data['targets']])
-    for group in dict.fromkeys((r['detector'], r['input'], r['compiled']) for r in rows):
-        chosen = [r for r in rows if (r['detector'], r['input'], r['compiled']) == group]
-        shown = [c for c in COLUMNS if any(_value(r, c[0]) is not None for r in chosen)]
+    for group in dict.fromkeys(map(_group, rows)):
+        chosen = [r for r in rows if _group(r) == group]
+        shown = [column for column in COLUMNS
+                 if any(_value(r, column[0]) is not None for r in chosen)]
         lines += ['', f"## {'Mask R-CNN' if group[0] else 'Backbones'}, {group[1]}"
                   + (f', compiled ({group[2]})' if group[2] else ''), '']
         lines += _table([c[1] for c in shown],
@@ -218,6 +223,11 @@ def markdown(data: Dict) -> str:
     if problems:
         lines += ['', '## Failed or skipped', ''] + [f'- {p}' for p in problems]
     return '\n'.join(lines) + '\n'
+
+
+def _group(row: Dict) -> tuple:
+    """What a table of the report holds: detector or backbone, input, compiled."""
+    return row['detector'], row['input'], row['compiled']
 
 
 def _value(row: Dict, key: str):

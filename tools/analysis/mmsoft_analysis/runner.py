@@ -130,40 +130,20 @@ def text_of(spec) -> str:
     return spec.name + (f':{options}' if options else '')
 
 
-def kill_tree(pid: int) -> None:
-    """Kills process ``pid`` and its descendants (a compiler's workers, say)."""
-    parents = {}
-    for entry in filter(str.isdigit, os.listdir('/proc')):
-        try:
-            with open(f'/proc/{entry}/stat') as stat:
-                parents.setdefault(int(stat.read().rsplit(')', 1)[1].split()[1]),
-                                   []).append(int(entry))
-        except OSError:
-            continue
-    victims, index = [pid], 0
-    while index < len(victims):
-        victims += parents.get(victims[index], [])
-        index += 1
-    for victim in reversed(victims):
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def run_case(case: Dict, timeout_s: float) -> List[Dict]:
-    """Runs ``case`` in a fresh process killed after ``timeout_s``; the
-    settings it did not report are errors saying why."""
+    """Runs ``case`` in a fresh process (its own process group), killed with
+    its children after ``timeout_s``; the settings it did not report are
+    errors saying why."""
     process = subprocess.Popen(
         [sys.executable, '-m', 'mmsoft_analysis.measure', json.dumps(case)], cwd=REPO,
         env=worker_env(case['root']), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
         failure = 'its process died: ' + (stderr.strip().splitlines() or
                                           [f'exit status {process.returncode}'])[-1]
     except subprocess.TimeoutExpired:
-        kill_tree(process.pid)
+        os.killpg(process.pid, signal.SIGKILL)  # and a compiler's workers
         stdout, _ = process.communicate()
         failure = f'timed out after {timeout_s:.0f} s'
     records = [json.loads(line[7:]) for line in stdout.splitlines()
@@ -177,8 +157,9 @@ def run_case(case: Dict, timeout_s: float) -> List[Dict]:
 def skipped(case: Dict, mode: str, precision: str, status: str = 'skipped',
             **fields) -> Dict:
     return dict(label=case['label'], spec=case['spec'], input=case['input'],
-                detector=case['detector'], compiled=case['compile'], round=case['round'],
-                mode=mode, precision=precision, status=status, **fields)
+                detector=case['detector'], compiled=case['compile'],
+                round=case['round'], mode=mode, precision=precision, status=status,
+                **fields)
 
 
 def run_tests(paths: Sequence[str], timeout_s: float) -> Dict:
@@ -234,7 +215,8 @@ def environment(settings: Settings) -> Dict:
     commit = os.environ.get('MMSOFT_COMMIT') or subprocess.run(
         ['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'], capture_output=True,
         text=True).stdout.strip() or None
-    return dict(device=settings.device, torch=torch.__version__, cuda=torch.version.cuda,
+    return dict(device=settings.device, torch=torch.__version__,
+                cuda=torch.version.cuda,
                 device_name=torch.cuda.get_device_name(settings.device) if cuda
                 else f'{cpu}, {os.cpu_count()} cores',
                 tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
@@ -290,12 +272,12 @@ def outcome(record: Dict) -> str:
     """A record in a few words."""
     if record['status'] != 'ok':
         return f"{record['status']}: {record.get('error') or record.get('note')}"
-    parts = [f"{k} {record[k]:.0f} MiB" for k in ('peak_mib', 'live_peak_mib',
-                                                    'max_allocated_mib')
-             if record.get(k) is not None]
+    parts = [f'{key} {record[key]:.0f} MiB'
+             for key in ('peak_mib', 'live_peak_mib', 'max_allocated_mib')
+             if record.get(key) is not None]
     if record.get('times_ms'):
-        parts.insert(0, f"{sorted(record['times_ms'])[len(record['times_ms']) // 2]:.1f}"
-                        ' ms')
+        times = sorted(record['times_ms'])
+        parts.insert(0, f'{times[len(times) // 2]:.1f} ms')
     if record.get('largest_batch') is not None:
         parts.append(f"largest batch {record['largest_batch']}")
     return ', '.join(parts) or 'ok'

@@ -1,0 +1,552 @@
+"""The demo's generated datasets, written to disk so that the libraries' own
+dataset classes read them (``tools/generate_demo_data.py`` writes them):
+
+- random scenes of overlapping shapes on textured backgrounds, the renderer
+  of every dataset. An object's class is told by its outline only: colour,
+  shading and noise are random. A later object may cover an earlier one,
+  which keeps at least ``min_visible`` of its area;
+- COCO instance segmentation: ``annotations/instances_{train,val}.json`` and
+  PNG images in ``train/`` and ``val/``. Each annotation is one polygon
+  (``iscrowd=0``) whose ``area`` and ``bbox`` are those of its rasterised
+  mask, as COCO's tools compute them;
+- ADE20K-layout semantic segmentation (``images/`` and ``annotations/``,
+  each ``training/`` and ``validation/``). Labels follow ADE20K: 0
+  unlabelled (mmseg's ``reduce_zero_label`` ignores it), 1 the background,
+  2..K+1 the shapes;
+- ImageNet-layout classification, one shape per image: ``train/<class>/
+  *.png`` and ``val/<class>/*.png``, lists ``meta/{train,val}.txt``
+  ("<class>/<file> <label>") and ``meta/classes.txt``, as mmpretrain's
+  ``CustomDataset`` reads them. Classes are balanced and sorted, so folder
+  order and labels agree.
+"""
+import json
+import math
+import os
+import os.path as osp
+import shutil
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import cv2
+import numpy as np
+
+
+# --- Scenes
+#: Sub-pixel precision used by ``cv2.fillPoly`` (coordinates scaled by 2**4).
+_SHIFT = 4
+
+
+def _regular_polygon(num: int, radius: float, phase: float) -> np.ndarray:
+    angles = phase + 2 * np.pi * np.arange(num) / num
+    return np.stack([np.cos(angles), np.sin(angles)], 1) * radius
+
+
+def _circle(radius: float, rng: np.random.Generator) -> np.ndarray:
+    return _regular_polygon(64, radius, 0.0)
+
+
+def _triangle(radius: float, rng: np.random.Generator) -> np.ndarray:
+    return _regular_polygon(3, radius, rng.uniform(0, 2 * np.pi))
+
+
+def _square(radius: float, rng: np.random.Generator) -> np.ndarray:
+    return _regular_polygon(4, radius, rng.uniform(0, np.pi / 2))
+
+
+def _star(radius: float, rng: np.random.Generator) -> np.ndarray:
+    outer = _regular_polygon(5, radius, rng.uniform(0, 2 * np.pi))
+    phase = math.atan2(outer[0, 1], outer[0, 0]) + np.pi / 5
+    inner = _regular_polygon(5, radius * 0.45, phase)
+    return np.stack([outer, inner], 1).reshape(-1, 2)
+
+
+def _cross(radius: float, rng: np.random.Generator) -> np.ndarray:
+    arm = radius * 0.38
+    pts = np.array([[-arm, -radius], [arm, -radius], [arm, -arm], [radius, -arm],
+                    [radius, arm], [arm, arm], [arm, radius], [-arm, radius],
+                    [-arm, arm], [-radius, arm], [-radius, -arm], [-arm, -arm]])
+    theta = rng.uniform(0, np.pi / 2)
+    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    return pts @ rot.T
+
+
+#: Outline generators: ``f(radius, rng) -> (N, 2)`` vertices around the origin.
+SHAPES: Dict[str, Callable[[float, np.random.Generator], np.ndarray]] = {
+    'circle': _circle,
+    'triangle': _triangle,
+    'square': _square,
+    'star': _star,
+    'cross': _cross,
+}
+
+#: Classes of the generated datasets unless told otherwise.
+DEFAULT_CLASSES: Tuple[str, ...] = ('circle', 'triangle', 'square', 'star')
+
+
+@dataclass(eq=False)
+class SceneObject:
+    """One painted object: its ``label``, and its ``full_mask`` and
+    ``visible_mask``, bool (H, W)."""
+    label: int
+    full_mask: np.ndarray
+    visible_mask: Optional[np.ndarray] = None
+
+
+@dataclass(eq=False)
+class Scene:
+    """A rendered BGR ``image``, uint8 (H, W, 3), and its ``objects`` in
+    painting order."""
+    image: np.ndarray
+    objects: List[SceneObject]
+
+    def label_map(self, background: int = 0, offset: int = 1) -> np.ndarray:
+        """The uint8 (H, W) class map: ``background`` or ``label + offset``."""
+        out = np.full(self.image.shape[:2], background, np.uint8)
+        for obj in self.objects:
+            out[obj.visible_mask] = obj.label + offset
+        return out
+
+
+def split_seeds(seed: int) -> Tuple[int, int]:
+    """Seeds of the train and val splits from two streams of ``seed``: the
+    splits share no image, and a seed always gives the same files."""
+    train, val = np.random.SeedSequence(seed).spawn(2)
+    return int(train.generate_state(1)[0]), int(val.generate_state(1)[0])
+
+
+def check_classes(classes: Sequence[str]) -> Tuple[str, ...]:
+    """``classes`` as a tuple; a ``ValueError`` unless 3 or more distinct
+    known shapes."""
+    classes = tuple(classes)
+    unknown = [c for c in classes if c not in SHAPES]
+    if unknown:
+        raise ValueError(f'unknown shape classes {unknown}; available: {list(SHAPES)}')
+    if len(set(classes)) != len(classes) or len(classes) < 3:
+        raise ValueError(f'classes={classes} must be at least 3 distinct shapes')
+    return classes
+
+
+def _smooth_noise(rng: np.random.Generator, height: int, width: int,
+                  cells: int) -> np.ndarray:
+    """Low-frequency noise in [0, 1]: a random grid upsampled bicubically."""
+    grid = rng.random((cells + 1, cells + 1, 3)).astype(np.float32)
+    return np.clip(cv2.resize(grid, (width, height), interpolation=cv2.INTER_CUBIC),
+                   0, 1)
+
+
+def render_background(rng: np.random.Generator, height: int,
+                      width: int) -> np.ndarray:
+    """A uint8 (H, W, 3) background: a random colour, tint gradient and noise."""
+    base = rng.uniform(40, 215, 3)
+    tint = rng.uniform(-60, 60, 3)
+    # float64 explicitly: ``np.cos(angle)`` is a float64 scalar, which NumPy 2
+    # (NEP 50) promotes a float32 grid to float64 with, while NumPy 1 kept the
+    # product float32. Both versions must write identical files.
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float64)
+    angle = rng.uniform(0, 2 * np.pi)
+    ramp = (np.cos(angle) * xs / width + np.sin(angle) * ys / height)[..., None]
+    img = base + tint * ramp
+    img = img + (_smooth_noise(rng, height, width, int(rng.integers(3, 8))) - 0.5) * \
+        rng.uniform(30, 90)
+    # Thin straight strokes as clutter: edges that belong to no object.
+    clutter = np.zeros((height, width, 3), np.float32)
+    for _ in range(int(rng.integers(2, 7))):
+        p1 = tuple(int(v) for v in rng.integers(0, [width, height]))
+        p2 = tuple(int(v) for v in rng.integers(0, [width, height]))
+        colour = tuple(float(v) for v in rng.uniform(-50, 50, 3))
+        cv2.line(clutter, p1, p2, colour, int(rng.integers(1, 3)), cv2.LINE_AA)
+    img = img + clutter
+    img = img + rng.normal(0, rng.uniform(4, 12), img.shape)
+    return np.clip(img, 0, 255).astype(np.float32)
+
+
+def _object_texture(rng: np.random.Generator, height: int, width: int,
+                    background_mean: np.ndarray) -> np.ndarray:
+    """Colour field of one object's box: a contrasting colour, shading, noise."""
+    for _ in range(20):
+        colour = rng.uniform(0, 255, 3)
+        if np.abs(colour - background_mean).sum() > 120:
+            break
+    shade = (_smooth_noise(rng, height, width, 2)[..., :1] - 0.5) * rng.uniform(20, 60)
+    return colour + shade + rng.normal(0, rng.uniform(3, 10), (height, width, 3))
+
+
+def _polygon_mask(points: np.ndarray, height: int, width: int) -> np.ndarray:
+    mask = np.zeros((height, width), np.uint8)
+    pts = np.round(points * (1 << _SHIFT)).astype(np.int32)
+    cv2.fillPoly(mask, [pts], 1, lineType=cv2.LINE_8, shift=_SHIFT)
+    return mask.astype(bool)
+
+
+def render_scene(rng: np.random.Generator,
+                 height: int,
+                 width: int,
+                 num_classes: int,
+                 shape_fns: Sequence[Callable],
+                 num_objects: Tuple[int, int] = (2, 6),
+                 size_range: Tuple[float, float] = (0.1, 0.6),
+                 min_visible: float = 0.6,
+                 min_pixels: int = 40,
+                 max_tries: int = 60) -> Scene:
+    """Renders one scene of ``num_objects`` (an inclusive range) objects,
+    each of a uniformly drawn class, its diameter a log-uniform fraction
+    ``size_range`` of the shorter side, placed in at most ``max_tries``
+    attempts so that every object keeps ``min_visible`` of its area and
+    ``min_pixels`` pixels."""
+    side = min(height, width)
+    lo, hi = np.log(size_range[0] * side), np.log(size_range[1] * side)
+    while True:
+        target = int(rng.integers(num_objects[0], num_objects[1] + 1))
+        objects: List[SceneObject] = []
+        for _ in range(target):
+            placed = None
+            for _ in range(max_tries):
+                label = int(rng.integers(num_classes))
+                radius = float(np.exp(rng.uniform(lo, hi))) / 2
+                # Centres may lie near the border, but most of the shape stays in.
+                margin = radius * 0.5
+                cx = rng.uniform(margin, width - margin)
+                cy = rng.uniform(margin, height - margin)
+                outline = shape_fns[label](radius, rng) + [cx, cy]
+                mask = _polygon_mask(outline, height, width)
+                if mask.sum() < max(min_pixels, 0.75 * _full_area(outline)):
+                    continue  # too small or cut off too much by the border
+                if _keeps_visible(objects, mask, min_visible, min_pixels):
+                    placed = SceneObject(label, mask)
+                    break
+            if placed is None:
+                continue
+            objects.append(placed)
+        if len(objects) >= num_objects[0]:
+            break
+    _set_visible_masks(objects)
+    background = render_background(rng, height, width)
+    image = background.copy()
+    for obj in objects:
+        ys, xs = np.nonzero(obj.full_mask)
+        box = (slice(ys.min(), ys.max() + 1), slice(xs.min(), xs.max() + 1))
+        mask = obj.full_mask[box]
+        texture = _object_texture(rng, mask.shape[0], mask.shape[1],
+                                  background[obj.full_mask].mean(0))
+        image[box][mask] = texture[mask]
+    image = cv2.GaussianBlur(np.clip(image, 0, 255).astype(np.float32), (3, 3), 0.6)
+    return Scene(np.clip(np.round(image), 0, 255).astype(np.uint8), objects)
+
+
+def _full_area(outline: np.ndarray) -> float:
+    """Shoelace area of a polygon."""
+    x, y = outline[:, 0], outline[:, 1]
+    return 0.5 * abs(float(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))))
+
+
+def _keeps_visible(objects: List[SceneObject], new_mask: np.ndarray,
+                   min_visible: float, min_pixels: int) -> bool:
+    """Whether all earlier objects stay visible enough under ``new_mask``."""
+    above = new_mask.copy()
+    for obj in reversed(objects):
+        # Visibility after every object painted so far, plus the new one.
+        remaining = obj.full_mask & ~above
+        above |= obj.full_mask
+        full = obj.full_mask.sum()
+        if remaining.sum() < max(min_pixels, min_visible * full):
+            return False
+        if not is_simple_region(remaining):
+            return False
+    return is_simple_region(new_mask)
+
+
+def is_simple_region(mask: np.ndarray) -> bool:
+    """Whether ``mask`` is one connected region without holes."""
+    num, _ = cv2.connectedComponents(mask.astype(np.uint8), connectivity=8)
+    if num != 2:
+        return False
+    # A hole is a part of the complement not connected to the image border.
+    outside = np.pad(~mask, 1, constant_values=True).astype(np.uint8)
+    num, _ = cv2.connectedComponents(outside, connectivity=4)
+    return num == 2
+
+
+def _set_visible_masks(objects: List[SceneObject]) -> None:
+    above = np.zeros_like(objects[0].full_mask)
+    for obj in reversed(objects):
+        obj.visible_mask = obj.full_mask & ~above
+        above |= obj.full_mask
+
+
+# --- COCO instance segmentation
+#: File names written under ``root``.
+COCO_ANN_FILES = dict(train='annotations/instances_train.json',
+                      val='annotations/instances_val.json')
+COCO_IMG_DIRS = dict(train='train/', val='val/')
+
+
+def mask_to_polygon(mask: np.ndarray, upsample: int = 4) -> List[float]:
+    """The outline of one connected region of ``mask`` as a flat COCO polygon,
+    traced at ``upsample`` times the resolution along the pixel borders, so
+    that pycocotools rasterises it back to the mask."""
+    fine = cv2.resize(mask.astype(np.uint8), None, fx=upsample, fy=upsample,
+                      interpolation=cv2.INTER_NEAREST)
+    contours, _ = cv2.findContours(fine, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    contour = max(contours, key=cv2.contourArea)
+    contour = cv2.approxPolyDP(contour, upsample / 4, True).reshape(-1, 2)
+    if len(contour) < 3:
+        raise ValueError('region too small for a polygon')
+    points = (contour.astype(np.float64) + 0.5) / upsample
+    return [round(float(v), 3) for v in points.reshape(-1)]
+
+
+def _annotations(scene: Scene, image_id: int, first_ann_id: int, height: int,
+                 width: int) -> List[dict]:
+    from pycocotools import mask as mask_utils
+    anns = []
+    for obj in scene.objects:
+        polygon = mask_to_polygon(obj.visible_mask)
+        rle = mask_utils.merge(mask_utils.frPyObjects([polygon], height, width))
+        anns.append(dict(
+            id=first_ann_id + len(anns),
+            image_id=image_id,
+            category_id=obj.label + 1,
+            segmentation=[polygon],
+            area=float(mask_utils.area(rle)),
+            bbox=[round(float(v), 2) for v in mask_utils.toBbox(rle)],
+            iscrowd=0))
+    return anns
+
+
+def check_side_range(img_side_range: Sequence[int]) -> None:
+    """Raises ValueError unless ``img_side_range`` is ``(min, max)`` with
+    ``32 <= min <= max``."""
+    if len(img_side_range) != 2 or not 32 <= img_side_range[0] <= img_side_range[1]:
+        raise ValueError(f'img_side_range={tuple(img_side_range)} is not a valid '
+                         'range; expected (min_side, max_side) with 32 <= '
+                         'min_side <= max_side.')
+
+
+def image_sizes(num_images: int,
+                seed: int,
+                img_size: Tuple[int, int] = (160, 160),
+                img_side_range: Optional[Tuple[int, int]] = None
+                ) -> List[Tuple[int, int]]:
+    """The (height, width) of each image of a split: ``img_size``, or drawn
+    from the inclusive ``img_side_range`` on a stream of ``seed`` of their
+    own. A ``ValueError`` for a bad range."""
+    if img_side_range is None:
+        return [tuple(img_size)] * num_images
+    check_side_range(img_side_range)
+    rng = np.random.default_rng([seed, 1])
+    sides = rng.integers(img_side_range[0], img_side_range[1] + 1,
+                         size=(num_images, 2))  # (N, 2): height, width
+    return [(int(height), int(width)) for height, width in sides]
+
+
+def generate_coco_split(root: str,
+                        split: str,
+                        num_images: int,
+                        seed: int,
+                        classes: Sequence[str] = DEFAULT_CLASSES,
+                        img_size: Tuple[int, int] = (160, 160),
+                        first_image_id: int = 1,
+                        img_side_range: Optional[Tuple[int, int]] = None,
+                        **scene_kwargs) -> Dict[str, int]:
+    """Writes one split's images and annotation file; ids start at
+    ``first_image_id``. Returns the ``images`` and ``annotations`` counts."""
+    classes = check_classes(classes)
+    sizes = image_sizes(num_images, seed, img_size, img_side_range)
+    rng = np.random.default_rng(seed)
+    img_dir = osp.join(root, COCO_IMG_DIRS[split])
+    os.makedirs(img_dir, exist_ok=True)
+    os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
+    for name in os.listdir(img_dir):  # images of an earlier run
+        if len(name) == 16 and name.endswith('.png') and name[:12].isdigit():
+            os.remove(osp.join(img_dir, name))
+    shape_fns = [SHAPES[name] for name in classes]
+    images, annotations = [], []
+    for index, (height, width) in enumerate(sizes):
+        image_id = first_image_id + index
+        scene = render_scene(rng, height, width, len(classes), shape_fns,
+                             **scene_kwargs)
+        file_name = f'{image_id:012d}.png'
+        cv2.imwrite(osp.join(img_dir, file_name), scene.image,
+                    [cv2.IMWRITE_PNG_COMPRESSION, 1])
+        images.append(dict(id=image_id, file_name=file_name, height=height,
+                           width=width))
+        annotations += _annotations(scene, image_id,
+                                    image_id * 100, height, width)
+    categories = [dict(id=i + 1, name=name, supercategory='shape')
+                  for i, name in enumerate(classes)]
+    coco = dict(
+        info=dict(description=f'mmsoft generated shapes ({split}, seed {seed})',
+                  version='1.0'),
+        licenses=[],
+        images=images,
+        annotations=annotations,
+        categories=categories)
+    with open(osp.join(root, COCO_ANN_FILES[split]), 'w') as f:
+        json.dump(coco, f)
+    return dict(images=len(images), annotations=len(annotations))
+
+
+def generate_coco_demo(root: str,
+                       num_train: int = 600,
+                       num_val: int = 100,
+                       seed: int = 0,
+                       classes: Sequence[str] = DEFAULT_CLASSES,
+                       img_size: Tuple[int, int] = (160, 160),
+                       img_side_range: Optional[Tuple[int, int]] = None,
+                       **scene_kwargs) -> Dict[str, Dict[str, int]]:
+    """Writes the train and val splits (``num_train``, ``num_val`` images of
+    ``img_size``, or of sides drawn from ``img_side_range``) of ``classes``
+    from ``seed``; returns each split's counts."""
+    train_seed, val_seed = split_seeds(seed)
+    return dict(
+        train=generate_coco_split(root, 'train', num_train, train_seed,
+                                  classes, img_size, 1, img_side_range,
+                                  **scene_kwargs),
+        val=generate_coco_split(root, 'val', num_val, val_seed, classes,
+                                img_size, num_train + 1, img_side_range,
+                                **scene_kwargs))
+
+
+def coco_metainfo(classes: Optional[Sequence[str]] = None) -> dict:
+    """``metainfo`` for mmdet's ``CocoDataset`` on the generated data."""
+    classes = check_classes(classes or DEFAULT_CLASSES)
+    palette = [(220, 20, 60), (0, 130, 200), (60, 180, 75), (255, 160, 0),
+               (145, 30, 180)]
+    return dict(classes=classes, palette=palette[:len(classes)])
+
+
+# --- ADE20K-layout semantic segmentation
+ADE_SPLITS = dict(train='training', val='validation')
+ADE_PREFIX = dict(train='ADE_train_', val='ADE_val_')
+#: Label value of background pixels in the PNGs (before ``reduce_zero_label``).
+BACKGROUND_VALUE = 1
+
+
+def generate_ade_split(root: str,
+                       split: str,
+                       num_images: int,
+                       seed: int,
+                       classes: Sequence[str] = DEFAULT_CLASSES,
+                       img_size: Tuple[int, int] = (160, 160),
+                       **scene_kwargs) -> Dict[str, int]:
+    """Writes one split's JPEG images and PNG label maps; returns the
+    ``images`` count and the ``pixels`` of each label value."""
+    classes = check_classes(classes)
+    height, width = img_size
+    rng = np.random.default_rng(seed)
+    img_dir = osp.join(root, 'images', ADE_SPLITS[split])
+    ann_dir = osp.join(root, 'annotations', ADE_SPLITS[split])
+    for folder, suffix in ((img_dir, '.jpg'), (ann_dir, '.png')):
+        os.makedirs(folder, exist_ok=True)
+        # mmseg lists the directories: files of an earlier, larger run go.
+        for name in os.listdir(folder):
+            if name.startswith(ADE_PREFIX[split]) and name.endswith(suffix):
+                os.remove(osp.join(folder, name))
+    shape_fns = [SHAPES[name] for name in classes]
+    pixels = np.zeros(len(classes) + 2, np.int64)
+    for index in range(num_images):
+        scene = render_scene(rng, height, width, len(classes), shape_fns,
+                             **scene_kwargs)
+        labels = scene.label_map(background=BACKGROUND_VALUE,
+                                 offset=BACKGROUND_VALUE + 1)
+        stem = f'{ADE_PREFIX[split]}{index + 1:08d}'
+        cv2.imwrite(osp.join(img_dir, stem + '.jpg'), scene.image,
+                    [cv2.IMWRITE_JPEG_QUALITY, 95])
+        cv2.imwrite(osp.join(ann_dir, stem + '.png'), labels)
+        pixels += np.bincount(labels.reshape(-1), minlength=len(pixels))
+    return dict(images=num_images, pixels=pixels.tolist())
+
+
+def generate_ade_demo(root: str, num_train: int = 600, num_val: int = 100,
+                      seed: int = 0, classes: Sequence[str] = DEFAULT_CLASSES,
+                      img_size: Tuple[int, int] = (160, 160),
+                      **scene_kwargs) -> Dict[str, dict]:
+    """Writes the training and validation splits, with the arguments of
+    :func:`generate_coco_demo`."""
+    train_seed, val_seed = split_seeds(seed)
+    return dict(
+        train=generate_ade_split(root, 'train', num_train, train_seed, classes,
+                                 img_size, **scene_kwargs),
+        val=generate_ade_split(root, 'val', num_val, val_seed, classes,
+                               img_size, **scene_kwargs))
+
+
+def ade_metainfo(classes: Optional[Sequence[str]] = None) -> dict:
+    """``metainfo`` for mmseg's ``BaseSegDataset`` with ``reduce_zero_label``."""
+    classes = ('background', ) + check_classes(classes or DEFAULT_CLASSES)
+    palette = [[0, 0, 0], [220, 20, 60], [0, 130, 200], [60, 180, 75],
+               [255, 160, 0], [145, 30, 180]]
+    return dict(classes=classes, palette=palette[:len(classes)])
+
+
+# --- ImageNet-layout classification
+#: Folders and files written under ``root``.
+CLS_SPLITS = ('train', 'val')
+CLS_LIST_FILES = dict(train='meta/train.txt', val='meta/val.txt')
+CLS_CLASSES_FILE = 'meta/classes.txt'
+
+
+def render_shape_image(rng: np.random.Generator, height: int, width: int,
+                       shape: str, size_range: Tuple[float, float] = (0.45, 0.85)
+                       ) -> np.ndarray:
+    """One BGR image of ``shape`` on a noisy background."""
+    scene = render_scene(rng, height, width, 1, [SHAPES[shape]], num_objects=(1, 1),
+                         size_range=size_range)
+    return scene.image
+
+
+def generate_classification_split(root: str, split: str, num_images: int,
+                                  seed: int, classes: Sequence[str],
+                                  img_size: Tuple[int, int], first_index: int = 1,
+                                  **shape_kwargs) -> Dict[str, int]:
+    """Writes one split's images and list file; returns ``images`` and the
+    count ``per_class``."""
+    height, width = img_size
+    rng = np.random.default_rng(seed)
+    split_dir = osp.join(root, split)
+    if osp.isdir(split_dir):  # images of an earlier run
+        shutil.rmtree(split_dir)
+    for name in classes:
+        os.makedirs(osp.join(split_dir, name))
+    os.makedirs(osp.join(root, 'meta'), exist_ok=True)
+    lines, counts = [], [0] * len(classes)
+    for index in range(num_images):
+        label = index % len(classes)
+        image = render_shape_image(rng, height, width, classes[label], **shape_kwargs)
+        relative = f'{classes[label]}/{first_index + index:06d}.png'
+        cv2.imwrite(osp.join(split_dir, relative), image,
+                    [cv2.IMWRITE_PNG_COMPRESSION, 1])
+        lines.append(f'{relative} {label}\n')
+        counts[label] += 1
+    with open(osp.join(root, CLS_LIST_FILES[split]), 'w') as file:
+        file.writelines(lines)
+    return dict(images=num_images, per_class=counts)
+
+
+def generate_classification_demo(root: str, num_train: int = 400, num_val: int = 100,
+                                 seed: int = 0,
+                                 classes: Sequence[str] = DEFAULT_CLASSES,
+                                 img_size: Tuple[int, int] = (64, 64),
+                                 **shape_kwargs) -> Dict[str, Dict[str, int]]:
+    """Writes the train and val splits (64x64 images of sorted ``classes``)
+    from ``seed``; returns their counts and the ``classes``. A
+    ``ValueError`` for unknown or too few classes, no images or sides < 32."""
+    classes = tuple(sorted(check_classes(classes)))
+    if num_train < 1 or num_val < 1:
+        raise ValueError(f'num_train={num_train} and num_val={num_val} must be '
+                         f'positive.')
+    if len(img_size) != 2 or min(img_size) < 32:
+        raise ValueError(f'img_size={img_size!r} must be (height, width), each at '
+                         f'least 32.')
+    os.makedirs(root, exist_ok=True)
+    stats = {}
+    for (split, count, first), split_seed in zip(
+            (('train', num_train, 1), ('val', num_val, num_train + 1)),
+            split_seeds(seed)):
+        stats[split] = generate_classification_split(
+            root, split, count, split_seed, classes, tuple(img_size), first,
+            **shape_kwargs)
+    with open(osp.join(root, CLS_CLASSES_FILE), 'w') as file:
+        file.writelines(f'{name}\n' for name in classes)
+    stats['classes'] = list(classes)
+    return stats
