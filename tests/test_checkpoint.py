@@ -219,8 +219,9 @@ def in_package(name, package):
 #: What ``mmsoft.models`` may import of mmsoft besides itself, at module level:
 #: the utilities, the deprecated spellings, the official-key conversion
 #: (``checkpoint_filter_fn``) and the export formulation's bottleneck cap.
-MODELS_MAY_IMPORT = ('mmsoft.models', 'mmsoft.ops', 'mmsoft.utils', 'mmsoft.deprecations',
-                     'mmsoft.checkpoint', 'mmsoft.deployment.traceable')
+MODELS_MAY_IMPORT = ('mmsoft.models', 'mmsoft.ops', 'mmsoft.utils',
+                     'mmsoft.deprecations', 'mmsoft.checkpoint',
+                     'mmsoft.deployment.traceable')
 
 
 def test_models_import_only_what_they_need_at_module_level():

@@ -132,7 +132,8 @@ def test_newton_middle_equals_the_reference(dtype, tolerance, variant, marks, co
         kernel = gaussian_kernel(tokens, tokens, float32_products=True)
         return middle_matrix(kernel, variant, 'newton', 20, counts)
 
-    assert_fused_equals_reference(lambda l: NewtonMiddle.apply(l, inside, variant, 20),
+    assert_fused_equals_reference(lambda tokens: NewtonMiddle.apply(tokens, inside,
+                                                                    variant, 20),
                                   reference, [bottleneck],
                                   tolerance if dtype == torch.float64 else 1e-3)
 

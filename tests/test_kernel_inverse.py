@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmsoft.models.soft import SoftAttention
-from mmsoft.ops.kernel_inverse import (SOLVERS, exact_inverse, gaussian_kernel,
+from mmsoft.ops.kernel_inverse import (exact_inverse, gaussian_kernel,
                                        kernel_inverse, newton_closed_form,
                                        newton_divided_differences, newton_iterations,
                                        newton_on_eigenvalues, newton_operand,

@@ -118,7 +118,8 @@ def test_memory_saving_functions_run_under_autocast(dtype):
     with torch.autocast('cpu', dtype=dtype):
         normalized, hidden = layer_norm_mlp(tokens, block.norm, block.mlp)
     assert type(hidden.grad_fn).__name__ == 'LayerNormMLPBackward'
-    assert (normalized.dtype, hidden.dtype) == (torch.float32, dtype)  # as LayerNorm's, Linear's
+    # As LayerNorm's and Linear's outputs:
+    assert (normalized.dtype, hidden.dtype) == (torch.float32, dtype)
     assert stem_out.dtype == dtype
 
 
@@ -141,9 +142,11 @@ def test_kernel_inverse_stays_float32_under_autocast(solver, dtype):
 
 
 OPS = {
-    'soft-attention': (lambda q, l, v: soft_attention(q, l, v, 0.7, 'soft++', 'newton', 6,
-                                                      [9, 6], chunk_tokens=16),
-                       [(2, 2, 40, 8), (2, 2, 9, 8), (2, 2, 40, 8)]),
+    'soft-attention': (
+        lambda queries, bottleneck, values: soft_attention(
+            queries, bottleneck, values, 0.7, 'soft++', 'newton', 6, [9, 6],
+            chunk_tokens=16),
+        [(2, 2, 40, 8), (2, 2, 9, 8), (2, 2, 40, 8)]),
     'xnorm-attention': (lambda qkv: xnorm_attention(qkv, 2, torch.ones(2),
                                                     torch.ones(2)), [(2, 40, 24)]),
 }
@@ -211,7 +214,8 @@ def training_gradients(backbone, images, valid_shapes, dtype=None):
     """Parameter gradients of a fixed weighting of the backbone's maps,
     the forward under autocast to ``dtype`` (None: float32)."""
     backbone.zero_grad(set_to_none=True)
-    with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+    with torch.autocast('cpu', dtype=dtype or torch.bfloat16,
+                        enabled=dtype is not None):
         outs = backbone(images, valid_shapes)
     # Means, as the detectors' losses are: float16 gradients stay in range
     # without a loss scale.
@@ -302,7 +306,8 @@ def _step_gradients(model, batch, autocast_parts, dtype):
 @contextlib.contextmanager
 def _whole_model(model, dtype):
     """Autocast around the whole step, as ``AmpOptimWrapper`` does."""
-    with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+    with torch.autocast('cpu', dtype=dtype or torch.bfloat16,
+                        enabled=dtype is not None):
         yield
 
 

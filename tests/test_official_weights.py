@@ -6,7 +6,8 @@ The official files are generated here in the reference key layout
 """
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the '
+                    'stack and floor environments')
 
 import argparse
 import copy
@@ -29,7 +30,6 @@ HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
 TINY_CONFIG = 'configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py'
 SMALL_CONFIG = 'configs/soft/mask-rcnn_soft++-small_fpn_1x_coco.py'
-
 
 
 @pytest.fixture(scope='module')
@@ -114,7 +114,7 @@ def test_tiny_file_in_small_config_lists_the_missing_blocks(official_tiny, tmp_p
 
 @pytest.mark.mmcv_ops  # mmdet's registry imports mmdet.models (mmcv._ext)
 def test_plain_soft_file_in_a_soft_plus_plus_config_is_reported(official_tiny,
-                                                                 tmp_path):
+                                                                tmp_path):
     # The variants have the same tensors; the metadata tells them apart.
     path = tmp_path / 'soft_tiny_norm.pth'
     torch.save({'state_dict': official_tiny,

@@ -108,7 +108,8 @@ def test_traced_bottleneck_cap_equals_eager_cap(cap):
                 torch.tensor(height), torch.tensor(width), cap)
             assert (rows.item(), cols.item()) == capped_grid_size(height, width, cap)
     grid = torch.randn(2, 3, 25, 42)
-    expected = torch.nn.functional.adaptive_avg_pool2d(grid, capped_grid_size(25, 42, cap))
+    expected = torch.nn.functional.adaptive_avg_pool2d(grid,
+                                                       capped_grid_size(25, 42, cap))
     torch.testing.assert_close(traceable_cap_bottleneck_grid(grid, cap), expected,
                                rtol=1e-6, atol=1e-6)
 

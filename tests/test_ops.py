@@ -56,9 +56,9 @@ def test_soft_attention_equals_its_reference(variant, chunk, counts):
     with 4 tokens of its own (the others pad)."""
     queries, bottleneck, values = generated((2, 2, 30, 8), (2, 2, 6, 8), (2, 2, 30, 8))
 
-    def attention(q, l, v, fused):
-        return soft_attention(q, l, v, 0.7, variant, 'newton', 6, counts,
-                              chunk_tokens=chunk, fused=fused)
+    def attention(queries, bottleneck, values, fused):
+        return soft_attention(queries, bottleneck, values, 0.7, variant, 'newton', 6,
+                              counts, chunk_tokens=chunk, fused=fused)
 
     assert_equal_functions(lambda *t: attention(*t, True),
                            lambda *t: attention(*t, False),
@@ -130,8 +130,9 @@ def test_newton_middle_equals_the_reference_middle(variant, counts):
         kernel = gaussian_kernel(tokens, tokens, float32_products=True)
         return middle_matrix(kernel, variant, 'newton', 5, counts)
 
-    assert_equal_functions(lambda l: NewtonMiddle.apply(l, inside, variant, 5),
-                           reference, [bottleneck])
+    assert_equal_functions(
+        lambda tokens: NewtonMiddle.apply(tokens, inside, variant, 5), reference,
+        [bottleneck])
 
 
 def test_newton_middle_keeps_the_tokens_and_step_sizes_alone():

@@ -7,7 +7,8 @@ pre-training head goes into mmpretrain's registry.
 """
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the '
+                    'stack and floor environments')
 
 import json
 import subprocess

@@ -129,8 +129,8 @@ def spy_on_implementations(monkeypatch):
 
         def implementation(*args):
             out = original(*args)
-            seen.append((name, ) + tuple(arg.dtype for arg in args
-                                         if isinstance(arg, torch.Tensor)) + (out.dtype, ))
+            dtypes = [arg.dtype for arg in args if isinstance(arg, torch.Tensor)]
+            seen.append((name, *dtypes, out.dtype))
             return out
 
         return implementation
@@ -182,7 +182,6 @@ def test_options_are_validated_at_construction():
         SoftAttention(64, 2, 2, 3, solver='lu')
     with pytest.raises(ValueError, match="solver='cholesky' is not supported"):
         SoftAttention(64, 2, 2, 3, solver='cholesky')
-
 
 
 def test_chunked_kernel_gives_same_output_and_gradients():

@@ -11,7 +11,8 @@ from mmsoft.models.soft import ARCH_SETTINGS
 HERE = osp.dirname(osp.abspath(__file__))
 BACKBONES_DOC = osp.join(osp.dirname(HERE), 'docs', 'backbones.md')
 # Keys and shapes of the reference models' state dicts.
-from tests.helpers.official_soft_reference import random_official_state_dict  # noqa: E402
+from tests.helpers.official_soft_reference import (  # noqa: E402
+    random_official_state_dict)
 # Tensors of the reference models that are not backbone parameters.
 OFFICIAL_BUFFER_SUFFIXES = ('.running_mean', '.running_var', '.num_batches_tracked')
 

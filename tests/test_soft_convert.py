@@ -476,7 +476,6 @@ def test_convert_weights_on_mmsoft_file_is_refused(official_tiny, tmp_path):
         model.init_weights()
 
 
-
 # --------------------------------------------------------------------------
 # The configs compute the function of the official checkpoints
 # --------------------------------------------------------------------------

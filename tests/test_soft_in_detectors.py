@@ -1,7 +1,8 @@
 """SOFT-tiny trains inside mmdet's Mask R-CNN and mmseg's UperNet."""
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the '
+                    'stack and floor environments')
 
 import torch
 import torch.nn.functional as F

@@ -19,7 +19,6 @@ TINY = ['soft_tiny', 'soft_plus_plus_tiny', 'ufo_vit_tiny']
 SIZE = 64
 
 
-
 def images(batch=1, size=SIZE, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(batch, 3, size, size, generator=generator)

@@ -10,7 +10,8 @@ ImageNet configs.
 """
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the '
+                    'stack and floor environments')
 
 import importlib.util
 import math
@@ -364,7 +365,7 @@ def _renamed_block_state(block: ClassAttentionBlock, mmpretrain: bool = False) -
 def test_head_is_xcit_class_attention_stage():
     torch.manual_seed(0)
     head = class_attention_head(num_classes=5, in_channels=32, num_layers=2,
-                                    num_heads=4, layer_scale_init_value=0.5)
+                                num_heads=4, layer_scale_init_value=0.5)
     head.init_weights()
     with torch.no_grad():  # move every tensor off its initial value
         for param in head.parameters():

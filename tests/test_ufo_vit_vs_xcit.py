@@ -38,8 +38,8 @@ xcit = pytest.importorskip('timm.models.xcit')
 cait = pytest.importorskip('timm.models.cait')
 
 from mmsoft.models.common import ConvPatchEmbed, regions_on_grid
-from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction, UFOAttention,
-                                   UFOBlock)
+from mmsoft.models.ufo_vit import (FourierPositionEncoding, LocalPatchInteraction,
+                                   UFOAttention, UFOBlock)
 from mmsoft.ops.xnorm import ufo_attention
 
 pytestmark = pytest.mark.torchvision
@@ -410,7 +410,7 @@ def attention_pair(dims: int = 32, heads: int = 4, seed: int = 13):
     timm_attn = randomise_(xcit.XCA(dims, heads, qkv_bias=True), seed)
     mm_attn = UFOAttention(dims, heads, qkv_bias=True).double().eval()
     mapping: Dict[str, Rule] = {k: k for k in ('qkv.weight', 'qkv.bias', 'proj.weight',
-                                                'proj.bias')}
+                                               'proj.bias')}
     mapping['gamma_q'] = randn(heads, seed=seed + 1) / 2 + 1
     mapping['gamma_kv'] = randn(heads, seed=seed + 2) / 2 + 1
     load_mapped(mm_attn, timm_attn, mapping, unmapped_src=['temperature'])
@@ -619,7 +619,8 @@ def test_backbone_is_xcit_with_ufo_attention(image_shape):
 
 # --------------------------------------------------------------------------
 # Class attention: timm xcit.ClassAttentionBlock (cait.ClassAttn inside) <->
-# mmsoft.models.ufo_vit.ClassAttentionBlock (the classifier's and mmsoft.pretrain's head's)
+# mmsoft.models.ufo_vit.ClassAttentionBlock (the classifier's and mmsoft.pretrain's
+# head's)
 # --------------------------------------------------------------------------
 def class_attention_mapping(mm_block: nn.Module,
                             renames: Dict[str, str]) -> Dict[str, Rule]:
@@ -667,7 +668,8 @@ def test_classifier_block_is_xcits_layer(tokens):
     timm_out, timm_grad = input_grad(timm_block, joint, seed=31)
     mm_out, mm_grad = input_grad(mm_block, joint, seed=31)
     assert_close(mm_out, timm_out, f'classifier block vs XCiT (N={tokens})')
-    assert_close(mm_grad, timm_grad, f'classifier block input grad vs XCiT (N={tokens})')
+    assert_close(mm_grad, timm_grad,
+                 f'classifier block input grad vs XCiT (N={tokens})')
     cls_token, patches = joint[:, :1], joint[:, 1:]
     with torch.no_grad():
         t = timm_block

@@ -1,7 +1,8 @@
 """An image's features do not depend on how its batch was padded."""
 import pytest
 
-pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack and floor environments')
+pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the '
+                    'stack and floor environments')
 
 import torch
 from mmengine.config import Config

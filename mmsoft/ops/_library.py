@@ -9,7 +9,6 @@ device runs their shapes alone.
 """
 import contextlib
 import importlib
-from contextlib import nullcontext
 from typing import Callable, Dict, Iterator, Optional
 
 import torch
@@ -56,7 +55,7 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
 def autocast_off(device_type: str):
     """Autocast switched off on ``device_type`` (``'meta'`` has none)."""
     if device_type == 'meta':
-        return nullcontext()
+        return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, enabled=False)
 
 
@@ -114,7 +113,7 @@ def backward_without_autocast(backward: Callable) -> Callable:
 HAS_CUSTOM_OPS = hasattr(torch.library, 'custom_op')
 
 #: The kernels each registered operation launches on CUDA, by name (Triton's
-#: and torch's; ``tests/test_ops_launches.py`` counts them under Triton's
+#: and torch's; ``tests/test_ops_triton.py`` counts them under Triton's
 #: interpreter). The kernel count of a training step counts each call so.
 LAUNCHES: Dict[str, int] = {}
 

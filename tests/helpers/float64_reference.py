@@ -59,10 +59,12 @@ CASES: List[Tuple[str, str, object, Dict, Tuple[int, int], Optional[Sequence]]] 
        dict(variant=variant, solver='newton', max_bottleneck_tokens=256, **options),
        (64, 96), [(64, 96), (64, 80)])
       for variant, suffix, options in (('soft++', '', {}), ('soft', '', {}),
-                                       ('soft++', '-plain', dict(memory_efficient=False)))],
+                                       ('soft++', '-plain',
+                                        dict(memory_efficient=False)))],
     *[(f'ufo-vit-{name}', 'ufo_vit', arch, {}, (64, 96), None)
       for name, arch in UFO_VIT_ARCHS.items()],
-    ('ufo-vit-tiny-valid-regions', 'ufo_vit', 'tiny', {}, (64, 96), [(64, 96), (40, 72)]),
+    ('ufo-vit-tiny-valid-regions', 'ufo_vit', 'tiny', {}, (64, 96),
+     [(64, 96), (40, 72)]),
     ('ufo-vit-tiny-plain', 'ufo_vit', 'tiny', dict(memory_efficient=False), (64, 96),
      None),
 ]

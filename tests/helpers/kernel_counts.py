@@ -50,7 +50,8 @@ class KernelCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         tensors = [value for value in pytree.tree_leaves((args, kwargs, out))
                    if isinstance(value, torch.Tensor)]
-        if not self.count_cpu and all(tensor.device.type == 'cpu' for tensor in tensors):
+        on_cpu = all(tensor.device.type == 'cpu' for tensor in tensors)
+        if on_cpu and not self.count_cpu:
             return out
         if func.namespace == 'mmsoft':
             self.counts[name] += LAUNCHES[name]

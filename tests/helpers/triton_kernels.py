@@ -59,7 +59,8 @@ class LaunchCount:
 @contextlib.contextmanager
 def count_launches() -> Iterator[LaunchCount]:
     """Counts the Triton launches (interpreted or compiled) and the torch
-    operations that launch a kernel (:class:`~tests.helpers.kernel_counts.KernelCounter`)."""
+    operations that launch a kernel
+    (:class:`~tests.helpers.kernel_counts.KernelCounter`)."""
     count = LaunchCount()
     if INTERPRETED:
         from triton.runtime.interpreter import InterpretedFunction
