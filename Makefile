@@ -13,8 +13,10 @@
 #   mmcv-lite, no torchvision: every test not marked `mmcv_ops`,
 #   `torchvision` or `frameworks`, the floor of the range;
 # - test-stack, .venv/ (the OpenMMLab stack: torch 2.14.1, mmcv with its
-#   compiled ops, transformers 4.51): the tests marked `openmmlab` or
-#   `frameworks`, but for the peers' own tests (tests/vendor/).
+#   compiled ops, mmpretrain, transformers 4.51): what the other two cannot
+#   run, the tests marked `mmcv_ops`, `openmmlab` and `torchvision`
+#   (mmpretrain) or `stack` (a release only the stack has: tests/conftest.py's
+#   STACK_RELEASES); the peers' own tests (tests/vendor/) are the newest's.
 # The stack's install (mmcv's compile, minutes) and suite run in the
 # background while the other two environments install and their suites run.
 # Every suite runs even when another failed; the status is a failure if any
@@ -30,7 +32,7 @@ FLOOR_STAMP := $(FLOOR_VENV)/.mmsoft-installed
 NEWEST_VENV ?= .venv-newest
 NEWEST_PYTHON := $(NEWEST_VENV)/bin/python
 NEWEST_STAMP := $(NEWEST_VENV)/.mmsoft-installed
-STACK_MARKERS ?= openmmlab or frameworks
+STACK_MARKERS ?= mmcv_ops or (openmmlab and torchvision) or stack
 FLOOR_MARKERS ?= not mmcv_ops and not torchvision and not frameworks
 NEWEST_MARKERS ?= not openmmlab
 # Where `make test` writes the output of the stack's install and suite, and

@@ -175,6 +175,38 @@ def run_installer_function(snippet: str, tmp_path,
         cwd=REPO, env=environment, capture_output=True, text=True, timeout=120)
 
 
+def test_mmcv_units_compile_after_their_shared_header_precompiled(tmp_path):
+    """The compiler of mmcv's build (``precompiling_cxx``) precompiles
+    pytorch_cpp_helper.hpp once, beside it, with the first unit's flags but
+    its dependency file, source and output; then it compiles each unit as
+    asked."""
+    common = tmp_path / 'csrc' / 'common'
+    common.mkdir(parents=True)
+    (common / 'pytorch_cpp_helper.hpp').write_text('')
+    calls, compiler = tmp_path / 'calls', tmp_path / 'c++'
+    compiler.write_text('#!/usr/bin/env bash\n'  # logs its call, makes its output
+                        f'echo "$*" >> {calls}\n'
+                        'for arg; do [ "$last" = -o ] && touch "$arg"; last=$arg\n'
+                        'done\n')
+    compiler.chmod(0o755)
+    (tmp_path / 'bin').mkdir()
+    subprocess.run(['bash', '-c', 'source tools/build_mmcv_wheel.sh && '
+                    f'precompiling_cxx {tmp_path / "bin"}'], cwd=REPO, check=True,
+                   env=dict(os.environ, CXX=str(compiler)), timeout=60)
+    units = [['-MMD', '-MF', f'{name}.o.d', '-O3', f'-I{common}', '-c', '-c',
+              f'{name}.cpp', '-o', f'{name}.o', '-std=c++20', '-DX=1']
+             for name in ('a', 'b')]
+    for unit in units:
+        subprocess.run([str(tmp_path / 'bin' / 'c++'), *unit], cwd=tmp_path,
+                       check=True, timeout=60)
+    header = common / 'pytorch_cpp_helper.hpp'
+    precompile = (f'-O3 -I{common} -std=c++20 -DX=1 -x c++-header {header} '
+                  f'-o {header}.gch.part')
+    assert calls.read_text().splitlines() == [precompile,
+                                              *(' '.join(unit) for unit in units)]
+    assert (common / 'pytorch_cpp_helper.hpp.gch').is_file()
+
+
 @pytest.mark.parametrize('output, hint', [
     ('WARNING: Retrying ... NewConnectionError: Temporary failure in name resolution',
      'the package registry could not be reached'),
