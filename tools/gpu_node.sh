@@ -468,15 +468,17 @@ run_train() {
     LOG="$OUT/gpu_train.log" FAILED=0
     : > "$LOG"
     mkdir -p "$work_root" && work_root="$(cd "$work_root" && pwd)"
-    if [ "$DEVICE" = cpu ]; then  # mmengine's AMP needs a GPU
+    if [ "$DEVICE" = cpu ]; then  # mmengine's AMP needs a GPU, and so CUDA's ops
         amp=() ops=() interval=1 SPEED_ITERS=2
         demo_train=(--cfg-options train_cfg.max_epochs=1 train_cfg.val_interval=100
                     train_dataloader.dataset.indices=16 default_hooks.logger.interval=1)
         demo_test=(--cfg-options test_dataloader.dataset.indices=8)
-    fi
-    ops+=(--cuda-version "$("$PYTHON" -c 'import json, sys
+    else
+        ops+=(--cuda-version "$("$PYTHON" -c 'import json, sys
 print(json.load(open(sys.argv[1]))["mmcv"]["cuda"])' "$BUNDLE/gpu-train-manifest.json")")
-    (cd "$ROOT" && "$PYTHON" tools/gpu_node.py mmcv-ops "${ops[@]}") 2>&1 | tee -a "$LOG"
+    fi
+    (cd "$ROOT" && "$PYTHON" tools/gpu_node.py mmcv-ops ${ops[@]+"${ops[@]}"}) 2>&1 \
+        | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" = 0 ] || fail 1 "mmcv's compiled ops do not run (log: $LOG)"
     phase install "$INSTALL_SINCE"
 
