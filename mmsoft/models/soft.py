@@ -54,6 +54,14 @@ def capped_grid_size(height: int, width: int,
     return rows, cols
 
 
+def cap_bottleneck_grid(grid: torch.Tensor, max_tokens: Optional[int]) -> torch.Tensor:
+    """A grid (B, d, h, w) average-pooled to at most ``max_tokens`` cells."""
+    size = capped_grid_size(grid.shape[-2], grid.shape[-1], max_tokens)
+    if size == tuple(grid.shape[-2:]):
+        return grid
+    return F.adaptive_avg_pool2d(grid, size)
+
+
 def pooling_matrix(cells: List[Tuple[int, int]], grid: Tuple[int, int],
                    max_tokens: Optional[int]) -> Tuple[torch.Tensor, List[int]]:
     """Each image's bottleneck tokens as rows of a (B, m, H * W) matrix on the
@@ -163,9 +171,11 @@ class SoftAttention(nn.Module):
         grid = self.bottleneck_conv(query_map.reshape(
             -1, self.head_dims, height, width))  # (B h, d, H', W')
         grid = grid.reshape(batch, -1, *grid.shape[-2:])  # (B, h d, H', W')
-        if self.exportable and regions is None:  # the grid's size follows the input
-            tokens = traceable_cap_bottleneck_grid(grid, self.max_bottleneck_tokens)
-            tokens = self.scale * tokens.flatten(2).transpose(1, 2)  # (B, m, h d)
+        if regions is None:  # one pooling for the batch; in export on traced sizes
+            cap = (traceable_cap_bottleneck_grid if self.exportable
+                   else cap_bottleneck_grid)
+            tokens = cap(grid, self.max_bottleneck_tokens).flatten(2).transpose(1, 2)
+            tokens = self.scale * tokens  # (B, m, h d)
             counts = inside = None
         else:
             pool, counts, inside = self.pooling(grid, regions)
@@ -175,34 +185,31 @@ class SoftAttention(nn.Module):
         bottleneck = gelu(self.bottleneck_norm(tokens)).transpose(1, 2)  # (B, h, m, d)
         return full_precision(bottleneck), counts, inside
 
-    def pooling(self, grid: torch.Tensor, regions: Optional[Regions]):
-        """The bottleneck pooling of a grid (B, h d, H', W') as a matrix (B or 1,
-        m, H' W'), times the query scale, with each image's token count and
-        mask (B, m) where ``regions`` are given (None without); made once per
-        grid."""
-        grid_shape = tuple(grid.shape[-2:])
+    def pooling(self, grid: torch.Tensor, regions: Regions):
+        """The bottleneck pooling of a grid (B, h d, H', W') in regions, as a
+        matrix (B, m, H' W') times the query scale, with each image's token
+        count and the mask of its tokens (B, m); made once per grid."""
         stride = self.bottleneck_conv.stride[0]
         key = ('bottleneck pooling', stride, self.max_bottleneck_tokens, self.scale,
                grid.dtype)
-        if regions is not None and key in regions.cache:
+        if key in regions.cache:
             return regions.cache[key]
 
-        cells = [grid_shape] if regions is None else [
-            (height // stride, width // stride) for height, width in regions.shapes]
-        if regions is not None and not all(rows and cols for rows, cols in cells):
+        cells = [(height // stride, width // stride)
+                 for height, width in regions.shapes]
+        if not all(rows and cols for rows, cols in cells):
             raise ValueError(
                 f'valid_shapes={regions.shapes} holds a region too small for the '
                 f'bottleneck convolution of stride {stride}; expected every region '
                 f'to span at least {stride} x {stride} cells of each grid.')
-        pool, counts = pooling_matrix(cells, grid_shape, self.max_bottleneck_tokens)
-        # Made on the CPU, copied to the device without waiting for it.
-        pool = (pool * self.scale).to(grid.device, grid.dtype, non_blocking=True)
-        if regions is None:
-            return pool, None, None
+        pool, counts = pooling_matrix(cells, tuple(grid.shape[-2:]),
+                                      self.max_bottleneck_tokens)
         index = torch.arange(pool.shape[1])
         inside = torch.stack([index < count for count in counts])  # (B, m)
-        inside = inside.to(grid.device, full_precision(pool).dtype, non_blocking=True)
-        regions.cache[key] = pool, counts, inside
+        # Made on the CPU, copied to the device without waiting for it.
+        regions.cache[key] = (
+            (pool * self.scale).to(grid.device, grid.dtype, non_blocking=True), counts,
+            inside.to(grid.device, full_precision(grid).dtype, non_blocking=True))
         return regions.cache[key]
 
     def solver_to_run(self) -> str:
