@@ -147,6 +147,25 @@ def test_a_case_past_its_hard_limit_is_killed(tmp_path):
     assert [r['error'] for r in records] == ['timed out after 0 s'] * 2
 
 
+def test_root_measures_that_checkouts_mmsoft(tmp_path):
+    """``root=PATH`` imports PATH's mmsoft in the measuring process: one that
+    fails to import fails its case with its error; a folder without mmsoft
+    is refused, not measured with this checkout's."""
+    broken = tmp_path / 'broken' / 'mmsoft'
+    broken.mkdir(parents=True)
+    (broken / '__init__.py').write_text("raise ImportError('the older checkout')\n")
+    (tmp_path / 'empty').mkdir()
+    chosen = settings(tmp_path, modes=['inference'], models=[
+        f"old=soft++-tiny:root='{tmp_path / 'broken'}'",
+        f"none=soft++-tiny:root='{tmp_path / 'empty'}'"])
+    errors = {case['label']: [r['error'] for r in runner.run_case(case, 120)]
+              for case in runner.make_cases(chosen)}
+    assert ['the older checkout' in e for e in errors['old']] == [True]
+    assert errors['none'] == [f"build failed: RuntimeError: mmsoft was imported from "
+                              f"{REPO / 'mmsoft' / '__init__.py'}, not from "
+                              f"root={tmp_path / 'empty'}."]
+
+
 def test_the_tests_run_first_and_are_counted(tmp_path):
     tests = tmp_path / 'test_x.py'
     tests.write_text('import pytest\ndef test_a(): pass\ndef test_b(): assert 0\n'

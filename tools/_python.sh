@@ -6,11 +6,6 @@
 #   3. python from PATH.
 # Symbolic links to the tools/ folder are followed to find the checkout.
 if [ -z "${PYTHON:-}" ]; then
-    _mmsoft_root="$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-    if [ -x "$_mmsoft_root/.venv/bin/python" ]; then
-        PYTHON="$_mmsoft_root/.venv/bin/python"
-    else
-        PYTHON=python
-    fi
-    unset _mmsoft_root
+    PYTHON="$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin/python"
+    [ -x "$PYTHON" ] || PYTHON=python
 fi

@@ -1,10 +1,8 @@
-"""The demo's generated datasets, written to disk so that the libraries' own
-dataset classes read them (``tools/generate_demo_data.py`` writes them):
+"""The demo's datasets (``tools/generate_demo_data.py`` writes them), random
+scenes of overlapping shapes on textured backgrounds in the libraries' own
+layouts. An object's class is told by its outline only (colour, shading and
+noise are random); a later object leaves ``min_visible`` of an earlier one.
 
-- random scenes of overlapping shapes on textured backgrounds, the renderer
-  of every dataset. An object's class is told by its outline only: colour,
-  shading and noise are random. A later object may cover an earlier one,
-  which keeps at least ``min_visible`` of its area;
 - COCO instance segmentation: ``annotations/instances_{train,val}.json`` and
   PNG images in ``train/`` and ``val/``. Each annotation is one polygon
   (``iscrowd=0``) whose ``area`` and ``bbox`` are those of its rasterised
@@ -19,13 +17,14 @@ dataset classes read them (``tools/generate_demo_data.py`` writes them):
   ``CustomDataset`` reads them. Classes are balanced and sorted, so folder
   order and labels agree.
 """
+import glob
 import json
 import math
 import os
 import os.path as osp
 import shutil
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -41,16 +40,13 @@ def _regular_polygon(num: int, radius: float, phase: float) -> np.ndarray:
     return np.stack([np.cos(angles), np.sin(angles)], 1) * radius
 
 
-def _circle(radius: float, rng: np.random.Generator) -> np.ndarray:
-    return _regular_polygon(64, radius, 0.0)
-
-
-def _triangle(radius: float, rng: np.random.Generator) -> np.ndarray:
-    return _regular_polygon(3, radius, rng.uniform(0, 2 * np.pi))
-
-
-def _square(radius: float, rng: np.random.Generator) -> np.ndarray:
-    return _regular_polygon(4, radius, rng.uniform(0, np.pi / 2))
+def _turned_polygon(num: int, max_turn: float) -> Callable:
+    """Outline generator of a regular ``num``-gon turned by a random angle
+    below ``max_turn`` (none, and no draw, for 0)."""
+    def shape(radius: float, rng: np.random.Generator) -> np.ndarray:
+        phase = rng.uniform(0, max_turn) if max_turn else 0.0
+        return _regular_polygon(num, radius, phase)
+    return shape
 
 
 def _star(radius: float, rng: np.random.Generator) -> np.ndarray:
@@ -72,9 +68,9 @@ def _cross(radius: float, rng: np.random.Generator) -> np.ndarray:
 
 #: Outline generators: ``f(radius, rng) -> (N, 2)`` vertices around the origin.
 SHAPES: Dict[str, Callable[[float, np.random.Generator], np.ndarray]] = {
-    'circle': _circle,
-    'triangle': _triangle,
-    'square': _square,
+    'circle': _turned_polygon(64, 0),
+    'triangle': _turned_polygon(3, 2 * np.pi),
+    'square': _turned_polygon(4, np.pi / 2),
     'star': _star,
     'cross': _cross,
 }
@@ -105,13 +101,6 @@ class Scene:
         for obj in self.objects:
             out[obj.visible_mask] = obj.label + offset
         return out
-
-
-def split_seeds(seed: int) -> Tuple[int, int]:
-    """Seeds of the train and val splits from two streams of ``seed``: the
-    splits share no image, and a seed always gives the same files."""
-    train, val = np.random.SeedSequence(seed).spawn(2)
-    return int(train.generate_state(1)[0]), int(val.generate_state(1)[0])
 
 
 def check_classes(classes: Sequence[str]) -> Tuple[str, ...]:
@@ -178,15 +167,11 @@ def _polygon_mask(points: np.ndarray, height: int, width: int) -> np.ndarray:
     return mask.astype(bool)
 
 
-def render_scene(rng: np.random.Generator,
-                 height: int,
-                 width: int,
-                 num_classes: int,
-                 shape_fns: Sequence[Callable],
+def render_scene(rng: np.random.Generator, height: int, width: int,
+                 num_classes: int, shape_fns: Sequence[Callable],
                  num_objects: Tuple[int, int] = (2, 6),
                  size_range: Tuple[float, float] = (0.1, 0.6),
-                 min_visible: float = 0.6,
-                 min_pixels: int = 40,
+                 min_visible: float = 0.6, min_pixels: int = 40,
                  max_tries: int = 60) -> Scene:
     """Renders one scene of ``num_objects`` (an inclusive range) objects,
     each of a uniformly drawn class, its diameter a log-uniform fraction
@@ -199,7 +184,6 @@ def render_scene(rng: np.random.Generator,
         target = int(rng.integers(num_objects[0], num_objects[1] + 1))
         objects: List[SceneObject] = []
         for _ in range(target):
-            placed = None
             for _ in range(max_tries):
                 label = int(rng.integers(num_classes))
                 radius = float(np.exp(rng.uniform(lo, hi))) / 2
@@ -212,14 +196,14 @@ def render_scene(rng: np.random.Generator,
                 if mask.sum() < max(min_pixels, 0.75 * _full_area(outline)):
                     continue  # too small or cut off too much by the border
                 if _keeps_visible(objects, mask, min_visible, min_pixels):
-                    placed = SceneObject(label, mask)
+                    objects.append(SceneObject(label, mask))
                     break
-            if placed is None:
-                continue
-            objects.append(placed)
         if len(objects) >= num_objects[0]:
             break
-    _set_visible_masks(objects)
+    above = np.zeros((height, width), bool)
+    for obj in reversed(objects):  # what later objects leave visible
+        obj.visible_mask = obj.full_mask & ~above
+        above |= obj.full_mask
     background = render_background(rng, height, width)
     image = background.copy()
     for obj in objects:
@@ -247,10 +231,8 @@ def _keeps_visible(objects: List[SceneObject], new_mask: np.ndarray,
         # Visibility after every object painted so far, plus the new one.
         remaining = obj.full_mask & ~above
         above |= obj.full_mask
-        full = obj.full_mask.sum()
-        if remaining.sum() < max(min_pixels, min_visible * full):
-            return False
-        if not is_simple_region(remaining):
+        if (remaining.sum() < max(min_pixels, min_visible * obj.full_mask.sum())
+                or not is_simple_region(remaining)):
             return False
     return is_simple_region(new_mask)
 
@@ -266,20 +248,50 @@ def is_simple_region(mask: np.ndarray) -> bool:
     return num == 2
 
 
-def _set_visible_masks(objects: List[SceneObject]) -> None:
-    above = np.zeros_like(objects[0].full_mask)
-    for obj in reversed(objects):
-        obj.visible_mask = obj.full_mask & ~above
-        above |= obj.full_mask
+# --- Splits
+def split_seeds(seed: int) -> Tuple[int, int]:
+    """Seeds of the train and val splits from two streams of ``seed``: the
+    splits share no image, and a seed always gives the same files."""
+    train, val = np.random.SeedSequence(seed).spawn(2)
+    return int(train.generate_state(1)[0]), int(val.generate_state(1)[0])
+
+
+def _generate(write_split: Callable, root: str, num_train: int, num_val: int,
+              seed: int, **kwargs) -> Dict[str, dict]:
+    """Each split's statistics from ``write_split(root, split, num_images,
+    split_seed, first, **kwargs)``; ``first``, the number of the split's first
+    image, continues train's numbers in val."""
+    splits = dict(train=(num_train, 1), val=(num_val, num_train + 1))
+    return {split: write_split(root, split, count, split_seed, first, **kwargs)
+            for (split, (count, first)), split_seed in zip(splits.items(),
+                                                           split_seeds(seed))}
+
+
+def _clean_folder(folder: str, pattern: str) -> str:
+    """Creates ``folder`` and removes its files matching the glob ``pattern``
+    (an earlier run's, which the libraries would list); returns ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    for path in glob.glob(osp.join(glob.escape(folder), pattern)):
+        os.remove(path)
+    return folder
+
+
+def _scenes(seed: int, sizes: Sequence[Tuple[int, int]], classes: Sequence[str],
+            **scene_kwargs) -> Iterator[Scene]:
+    """One scene of ``classes`` for each (height, width) of ``sizes``."""
+    rng = np.random.default_rng(seed)
+    shape_fns = [SHAPES[name] for name in classes]
+    for height, width in sizes:
+        yield render_scene(rng, height, width, len(classes), shape_fns,
+                           **scene_kwargs)
+
+
+#: Colours of the classes of the datasets' ``metainfo``.
+_PALETTE = [(220, 20, 60), (0, 130, 200), (60, 180, 75), (255, 160, 0),
+            (145, 30, 180)]
 
 
 # --- COCO instance segmentation
-#: File names written under ``root``.
-COCO_ANN_FILES = dict(train='annotations/instances_train.json',
-                      val='annotations/instances_val.json')
-COCO_IMG_DIRS = dict(train='train/', val='val/')
-
-
 def mask_to_polygon(mask: np.ndarray, upsample: int = 4) -> List[float]:
     """The outline of one connected region of ``mask`` as a flat COCO polygon,
     traced at ``upsample`` times the resolution along the pixel borders, so
@@ -295,9 +307,9 @@ def mask_to_polygon(mask: np.ndarray, upsample: int = 4) -> List[float]:
     return [round(float(v), 3) for v in points.reshape(-1)]
 
 
-def _annotations(scene: Scene, image_id: int, first_ann_id: int, height: int,
-                 width: int) -> List[dict]:
+def _annotations(scene: Scene, image_id: int, first_ann_id: int) -> List[dict]:
     from pycocotools import mask as mask_utils
+    height, width = scene.image.shape[:2]
     anns = []
     for obj in scene.objects:
         polygon = mask_to_polygon(obj.visible_mask)
@@ -322,9 +334,7 @@ def check_side_range(img_side_range: Sequence[int]) -> None:
                          'min_side <= max_side.')
 
 
-def image_sizes(num_images: int,
-                seed: int,
-                img_size: Tuple[int, int] = (160, 160),
+def image_sizes(num_images: int, seed: int, img_size: Tuple[int, int] = (160, 160),
                 img_side_range: Optional[Tuple[int, int]] = None
                 ) -> List[Tuple[int, int]]:
     """The (height, width) of each image of a split: ``img_size``, or drawn
@@ -339,117 +349,74 @@ def image_sizes(num_images: int,
     return [(int(height), int(width)) for height, width in sides]
 
 
-def generate_coco_split(root: str,
-                        split: str,
-                        num_images: int,
-                        seed: int,
-                        classes: Sequence[str] = DEFAULT_CLASSES,
-                        img_size: Tuple[int, int] = (160, 160),
-                        first_image_id: int = 1,
-                        img_side_range: Optional[Tuple[int, int]] = None,
-                        **scene_kwargs) -> Dict[str, int]:
-    """Writes one split's images and annotation file; ids start at
-    ``first_image_id``. Returns the ``images`` and ``annotations`` counts."""
-    classes = check_classes(classes)
+def _write_coco_split(root: str, split: str, num_images: int, seed: int,
+                      first: int, classes: Sequence[str], img_size: Tuple[int, int],
+                      img_side_range: Optional[Tuple[int, int]],
+                      **scene_kwargs) -> Dict[str, int]:
+    """Writes one split's PNG images and annotation file, image ids from
+    ``first``; returns the ``images`` and ``annotations`` counts."""
     sizes = image_sizes(num_images, seed, img_size, img_side_range)
-    rng = np.random.default_rng(seed)
-    img_dir = osp.join(root, COCO_IMG_DIRS[split])
-    os.makedirs(img_dir, exist_ok=True)
+    img_dir = _clean_folder(osp.join(root, split), '[0-9]' * 12 + '.png')
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
-    for name in os.listdir(img_dir):  # images of an earlier run
-        if len(name) == 16 and name.endswith('.png') and name[:12].isdigit():
-            os.remove(osp.join(img_dir, name))
-    shape_fns = [SHAPES[name] for name in classes]
     images, annotations = [], []
-    for index, (height, width) in enumerate(sizes):
-        image_id = first_image_id + index
-        scene = render_scene(rng, height, width, len(classes), shape_fns,
-                             **scene_kwargs)
+    scenes = _scenes(seed, sizes, classes, **scene_kwargs)
+    for image_id, ((height, width), scene) in enumerate(zip(sizes, scenes), first):
         file_name = f'{image_id:012d}.png'
         cv2.imwrite(osp.join(img_dir, file_name), scene.image,
                     [cv2.IMWRITE_PNG_COMPRESSION, 1])
         images.append(dict(id=image_id, file_name=file_name, height=height,
                            width=width))
-        annotations += _annotations(scene, image_id,
-                                    image_id * 100, height, width)
+        annotations += _annotations(scene, image_id, image_id * 100)
+    info = dict(description=f'mmsoft generated shapes ({split}, seed {seed})',
+                version='1.0')
     categories = [dict(id=i + 1, name=name, supercategory='shape')
                   for i, name in enumerate(classes)]
-    coco = dict(
-        info=dict(description=f'mmsoft generated shapes ({split}, seed {seed})',
-                  version='1.0'),
-        licenses=[],
-        images=images,
-        annotations=annotations,
-        categories=categories)
-    with open(osp.join(root, COCO_ANN_FILES[split]), 'w') as f:
+    coco = dict(info=info, licenses=[], images=images, annotations=annotations,
+                categories=categories)
+    with open(osp.join(root, f'annotations/instances_{split}.json'), 'w') as f:
         json.dump(coco, f)
     return dict(images=len(images), annotations=len(annotations))
 
 
-def generate_coco_demo(root: str,
-                       num_train: int = 600,
-                       num_val: int = 100,
-                       seed: int = 0,
-                       classes: Sequence[str] = DEFAULT_CLASSES,
+def generate_coco_demo(root: str, num_train: int = 600, num_val: int = 100,
+                       seed: int = 0, classes: Sequence[str] = DEFAULT_CLASSES,
                        img_size: Tuple[int, int] = (160, 160),
                        img_side_range: Optional[Tuple[int, int]] = None,
                        **scene_kwargs) -> Dict[str, Dict[str, int]]:
     """Writes the train and val splits (``num_train``, ``num_val`` images of
     ``img_size``, or of sides drawn from ``img_side_range``) of ``classes``
     from ``seed``; returns each split's counts."""
-    train_seed, val_seed = split_seeds(seed)
-    return dict(
-        train=generate_coco_split(root, 'train', num_train, train_seed,
-                                  classes, img_size, 1, img_side_range,
-                                  **scene_kwargs),
-        val=generate_coco_split(root, 'val', num_val, val_seed, classes,
-                                img_size, num_train + 1, img_side_range,
-                                **scene_kwargs))
+    return _generate(_write_coco_split, root, num_train, num_val, seed,
+                     classes=check_classes(classes), img_size=img_size,
+                     img_side_range=img_side_range, **scene_kwargs)
 
 
 def coco_metainfo(classes: Optional[Sequence[str]] = None) -> dict:
     """``metainfo`` for mmdet's ``CocoDataset`` on the generated data."""
     classes = check_classes(classes or DEFAULT_CLASSES)
-    palette = [(220, 20, 60), (0, 130, 200), (60, 180, 75), (255, 160, 0),
-               (145, 30, 180)]
-    return dict(classes=classes, palette=palette[:len(classes)])
+    return dict(classes=classes, palette=_PALETTE[:len(classes)])
 
 
 # --- ADE20K-layout semantic segmentation
-ADE_SPLITS = dict(train='training', val='validation')
-ADE_PREFIX = dict(train='ADE_train_', val='ADE_val_')
+ADE_SPLITS = dict(train=('training', 'ADE_train_'), val=('validation', 'ADE_val_'))
 #: Label value of background pixels in the PNGs (before ``reduce_zero_label``).
 BACKGROUND_VALUE = 1
 
 
-def generate_ade_split(root: str,
-                       split: str,
-                       num_images: int,
-                       seed: int,
-                       classes: Sequence[str] = DEFAULT_CLASSES,
-                       img_size: Tuple[int, int] = (160, 160),
-                       **scene_kwargs) -> Dict[str, int]:
-    """Writes one split's JPEG images and PNG label maps; returns the
-    ``images`` count and the ``pixels`` of each label value."""
-    classes = check_classes(classes)
-    height, width = img_size
-    rng = np.random.default_rng(seed)
-    img_dir = osp.join(root, 'images', ADE_SPLITS[split])
-    ann_dir = osp.join(root, 'annotations', ADE_SPLITS[split])
-    for folder, suffix in ((img_dir, '.jpg'), (ann_dir, '.png')):
-        os.makedirs(folder, exist_ok=True)
-        # mmseg lists the directories: files of an earlier, larger run go.
-        for name in os.listdir(folder):
-            if name.startswith(ADE_PREFIX[split]) and name.endswith(suffix):
-                os.remove(osp.join(folder, name))
-    shape_fns = [SHAPES[name] for name in classes]
+def _write_ade_split(root: str, split: str, num_images: int, seed: int, first: int,
+                     classes: Sequence[str], img_size: Tuple[int, int],
+                     **scene_kwargs) -> Dict[str, int]:
+    """Writes one split's JPEG images and PNG label maps, numbered from 1;
+    returns the ``images`` count and the ``pixels`` of each label value."""
+    folder, prefix = ADE_SPLITS[split]
+    img_dir = _clean_folder(osp.join(root, 'images', folder), prefix + '*.jpg')
+    ann_dir = _clean_folder(osp.join(root, 'annotations', folder), prefix + '*.png')
     pixels = np.zeros(len(classes) + 2, np.int64)
-    for index in range(num_images):
-        scene = render_scene(rng, height, width, len(classes), shape_fns,
-                             **scene_kwargs)
+    scenes = _scenes(seed, [img_size] * num_images, classes, **scene_kwargs)
+    for index, scene in enumerate(scenes, 1):
         labels = scene.label_map(background=BACKGROUND_VALUE,
                                  offset=BACKGROUND_VALUE + 1)
-        stem = f'{ADE_PREFIX[split]}{index + 1:08d}'
+        stem = f'{prefix}{index:08d}'
         cv2.imwrite(osp.join(img_dir, stem + '.jpg'), scene.image,
                     [cv2.IMWRITE_JPEG_QUALITY, 95])
         cv2.imwrite(osp.join(ann_dir, stem + '.png'), labels)
@@ -463,44 +430,27 @@ def generate_ade_demo(root: str, num_train: int = 600, num_val: int = 100,
                       **scene_kwargs) -> Dict[str, dict]:
     """Writes the training and validation splits, with the arguments of
     :func:`generate_coco_demo`."""
-    train_seed, val_seed = split_seeds(seed)
-    return dict(
-        train=generate_ade_split(root, 'train', num_train, train_seed, classes,
-                                 img_size, **scene_kwargs),
-        val=generate_ade_split(root, 'val', num_val, val_seed, classes,
-                               img_size, **scene_kwargs))
+    return _generate(_write_ade_split, root, num_train, num_val, seed,
+                     classes=check_classes(classes), img_size=img_size,
+                     **scene_kwargs)
 
 
 def ade_metainfo(classes: Optional[Sequence[str]] = None) -> dict:
-    """``metainfo`` for mmseg's ``BaseSegDataset`` with ``reduce_zero_label``."""
-    classes = ('background', ) + check_classes(classes or DEFAULT_CLASSES)
-    palette = [[0, 0, 0], [220, 20, 60], [0, 130, 200], [60, 180, 75],
-               [255, 160, 0], [145, 30, 180]]
-    return dict(classes=classes, palette=palette[:len(classes)])
+    """``metainfo`` for mmseg's ``BaseSegDataset`` with ``reduce_zero_label``:
+    :func:`coco_metainfo`'s after a black ``background``."""
+    coco = coco_metainfo(classes)
+    return dict(classes=('background', ) + coco['classes'],
+                palette=[(0, 0, 0)] + coco['palette'])
 
 
 # --- ImageNet-layout classification
-#: Folders and files written under ``root``.
-CLS_SPLITS = ('train', 'val')
-CLS_LIST_FILES = dict(train='meta/train.txt', val='meta/val.txt')
-CLS_CLASSES_FILE = 'meta/classes.txt'
-
-
-def render_shape_image(rng: np.random.Generator, height: int, width: int,
-                       shape: str, size_range: Tuple[float, float] = (0.45, 0.85)
-                       ) -> np.ndarray:
-    """One BGR image of ``shape`` on a noisy background."""
-    scene = render_scene(rng, height, width, 1, [SHAPES[shape]], num_objects=(1, 1),
-                         size_range=size_range)
-    return scene.image
-
-
-def generate_classification_split(root: str, split: str, num_images: int,
-                                  seed: int, classes: Sequence[str],
-                                  img_size: Tuple[int, int], first_index: int = 1,
-                                  **shape_kwargs) -> Dict[str, int]:
-    """Writes one split's images and list file; returns ``images`` and the
-    count ``per_class``."""
+def _write_cls_split(root: str, split: str, num_images: int, seed: int, first: int,
+                     classes: Sequence[str], img_size: Tuple[int, int],
+                     size_range: Tuple[float, float] = (0.45, 0.85)
+                     ) -> Dict[str, int]:
+    """Writes one split's images, one ``size_range`` shape each on a noisy
+    background, and its list file; returns ``images`` and the count
+    ``per_class``."""
     height, width = img_size
     rng = np.random.default_rng(seed)
     split_dir = osp.join(root, split)
@@ -508,17 +458,17 @@ def generate_classification_split(root: str, split: str, num_images: int,
         shutil.rmtree(split_dir)
     for name in classes:
         os.makedirs(osp.join(split_dir, name))
-    os.makedirs(osp.join(root, 'meta'), exist_ok=True)
     lines, counts = [], [0] * len(classes)
     for index in range(num_images):
         label = index % len(classes)
-        image = render_shape_image(rng, height, width, classes[label], **shape_kwargs)
-        relative = f'{classes[label]}/{first_index + index:06d}.png'
-        cv2.imwrite(osp.join(split_dir, relative), image,
+        scene = render_scene(rng, height, width, 1, [SHAPES[classes[label]]],
+                             num_objects=(1, 1), size_range=size_range)
+        relative = f'{classes[label]}/{first + index:06d}.png'
+        cv2.imwrite(osp.join(split_dir, relative), scene.image,
                     [cv2.IMWRITE_PNG_COMPRESSION, 1])
         lines.append(f'{relative} {label}\n')
         counts[label] += 1
-    with open(osp.join(root, CLS_LIST_FILES[split]), 'w') as file:
+    with open(osp.join(root, f'meta/{split}.txt'), 'w') as file:
         file.writelines(lines)
     return dict(images=num_images, per_class=counts)
 
@@ -538,15 +488,10 @@ def generate_classification_demo(root: str, num_train: int = 400, num_val: int =
     if len(img_size) != 2 or min(img_size) < 32:
         raise ValueError(f'img_size={img_size!r} must be (height, width), each at '
                          f'least 32.')
-    os.makedirs(root, exist_ok=True)
-    stats = {}
-    for (split, count, first), split_seed in zip(
-            (('train', num_train, 1), ('val', num_val, num_train + 1)),
-            split_seeds(seed)):
-        stats[split] = generate_classification_split(
-            root, split, count, split_seed, classes, tuple(img_size), first,
-            **shape_kwargs)
-    with open(osp.join(root, CLS_CLASSES_FILE), 'w') as file:
+    os.makedirs(osp.join(root, 'meta'), exist_ok=True)
+    stats = _generate(_write_cls_split, root, num_train, num_val, seed,
+                      classes=classes, img_size=tuple(img_size), **shape_kwargs)
+    with open(osp.join(root, 'meta/classes.txt'), 'w') as file:
         file.writelines(f'{name}\n' for name in classes)
     stats['classes'] = list(classes)
     return stats

@@ -76,34 +76,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def coco_summary(stats: dict, args: argparse.Namespace) -> str:
-    """One line on the written COCO dataset."""
-    train, val = stats['train'], stats['val']
-    return (f'COCO dataset in {args.coco_root}: train {train["images"]} images / '
-            f'{train["annotations"]} objects, val {val["images"]} images / '
-            f'{val["annotations"]} objects, classes {args.classes}')
-
-
-def ade_summary(stats: dict, args: argparse.Namespace) -> str:
-    """One line on the written ADE20K-layout dataset."""
-    return (f'ADE20K-layout dataset in {args.ade_root}: training '
-            f'{stats["train"]["images"]} images, validation '
-            f'{stats["val"]["images"]} images, labels '
-            f'{["background"] + list(args.classes)}')
-
-
-def cls_summary(stats: dict, args: argparse.Namespace) -> str:
-    """One line on the written classification dataset."""
-    return (f'classification dataset in {args.cls_root}: train '
-            f'{stats["train"]["images"]} images, val {stats["val"]["images"]} '
-            f'images, classes {stats["classes"]}')
-
-
-#: kind -> (generator, argument holding its root, summary line).
+#: kind -> (generator, argument holding its root, summary line with the
+#: fields root, train and val (their statistics), classes and labels).
 DATASETS = {
-    'coco': (generate_coco_demo, 'coco_root', coco_summary),
-    'ade': (generate_ade_demo, 'ade_root', ade_summary),
-    'cls': (generate_classification_demo, 'cls_root', cls_summary),
+    'coco': (generate_coco_demo, 'coco_root',
+             'COCO dataset in {root}: train {train[images]} images / '
+             '{train[annotations]} objects, val {val[images]} images / '
+             '{val[annotations]} objects, classes {classes}'),
+    'ade': (generate_ade_demo, 'ade_root',
+            'ADE20K-layout dataset in {root}: training {train[images]} images, '
+            'validation {val[images]} images, labels {labels}'),
+    'cls': (generate_classification_demo, 'cls_root',
+            'classification dataset in {root}: train {train[images]} images, '
+            'val {val[images]} images, classes {classes}'),
 }
 
 
@@ -123,7 +108,11 @@ def main(argv=None) -> None:
         generate, root_arg, summary = DATASETS[kind]
         start = time.time()
         stats = generate(getattr(args, root_arg), **common)
-        print(f'{summary(stats, args)} ({time.time() - start:.1f} s)')
+        line = summary.format(root=getattr(args, root_arg), train=stats['train'],
+                              val=stats['val'],
+                              classes=stats.get('classes', args.classes),
+                              labels=['background'] + list(args.classes))
+        print(f'{line} ({time.time() - start:.1f} s)')
 
 
 if __name__ == '__main__':

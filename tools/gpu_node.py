@@ -1,29 +1,12 @@
 """What ``tools/gpu_node.sh`` runs in Python, with the node's interpreter or
-the build environment's (docs/gpu.md).
+the build environment's (docs/gpu.md); ``python tools/gpu_node.py -h`` lists
+its commands: device, node BUNDLE, manifest OUT_DIR KEY ARCH_LIST NVCC BUILT
+PYTHON PLATFORM, mmcv-ops [--cuda-version V] [--require-cuda], and table --out
+DIR --run KEY=VALUE... [--run ...].
 
-    python tools/gpu_node.py device
-        the node's torch and GPU in one line; exit status 10 without torch,
-        11 for a torch without CUDA, 12 when no GPU is visible.
-    python tools/gpu_node.py node BUNDLE
-        checks a training bundle against the node: its mmcv was compiled
-        against the node's torch release and CUDA major version, and every
-        package of its gpu-train-node.txt imports; exit status 2 for an
-        unreadable manifest, 3 naming what does not match.
-    python tools/gpu_node.py manifest OUT_DIR KEY ARCH_LIST NVCC BUILT PYTHON PLATFORM
-        (the build environment, after mmcv's build) writes
-        OUT_DIR/gpu-train-manifest.json: each wheel's origin and size, the
-        torch, CUDA, nvcc and the GPU architectures whose machine code mmcv's
-        compiled ops carry, each of ARCH_LIST required.
-    python tools/gpu_node.py mmcv-ops [--cuda-version V] [--require-cuda]
-        NMS and RoIAlign of mmcv's compiled ops on the CPU and, where a GPU
-        is visible, on CUDA, against each other and the expected values.
-    python tools/gpu_node.py table --out DIR --run KEY=VALUE... [--run ...]
-        gpu_train.md and gpu_train.json: per training run, seconds per
-        iteration, images per second and peak GPU memory from mmengine's
-        logs, time against Swin-T's, and the demo's COCO mAP.
-
-Exit status 0, or 1 naming the check that failed, or 2 on invalid
-arguments.
+Exit status 0, or 1 naming the check that failed, or 2 on invalid arguments;
+``device``: 10 without torch, 11 for a torch without CUDA, 12 when no GPU is
+visible; ``node``: 2 for an unreadable manifest, 3 naming what does not match.
 """
 import argparse
 import glob
@@ -35,6 +18,7 @@ import re
 import struct
 import subprocess
 import sys
+import zipfile
 from typing import Dict, List, Optional
 
 #: Distributions whose import name is not their own.
@@ -46,24 +30,19 @@ BASELINE = 'swin-t'
 #: The keys of a table's ``--run``; the last three are optional.
 RUN_KEYS = ('label', 'work_dir', 'batch', 'size', 'metrics', 'status', 'config')
 METRICS = ('coco/bbox_mAP', 'coco/segm_mAP')
+#: A run's ``status`` in the table; any other is an exit status of a failure.
+STATUS = {None: 'ok', '0': 'ok', '124': 'stopped by the budget',
+          'skipped': 'skipped (no budget left)'}
 
 
 class Refused(Exception):
-    """A check that failed: the exit status and the message."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+    """A check that failed: ``Refused(exit_status, message)``."""
 
 
 # --- The node
 def device() -> str:
-    """The node's torch and GPU in one line.
-
-    Raises:
-        Refused: 10 without torch, 11 for a CPU-only torch, 12 without a
-            visible GPU.
-    """
+    """The node's torch and GPU in one line; refused with 10 without torch,
+    11 for a CPU-only torch, 12 without a visible GPU."""
     where = f'{sys.executable} (Python {sys.version.split()[0]})'
     try:
         import torch
@@ -93,13 +72,9 @@ def requirement_names(path: str) -> List[str]:
 
 
 def check_node(bundle: str) -> str:
-    """What the node provides for the training bundle ``bundle``.
-
-    Raises:
-        Refused: 2 for an unreadable manifest; 3 naming the packages that do
-            not import, or the node's torch where it is not the one the
-            bundle's mmcv was compiled against.
-    """
+    """What the node provides for a training bundle; refused with 2 for an
+    unreadable manifest, 3 naming the packages that do not import or the
+    node's torch where the bundle's mmcv was compiled against another."""
     import torch
     try:
         with open(osp.join(bundle, MANIFEST)) as file:
@@ -120,8 +95,8 @@ def check_node(bundle: str) -> str:
             '(requirements/gpu-train-build.txt)')
     wanted: Dict[str, List[str]] = {}
     for name in requirement_names(osp.join(bundle, NODE_LIST)):
-        module = MODULES.get(name.lower(), name.replace('-', '_'))
-        wanted.setdefault(module, []).append(name)
+        wanted.setdefault(MODULES.get(name.lower(), name.replace('-', '_')),
+                          []).append(name)
     for module, names in wanted.items():
         try:
             importlib.import_module(module)
@@ -167,14 +142,8 @@ def fatbin_architectures(elf: bytes) -> Dict[str, int]:
 def write_manifest(out: str, key: str, arch_list: str, nvcc: str, built: str,
                    python_version: str, platform: str) -> str:
     """Writes ``out/gpu-train-manifest.json`` for the wheels in ``out``; returns
-    a line on mmcv's wheel.
-
-    Raises:
-        Refused: 1 when mmcv's compiled ops lack an architecture of
-            ``arch_list``.
-    """
-    import zipfile
-
+    a line on mmcv's wheel; refused with 1 when mmcv's compiled ops lack an
+    architecture of ``arch_list``."""
     import torch
     wheels = sorted(osp.basename(p) for p in glob.glob(osp.join(out, '*.whl')))
     mmcv = next(w for w in wheels if w.startswith('mmcv-'))
@@ -199,20 +168,21 @@ def write_manifest(out: str, key: str, arch_list: str, nvcc: str, built: str,
         wheels=[dict(file=w, bytes=osp.getsize(osp.join(out, w)),
                      origin='built' if w == mmcv else 'gpu-train-lock.txt')
                 for w in wheels])
-    with open(osp.join(out, MANIFEST), 'w') as file:
-        json.dump(manifest, file, indent=2)
-        file.write('\n')
+    write_json(osp.join(out, MANIFEST), manifest)
     return (f'{mmcv}: CUDA {torch.version.cuda} (nvcc {nvcc_version}), machine code '
             + ', '.join(f'{a} ({n} images)' for a, n in sorted(architectures.items())))
 
 
+def write_json(path: str, data: dict) -> None:
+    with open(path, 'w') as file:
+        json.dump(data, file, indent=2)
+        file.write('\n')
+
+
 # --- mmcv's compiled ops
 def check_mmcv_ops(cuda_version: Optional[str], require_cuda: bool) -> str:
-    """NMS and RoIAlign on each device, against the expected values.
-
-    Raises:
-        Refused: 1 naming the check that failed.
-    """
+    """NMS and RoIAlign on each device, against the expected values; refused
+    with 1 naming the check that failed."""
     import mmcv
     import torch
     from mmcv.ops import get_compiling_cuda_version, nms, roi_align
@@ -257,12 +227,9 @@ def check_mmcv_ops(cuda_version: Optional[str], require_cuda: bool) -> str:
 
 # --- The table of training runs
 def parse_run(items: List[str]) -> Dict[str, str]:
-    """The ``key=value`` items of one ``--run``.
-
-    Raises:
-        ValueError: An item without ``=``, an unknown or repeated key, a
-            required key missing, or a batch that is not a positive integer.
-    """
+    """The ``key=value`` items of one ``--run``; ValueError for an item without
+    ``=``, an unknown or repeated key, a required key missing, or a batch that
+    is not a positive integer."""
     run: Dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition('=')
@@ -298,28 +265,15 @@ def timing(entries: List[dict], batch: int, skip: int) -> dict:
     """Seconds per iteration, images per second and peak memory of the
     entries after the first ``skip``: each entry's ``time`` is the mean of
     the iterations since the one before, weighted by their number."""
-    result = dict(iterations_logged=entries[-1]['iter'] if entries else 0,
-                  iterations_timed=0, seconds_per_iter=None, images_per_s=None,
-                  peak_memory_mib=None)
-    if len(entries) <= skip:
-        return result
-    previous = entries[skip - 1]['iter'] if skip else 0
-    seconds = 0.
-    for entry in entries[skip:]:
-        seconds += entry['time'] * (entry['iter'] - previous)
-        previous = entry['iter']
-    iterations = previous - (entries[skip - 1]['iter'] if skip else 0)
+    marks = [0] + [entry['iter'] for entry in entries]  # marks[i]: before entry i
+    iterations = marks[-1] - marks[skip] if len(entries) > skip else 0
+    seconds = sum(entry['time'] * (marks[i + 1] - marks[i])
+                  for i, entry in enumerate(entries) if i >= skip)
     memory = [entry['memory'] for entry in entries if 'memory' in entry]
-    result.update(iterations_timed=iterations, seconds_per_iter=seconds / iterations,
-                  images_per_s=batch * iterations / seconds,
-                  peak_memory_mib=max(memory) if memory else None)
-    return result
-
-
-def describe_status(status: Optional[str]) -> str:
-    return {None: 'ok', '0': 'ok', '124': 'stopped by the budget',
-            'skipped': 'skipped (no budget left)'}.get(
-                status, f'failed (exit status {status})')
+    return dict(iterations_logged=marks[-1], iterations_timed=iterations,
+                seconds_per_iter=seconds / iterations if iterations else None,
+                images_per_s=batch * iterations / seconds if iterations else None,
+                peak_memory_mib=max(memory) if iterations and memory else None)
 
 
 def table_rows(runs: List[Dict[str, str]], skip: int) -> List[dict]:
@@ -332,7 +286,8 @@ def table_rows(runs: List[Dict[str, str]], skip: int) -> List[dict]:
     for run in runs:
         row = dict(label=run['label'], config=run.get('config'),
                    batch=int(run['batch']), size=run['size'],
-                   status=describe_status(run.get('status')))
+                   status=STATUS.get(run.get('status'),
+                                     f"failed (exit status {run.get('status')})"))
         row.update(timing(training_entries(run['work_dir']), row['batch'], skip))
         if 'metrics' in run:
             try:
@@ -351,10 +306,16 @@ def table_rows(runs: List[Dict[str, str]], skip: int) -> List[dict]:
     return rows
 
 
-def markdown_table(rows: List[dict], device_line: str, notes: List[str]) -> str:
+def write_table(out: str, runs: List[Dict[str, str]], skip: int, device_line: str,
+                notes: List[str]) -> str:
+    """Writes ``out/gpu_train.json`` and ``out/gpu_train.md``; returns the
+    Markdown."""
     def cell(value, digits):
         return '–' if value is None else f'{value:.{digits}f}'
 
+    rows = table_rows(runs, skip)
+    write_json(osp.join(out, 'gpu_train.json'),
+               dict(device=device_line, skip=skip, runs=rows, notes=notes))
     lines = ['# Training on the GPU node', '', device_line, '',
              '| run | batch | image size | iterations timed | s / iteration '
              f'| images / s | time vs {BASELINE} | peak GPU memory (MiB) '
@@ -367,19 +328,7 @@ def markdown_table(rows: List[dict], device_line: str, notes: List[str]) -> str:
             f"| {cell(row['time_vs_' + BASELINE], 2)} "
             f"| {cell(row['peak_memory_mib'], 0)} | {cell(row.get(METRICS[0]), 3)} "
             f"| {cell(row.get(METRICS[1]), 3)} | {row['status']} |")
-    return '\n'.join(lines + [''] + notes) + '\n'
-
-
-def write_table(out: str, runs: List[Dict[str, str]], skip: int, device_line: str,
-                notes: List[str]) -> str:
-    """Writes ``out/gpu_train.json`` and ``out/gpu_train.md``; returns the
-    Markdown."""
-    rows = table_rows(runs, skip)
-    with open(osp.join(out, 'gpu_train.json'), 'w') as file:
-        json.dump(dict(device=device_line, skip=skip, runs=rows, notes=notes), file,
-                  indent=2)
-        file.write('\n')
-    text = markdown_table(rows, device_line, notes)
+    text = '\n'.join(lines + [''] + notes) + '\n'
     with open(osp.join(out, 'gpu_train.md'), 'w') as file:
         file.write(text)
     return text
@@ -388,19 +337,35 @@ def write_table(out: str, runs: List[Dict[str, str]], skip: int, device_line: st
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     commands = parser.add_subparsers(dest='command', required=True)
-    commands.add_parser('device', help="the node's torch and GPU")
-    commands.add_parser('node', help='a training bundle against the node').add_argument(
-        'bundle')
-    manifest = commands.add_parser('manifest', help="the training bundle's manifest")
-    for name in ('out', 'key', 'arch_list', 'nvcc', 'built', 'python_version',
-                 'platform'):
+    commands.add_parser('device', help="the node's torch and GPU in one line"
+                        ).set_defaults(call=lambda args: device())
+    node = commands.add_parser('node', help=(
+        "a training bundle against the node: its mmcv compiled against the node's "
+        'torch and CUDA major version, its gpu-train-node.txt importable'))
+    node.add_argument('bundle')
+    node.set_defaults(call=lambda args: check_node(args.bundle))
+    manifest = commands.add_parser('manifest', help=(
+        "(the build environment) the training bundle's gpu-train-manifest.json: "
+        "each wheel's origin and size; mmcv's torch, CUDA, nvcc and the GPU "
+        'architectures of its compiled ops, each of ARCH_LIST required'))
+    names = ('out', 'key', 'arch_list', 'nvcc', 'built', 'python_version', 'platform')
+    for name in names:
         manifest.add_argument(name)
-    ops = commands.add_parser('mmcv-ops', help="mmcv's compiled ops")
+    manifest.set_defaults(call=lambda args: write_manifest(
+        *(getattr(args, name) for name in names)))
+    ops = commands.add_parser('mmcv-ops', help=(
+        "NMS and RoIAlign of mmcv's compiled ops on the CPU and, where a GPU is "
+        'visible, on CUDA, against each other and the expected values'))
     ops.add_argument('--cuda-version', help='the CUDA release the ops must be '
                      'compiled with, e.g. 13.0')
     ops.add_argument('--require-cuda', action='store_true',
                      help='fail where no GPU is visible')
-    table = commands.add_parser('table', help='the table of training runs')
+    ops.set_defaults(call=lambda args: check_mmcv_ops(args.cuda_version,
+                                                      args.require_cuda))
+    table = commands.add_parser('table', help=(
+        'gpu_train.md and gpu_train.json: per run, seconds per iteration, images '
+        "per second and peak GPU memory from mmengine's logs, time against "
+        "Swin-T's, and the demo's COCO mAP"))
     table.add_argument('--out', required=True, help='folder of gpu_train.md and .json')
     table.add_argument('--run', nargs='+', action='append', required=True,
                        metavar='KEY=VALUE', help='one run: label=, work_dir=, batch=, '
@@ -411,6 +376,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     table.add_argument('--device', default='', help='a line naming the device')
     table.add_argument('--note', action='append', default=[],
                        help='a line under the table (repeatable)')
+    table.set_defaults(call=lambda args: write_table(
+        args.out, args.run, args.skip, args.device, args.note).rstrip('\n'))
     args = parser.parse_args(argv)
     if args.command == 'table':
         if args.skip < 0:
@@ -425,22 +392,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
-        if args.command == 'device':
-            print(device())
-        elif args.command == 'node':
-            print(check_node(args.bundle))
-        elif args.command == 'manifest':
-            print(write_manifest(args.out, args.key, args.arch_list, args.nvcc,
-                                 args.built, args.python_version, args.platform))
-        elif args.command == 'mmcv-ops':
-            print(check_mmcv_ops(args.cuda_version, args.require_cuda))
-        else:
-            print(write_table(args.out, args.run, args.skip, args.device, args.note),
-                  end='')
+        print(args.call(args))
     except Refused as error:
-        print(error, file=sys.stdout if args.command in ('device', 'node')
+        status, message = error.args
+        print(message, file=sys.stdout if args.command in ('device', 'node')
               else sys.stderr)
-        return error.status
+        return status
     except ImportError as error:
         print(f'gpu_node {args.command}: {type(error).__name__}: {error}',
               file=sys.stderr)

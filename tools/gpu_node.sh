@@ -1,55 +1,32 @@
 #!/usr/bin/env bash
-# A GPU node without internet: a bundle of wheels packed here, run there with
-# the node's own Python and torch (docs/gpu.md). What runs in Python is in
-# tools/gpu_node.py.
+# A GPU node without internet (docs/gpu.md): a bundle of wheels packed here,
+# run there with the node's own Python and torch (its Python: gpu_node.py).
 #
-#   bash tools/gpu_node.sh pack check [OUT_DIR] [--python-version V] [--platform P]
-#       (make gpu-bundle) OUT_DIR (default work_dirs/gpu_bundle) receives the
-#       wheels of requirements/locks/gpu-bundle.txt (what the CUDA tests need
-#       beyond the node's torch, NumPy and timm), mmsoft's wheel, the lock and
-#       SHA256SUMS; at most 60 MB. The default target is CPython 3.12 on
-#       manylinux_2_28_x86_64; another target's lock is written into OUT_DIR.
-#   bash tools/gpu_node.sh pack train [OUT_DIR]
-#       (make gpu-train-bundle) OUT_DIR (default work_dirs/gpu_train_bundle)
-#       receives the wheels of requirements/locks/gpu-train.txt, mmcv 2.1.0
-#       compiled with its CUDA ops against the node's torch 2.11 (CUDA 13.0)
-#       for TORCH_CUDA_ARCH_LIST (default "8.0;9.0"), without debug symbols,
-#       gpu-train-lock.txt, gpu-train-node.txt (what the node provides),
-#       gpu-train-manifest.json (each wheel's origin and size; mmcv's torch,
-#       CUDA, nvcc and architectures) and SHA256SUMS; at most 50 MB.
-#   bash tools/gpu_node.sh lock check|train
-#       (make gpu-bundle-lock, make gpu-train-bundle-lock) rewrites
-#       requirements/locks/gpu-bundle.txt, or gpu-train.txt and
-#       gpu-train-build.txt (uv, hashes, wheels only, CPython 3.12).
-#   bash tools/gpu_node.sh run check BUNDLE OUT_DIR [--budget-s N] [--allow-cpu]
-#       [benchmark options]
-#       the CUDA tests, then tools/analysis/benchmark.py --preset gpu-benchmark
-#       (make gpu-benchmark's run; further options come after it), within a
-#       total budget (default 560 s, install included); writes
-#       OUT_DIR/results.json, results.md and run.log.
-#   bash tools/gpu_node.sh run train BUNDLE OUT_DIR [--budget-s N]
-#       [--speed-iters N] [--allow-cpu]
-#       checks mmcv's compiled ops, trains and evaluates the demo's Mask R-CNN
-#       with tools/train.py --amp and tools/test.py (bbox mAP at least
-#       MIN_BBOX_MAP, default 0.25), then times SOFT++-tiny's, UFO-ViT-tiny's
-#       and mmdet's Swin-T Mask R-CNN configs (--speed-iters, default 60,
-#       batch 2 at 800x800), within a total budget (default 540 s); writes
-#       OUT_DIR/gpu_train.md, gpu_train.json, gpu_train.log and install.log.
+# bash tools/gpu_node.sh COMMAND, COMMAND one of:
+#   pack check [OUT_DIR] [--python-version V] [--platform P]   (make gpu-bundle)
+#       the wheels of requirements/locks/gpu-bundle.txt and mmsoft's, the lock
+#       and SHA256SUMS, at most 60 MB; for CPython 3.12, manylinux_2_28_x86_64
+#       unless another target is given (its lock is written into OUT_DIR)
+#   pack train [OUT_DIR]   (make gpu-train-bundle)
+#       the wheels of requirements/locks/gpu-train.txt, mmcv 2.1.0 with its
+#       CUDA ops for TORCH_CUDA_ARCH_LIST (default "8.0;9.0"), gpu-train-lock.txt,
+#       gpu-train-node.txt, gpu-train-manifest.json, SHA256SUMS; at most 50 MB
+#   lock check|train   (make gpu-bundle-lock, gpu-train-bundle-lock)
+#   run check BUNDLE OUT_DIR [--budget-s N] [--allow-cpu] [benchmark options]
+#       the CUDA tests and the benchmark's --preset gpu-benchmark within 560 s;
+#       writes results.json, results.md and run.log
+#   run train BUNDLE OUT_DIR [--budget-s N] [--speed-iters N] [--allow-cpu]
+#       mmcv's ops, the demo's Mask R-CNN (bbox mAP >= MIN_BBOX_MAP, 0.25), the
+#       speed of three configs (--speed-iters 60) within 540 s; writes
+#       gpu_train.md, gpu_train.json, gpu_train.log and install.log
 #
-# run: the node's python ($PYTHON, default python3) must import torch and see
-# a GPU (--allow-cpu, or MMSOFT_GPU_CHECK_DEVICE=cpu: the CPU smoke mode of the
-# same steps); the bundle is checked, then installed into a temporary folder
-# (pip --target --no-index --no-deps), the checkout first on PYTHONPATH.
-# MMSOFT_COMMIT names the commit where the copy has no git.
-# pack: LOCK_VENV (default .venv-lock), MMSOFT_INSTALL_LOGS, MAX_JOBS,
-# MMSOFT_GPU_BUILD_DIR (mmcv's CUDA build environment, about 7 GB; default
-# $TMPDIR/mmsoft-gpu-build), MMSOFT_WHEEL_CACHE (mmcv's CUDA wheel under
-# `tools/build_mmcv_wheel.sh key`'s name), MMSOFT_PYTHON312.
-#
-# Exit status: 0; 1 a test, measurement or step failed (or the demo's mAP is
-# below its floor); 2 invalid arguments or an unusable bundle; 3 torch, the
-# GPU or a package of the node is missing, or the node's torch is not the
-# bundle's; 124 the total budget ran out (what was measured is kept).
+# run: PYTHON (default python3) must import torch and see a GPU (--allow-cpu or
+# MMSOFT_GPU_CHECK_DEVICE=cpu: the CPU smoke mode); MMSOFT_COMMIT names the
+# commit where the copy has no git. pack: LOCK_VENV, MAX_JOBS, MMSOFT_INSTALL_LOGS,
+# MMSOFT_GPU_BUILD_DIR, MMSOFT_WHEEL_CACHE, MMSOFT_PYTHON312.
+# Exit status: 0; 1 a step failed (or the demo's mAP is under its floor); 2
+# invalid arguments or an unusable bundle; 3 torch, the GPU or a node package
+# missing, or the node's torch not the bundle's; 124 the budget ran out.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TAG=gpu-node
@@ -57,68 +34,45 @@ TARGET_PYTHON=3.12
 TARGET_PLATFORM=manylinux_2_28_x86_64
 
 say() { echo "[$TAG] $*"; }
-fail() { local code="$1"; shift; echo "[$TAG] $*" >&2; exit "$code"; }
+fail() {
+    echo "[$TAG] ${*:2}" >&2
+    exit "$1"
+}
 # usage STATUS: the header above, on standard output for --help (STATUS 0).
 usage() {
-    local text
-    text=$(sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//')
-    if [ "$1" = 0 ]; then echo "$text"; else echo "$text" >&2; fi
+    sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&$(($1 ? 2 : 1))
     exit "$1"
+}
+# names KIND: sets BUNDLE_NAME (of its requirements and lock) and MAKE_TARGET.
+names() {
+    BUNDLE_NAME=gpu-bundle MAKE_TARGET=gpu-bundle
+    [ "$1" = check ] || BUNDLE_NAME=gpu-train MAKE_TARGET=gpu-train-bundle
 }
 
 # ---------------------------------------------------------------- pack, lock
-# set_target: checks PYTHON_VERSION and PLATFORM (pip's manylinux_2_28_x86_64,
-# or uv's x86_64-manylinux_2_28) and sets UV_PLATFORM.
-set_target() {
-    [[ "$PLATFORM" =~ ^(x86_64|aarch64)-(manylinux.*)$ ]] \
-        && PLATFORM="${BASH_REMATCH[2]}_${BASH_REMATCH[1]}"
-    [[ "$PLATFORM" =~ ^(manylinux.*)_(x86_64|aarch64)$ ]] \
-        || fail 2 "--platform $PLATFORM: expected a manylinux tag such as $TARGET_PLATFORM"
-    UV_PLATFORM="${BASH_REMATCH[2]}-${BASH_REMATCH[1]}"
-    [[ "$PYTHON_VERSION" =~ ^3\.[0-9]+$ ]] \
-        || fail 2 "--python-version $PYTHON_VERSION: expected e.g. $TARGET_PYTHON"
-}
-
-# write_lock OUTPUT REQUIREMENTS COMMAND [UV_OPTION...]: REQUIREMENTS resolved
-# for the target with every file's hash, wheels only, naming COMMAND as the one
-# that rewrites it and the target in its third line.
+# write_lock OUTPUT REQUIREMENTS [UV_OPTION...]: REQUIREMENTS resolved for the
+# target with every file's hash, wheels only, the target in its third line.
 write_lock() {
-    local out="$1" requirements="$2" command="$3" resolved
-    shift 3
+    local out="$1" requirements="$2" resolved
+    shift 2
     resolved="$(mktemp)"
     run_step "$TAG" "writing $out (CPython $PYTHON_VERSION, $PLATFORM)" "$requirements" \
         "$UV" pip compile --quiet --python-version "$PYTHON_VERSION" \
         --python-platform "$UV_PLATFORM" --generate-hashes --only-binary :all: \
-        --custom-compile-command "$command" -o "$resolved" "$@" "$requirements"
-    mkdir -p "$(dirname "$out")"
-    { head -n 2 "$resolved"; echo "# target: CPython $PYTHON_VERSION, $PLATFORM"
-      tail -n +3 "$resolved"; } > "$out"
+        --custom-compile-command "make $MAKE_TARGET-lock" -o "$resolved" "$@" "$requirements"
+    sed "2a # target: CPython $PYTHON_VERSION, $PLATFORM" "$resolved" > "$out"
     rm -f "$resolved"
-}
-
-# lock_train_bundle OUTPUT: requirements/gpu-train.txt without the node's
-# packages and mmcv (built), each overridden with a marker that never holds.
-lock_train_bundle() {
-    local overrides
-    overrides="$(mktemp)"
-    sed -n 's/^\([A-Za-z0-9][A-Za-z0-9._-]*\).*/\1; sys_platform == "never"/p' \
-        requirements/gpu-train-node.txt > "$overrides"
-    echo 'mmcv; sys_platform == "never"' >> "$overrides"
-    write_lock "$1" requirements/gpu-train.txt 'make gpu-train-bundle-lock' \
-        --override "$overrides"
-    rm -f "$overrides"
 }
 
 # seal OUT_DIR MAX_BYTES HINT...: writes OUT_DIR/SHA256SUMS of its files and
 # lists them; fails, printing HINT, when the folder holds more than MAX_BYTES.
 seal() {
-    local out="$1" max_bytes="$2" bytes
-    shift 2
-    (cd "$out" && rm -f SHA256SUMS && sha256sum -- * > SHA256SUMS \
+    local bytes
+    (cd "$1" && rm -f SHA256SUMS && sha256sum -- * > SHA256SUMS \
         && ls -l -- * | awk '{ printf "    %10d  %s\n", $5, $9 }')
-    bytes=$(du -sb "$out" | cut -f1)
-    say "$out: $bytes bytes, limit $max_bytes"
-    [ "$bytes" -le "$max_bytes" ] || fail 1 "the bundle is over the limit: $*"
+    bytes=$(du -sb "$1" | cut -f1)
+    say "$1: $bytes bytes, limit $2"
+    [ "$bytes" -le "$2" ] || fail 1 "the bundle is over the limit: ${*:3}"
 }
 
 # build_python: the CPython 3.12 that mmcv's CUDA build environment is made with.
@@ -128,25 +82,24 @@ build_python() {
             "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12.*/bin/python3.12; do
         if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c \
                 'import sys, venv; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
-            command -v "$candidate"; return 0
+            command -v "$candidate"
+            return 0
         fi
     done
     fail 1 "no CPython 3.12 found (MMSOFT_PYTHON312, python3.12 on PATH, pyenv's" \
         "versions): mmcv's wheel is built for the node's Python, 3.12"
 }
 
-# build_mmcv OUT_DIR: mmcv with its CUDA ops, from MMSOFT_WHEEL_CACHE or
-# compiled into it, stripped of its debug symbols into OUT_DIR, and the
-# manifest. The build environment is the locked torch and CUDA 13 compiler
-# of requirements/locks/gpu-train-build.txt; its CUDA home is made of links,
-# as the index's packages have no libcudart.so for the linker's -lcudart.
+# build_mmcv OUT_DIR: mmcv with its CUDA ops (from MMSOFT_WHEEL_CACHE, or
+# compiled into it with the torch and CUDA 13 compiler of gpu-train-build.txt)
+# stripped into OUT_DIR, and the manifest. The CUDA home is made of links, as
+# the index's packages have no libcudart.so for the linker's -lcudart.
 build_mmcv() {
-    local out="$1" build_dir="${MMSOFT_GPU_BUILD_DIR:-${TMPDIR:-/tmp}/mmsoft-gpu-build}"
-    local arch_list="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}" py cu13 lib key wheels tmp built
+    local build_dir="${MMSOFT_GPU_BUILD_DIR:-${TMPDIR:-/tmp}/mmsoft-gpu-build}"
+    local arch_list="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}" base cu13 lib key wheels tmp
     local venv="$build_dir/venv-build"
-    py="$venv/bin/python"
+    local py="$venv/bin/python"
     if [ ! -x "$py" ]; then
-        local base
         base=$(build_python) || exit 1
         check_disk "$TAG" 7 1 "$venv"
         mkdir -p "$build_dir"
@@ -170,24 +123,22 @@ build_mmcv() {
             "(kept in $wheels; hours on 2 cores)"
         bash tools/build_mmcv_wheel.sh build "$py" "$wheels" || exit 1
     fi
-    built=$(ls "$wheels"/mmcv-*.whl)
     tmp=$(mktemp -d)
-    "$py" -m wheel unpack -d "$tmp" "$built" >/dev/null
+    "$py" -m wheel unpack -d "$tmp" "$wheels"/mmcv-*.whl >/dev/null
     strip --strip-debug "$tmp"/*/mmcv/_ext*.so
-    "$py" -m wheel pack -d "$out" "$tmp"/* >/dev/null
+    "$py" -m wheel pack -d "$1" "$tmp"/* >/dev/null
     rm -rf "$tmp"
-    "$py" tools/gpu_node.py manifest "$out" "$key" "$arch_list" "$CUDA_HOME/bin/nvcc" \
-        "$built" "$PYTHON_VERSION" "$PLATFORM" || exit 1
+    "$py" tools/gpu_node.py manifest "$1" "$key" "$arch_list" "$CUDA_HOME/bin/nvcc" \
+        "$(ls "$wheels"/mmcv-*.whl)" "$PYTHON_VERSION" "$PLATFORM" || exit 1
 }
 
-# pack KIND [OUT_DIR] [--python-version V] [--platform P] (KIND check or
-# train; the target options for check only); with LOCK_ONLY=1, the locks alone.
+# pack KIND [OUT_DIR] [OPTION...]; with LOCK_ONLY=1, the locks alone.
 pack() {
-    local kind="$1" out="" lock_only="${LOCK_ONLY:-0}" repo_lock copy
+    local kind="$1" out="" lock copy src
     shift
     PYTHON_VERSION=$TARGET_PYTHON PLATFORM=$TARGET_PLATFORM
     while [ $# -gt 0 ]; do
-        [ "$lock_only" = 0 ] || fail 2 "lock takes no arguments: $* (see --help)"
+        [ "$LOCK_ONLY" = 0 ] || fail 2 "lock takes no arguments: $* (see --help)"
         case "$kind $1" in
             "check --python-version") PYTHON_VERSION="${2:-}"; shift ;;
             "check --python-version="*) PYTHON_VERSION="${1#*=}" ;;
@@ -199,7 +150,14 @@ pack() {
         esac
         shift
     done
-    set_target
+    # pip's platform tag (manylinux_2_28_x86_64) or uv's (x86_64-manylinux_2_28)
+    [[ "$PLATFORM" =~ ^(x86_64|aarch64)-(manylinux.*)$ ]] \
+        && PLATFORM="${BASH_REMATCH[2]}_${BASH_REMATCH[1]}"
+    [[ "$PLATFORM" =~ ^(manylinux.*)_(x86_64|aarch64)$ ]] \
+        || fail 2 "--platform $PLATFORM: expected a manylinux tag such as $TARGET_PLATFORM"
+    UV_PLATFORM="${BASH_REMATCH[2]}-${BASH_REMATCH[1]}"
+    [[ "$PYTHON_VERSION" =~ ^3\.[0-9]+$ ]] \
+        || fail 2 "--python-version $PYTHON_VERSION: expected e.g. $TARGET_PYTHON"
     [ "$kind" = check ] || [[ "${TORCH_CUDA_ARCH_LIST:-8.0}" =~ ^[0-9]+\.[0-9]+(\+PTX)?([\;\ ][0-9]+\.[0-9]+(\+PTX)?)*$ ]] \
         || fail 2 "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST: expected compute capabilities" \
             "separated by ';', e.g. \"8.0;9.0\""
@@ -208,31 +166,32 @@ pack() {
     set -e
     LOCK_VENV="${LOCK_VENV:-.venv-lock}"
     ensure_uv "$TAG"
-    if [ "$kind" = check ]; then
-        repo_lock=requirements/locks/gpu-bundle.txt copy=gpu-bundle-lock.txt
-        out="${out:-work_dirs/gpu_bundle}"
-        if [ "$lock_only" = 1 ] || [ ! -f "$repo_lock" ]; then
-            write_lock "$repo_lock" requirements/gpu-bundle.txt 'make gpu-bundle-lock'
-        fi
-    else
-        repo_lock=requirements/locks/gpu-train.txt copy=gpu-train-lock.txt
-        out="${out:-work_dirs/gpu_train_bundle}"
-        if [ "$lock_only" = 1 ] || [ ! -f "$repo_lock" ]; then
-            lock_train_bundle "$repo_lock"
-            write_lock requirements/locks/gpu-train-build.txt \
-                requirements/gpu-train-build.txt 'make gpu-train-bundle-lock'
+    names "$kind"
+    lock=requirements/locks/$BUNDLE_NAME.txt copy=$BUNDLE_NAME-lock.txt
+    out="${out:-work_dirs/${MAKE_TARGET//-/_}}"
+    if [ "$LOCK_ONLY" = 1 ] || [ ! -f "$lock" ]; then
+        if [ "$kind" = check ]; then
+            write_lock "$lock" requirements/gpu-bundle.txt
+        else  # the node's packages and mmcv (built) overridden: a marker never true
+            src="$(mktemp)"
+            sed -n 's/^\([A-Za-z0-9][A-Za-z0-9._-]*\).*/\1; sys_platform == "never"/p' \
+                requirements/gpu-train-node.txt > "$src"
+            echo 'mmcv; sys_platform == "never"' >> "$src"
+            write_lock "$lock" requirements/gpu-train.txt --override "$src"
+            write_lock requirements/locks/gpu-train-build.txt requirements/gpu-train-build.txt
+            rm -f "$src"
         fi
     fi
-    [ "$lock_only" = 1 ] && exit 0
+    [ "$LOCK_ONLY" = 1 ] && exit 0
     mkdir -p "$out"
     out="$(cd "$out" && pwd)"
     check_registry "$TAG" "$LOCK_VENV/bin/python"
     rm -f "$out"/*.whl "$out"/gpu-*.txt "$out"/gpu-*.json "$out/SHA256SUMS"
     if [ "$PYTHON_VERSION $PLATFORM" = "$TARGET_PYTHON $TARGET_PLATFORM" ]; then
-        cp "$repo_lock" "$out/$copy"
+        cp "$lock" "$out/$copy"
     else
         say "target CPython $PYTHON_VERSION, $PLATFORM: its lock is written into $out only"
-        write_lock "$out/$copy" requirements/gpu-bundle.txt 'make gpu-bundle-lock'
+        write_lock "$out/$copy" requirements/gpu-bundle.txt
     fi
     run_step "$TAG" "downloading the wheels of $copy into $out (hash-checked)" "$copy" \
         "$LOCK_VENV/bin/python" -m pip download --disable-pip-version-check \
@@ -241,7 +200,6 @@ pack() {
     if [ "$kind" = check ]; then
         # mmsoft's wheel, from a copy of what it is made of (setup.py copies
         # configs/ and tools/ into mmsoft/.mim).
-        local src
         src="$(mktemp -d)"
         tar --exclude=__pycache__ --exclude='*.pyc' --exclude=mmsoft/.mim -cf - setup.py \
             setup.cfg README.md LICENSE model-index.yml mmsoft configs tools \
@@ -270,12 +228,13 @@ phase() {
     say "$1: $((SECONDS - $2)) s (total $(elapsed) s of $BUDGET_S s)"
 }
 
-# parse_run KIND BUNDLE OUT_DIR OPTION...: sets BUNDLE, OUT, BUDGET_S, DEVICE,
-# SPEED_ITERS and EXTRA (run check's benchmark options), checking each.
+# parse_run KIND BUNDLE OUT_DIR OPTION...: checks and sets BUNDLE, OUT, BUDGET_S,
+# DEVICE, SPEED_ITERS, MIN_BBOX_MAP and EXTRA (run check's benchmark options).
 parse_run() {
     local kind="$1" least=30
     [ $# -ge 3 ] && [[ "$2" != -* ]] && [[ "$3" != -* ]] || usage 2
     BUNDLE="$2" OUT="$3" BUDGET_S=560 SPEED_ITERS=60 DEVICE=cuda EXTRA=()
+    MIN_BBOX_MAP="${MIN_BBOX_MAP:-0.25}"
     [ "$kind" = train ] && BUDGET_S=540 least=60
     [ "${MMSOFT_GPU_CHECK_DEVICE:-}" = cpu ] && DEVICE=cpu
     shift 3
@@ -296,6 +255,8 @@ parse_run() {
         || fail 2 "--budget-s $BUDGET_S: expected whole seconds, $least or more"
     [[ "$SPEED_ITERS" =~ ^[0-9]+$ ]] && [ "$SPEED_ITERS" -ge 2 ] && [ "$SPEED_ITERS" -le 300 ] \
         || fail 2 "--speed-iters $SPEED_ITERS: expected a whole number of iterations from 2 to 300"
+    [ "$kind" = check ] || [[ "$MIN_BBOX_MAP" =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] \
+        || fail 2 "MIN_BBOX_MAP=$MIN_BBOX_MAP: expected a number from 0 to 1"
 }
 
 # check_device: the node's python imports torch and sees a GPU (with
@@ -321,12 +282,11 @@ check_device() {
     esac
 }
 
-# check_bundle HINT: the bundle folder exists, holds wheels but none of the
-# node's own packages, and matches its SHA256SUMS (else exit status 2); sets
-# BUNDLE (absolute) and WHEELS. HINT says how to make one.
+# check_bundle KIND: sets BUNDLE (absolute) and WHEELS, none of the node's own;
+# checks SHA256SUMS, a training bundle's files and the node against them.
 check_bundle() {
-    local wheel
-    [ -d "$BUNDLE" ] || fail 2 "bundle $BUNDLE: no such folder ($1)"
+    local hint="write it with 'make $MAKE_TARGET'" wheel node
+    [ -d "$BUNDLE" ] || fail 2 "bundle $BUNDLE: no such folder ($hint)"
     BUNDLE="$(cd "$BUNDLE" && pwd)"
     WHEELS=("$BUNDLE"/*.whl)
     [ -e "${WHEELS[0]}" ] || fail 2 "bundle $BUNDLE holds no wheels"
@@ -339,12 +299,36 @@ check_bundle() {
         (cd "$BUNDLE" && sha256sum --quiet -c SHA256SUMS >/dev/null 2>&1) \
             || fail 2 "bundle $BUNDLE does not match its SHA256SUMS (an incomplete copy?)"
     fi
+    [ "$1" = train ] || return 0
+    [ -f "$BUNDLE/gpu-train-manifest.json" ] && [ -f "$BUNDLE/gpu-train-node.txt" ] \
+        || fail 2 "bundle $BUNDLE is not a training bundle (no gpu-train-manifest.json; $hint)"
+    ls "$BUNDLE"/mmcv-*.whl >/dev/null 2>&1 \
+        || fail 2 "bundle $BUNDLE holds no mmcv wheel ($hint)"
+    node=$(timeout 300 "$PYTHON" "$ROOT/tools/gpu_node.py" node "$BUNDLE" 2>&1)
+    case $? in
+        0) say "$node" ;;
+        2) fail 2 "$node" ;;
+        3) fail 3 "$node. The bundle takes these from the node's Python: install" \
+               "them there, or carry their wheels (docs/gpu.md)." ;;
+        *) fail 3 "checking the node's packages with $PYTHON failed: $node" ;;
+    esac
 }
 
-# install_bundle: the wheels into a temporary folder (removed on exit; the
-# node's packages stay as they are), the checkout, then that folder, first on
-# PYTHONPATH; the log is OUT/install.log.
-install_bundle() {
+# start_run KIND ARGS...: the arguments, the device and the bundle checked, the
+# wheels installed into a temporary folder (removed on exit), after the
+# checkout first on PYTHONPATH; the log is OUT/install.log.
+start_run() {
+    local kind="$1"
+    shift
+    START=$SECONDS PHASES=""
+    parse_run "$kind" "$@"
+    names "$kind"
+    check_device
+    phase device "$START"
+    INSTALL_SINCE=$SECONDS
+    check_bundle "$kind"
+    mkdir -p "$OUT" || fail 2 "cannot create $OUT"
+    OUT="$(cd "$OUT" && pwd)"
     SITE="$(mktemp -d "${TMPDIR:-/tmp}/mmsoft-$TAG.XXXXXX")"
     trap 'rm -rf "$SITE"' EXIT
     if "$PYTHON" -m pip --version >/dev/null 2>&1; then
@@ -356,70 +340,40 @@ install_bundle() {
 for wheel in sys.argv[2:]:
     zipfile.ZipFile(wheel).extractall(sys.argv[1])' "$SITE" "${WHEELS[@]}" \
             > "$OUT/install.log" 2>&1
-    fi || { tail -n 20 "$OUT/install.log" >&2
-            fail 2 "installing the bundle failed (log: $OUT/install.log)"; }
+    fi || {
+        tail -n 20 "$OUT/install.log" >&2
+        fail 2 "installing the bundle failed (log: $OUT/install.log)"
+    }
     export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
     say "installed ${#WHEELS[@]} wheels into $SITE"
 }
 
-# start_run KIND HINT ARGS...: the arguments, the device and the bundle (for a
-# training bundle, the node against it), then the install.
-start_run() {
-    local kind="$1" hint="$2" since node
-    shift 2
-    START=$SECONDS PHASES=""
-    parse_run "$kind" "$@"
-    if [ "$kind" = train ]; then
-        MIN_BBOX_MAP="${MIN_BBOX_MAP:-0.25}"
-        [[ "$MIN_BBOX_MAP" =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] \
-            || fail 2 "MIN_BBOX_MAP=$MIN_BBOX_MAP: expected a number from 0 to 1"
-    fi
-    since=$SECONDS
-    check_device
-    phase device "$since"
-    INSTALL_SINCE=$SECONDS
-    check_bundle "$hint"
-    if [ "$kind" = train ]; then
-        [ -f "$BUNDLE/gpu-train-manifest.json" ] && [ -f "$BUNDLE/gpu-train-node.txt" ] \
-            || fail 2 "bundle $BUNDLE is not a training bundle (no gpu-train-manifest.json; $hint)"
-        ls "$BUNDLE"/mmcv-*.whl >/dev/null 2>&1 \
-            || fail 2 "bundle $BUNDLE holds no mmcv wheel ($hint)"
-        node=$(timeout 300 "$PYTHON" "$ROOT/tools/gpu_node.py" node "$BUNDLE" 2>&1)
-        case $? in
-            0) say "$node" ;;
-            2) fail 2 "$node" ;;
-            3) fail 3 "$node. The bundle takes these from the node's Python: install" \
-                   "them there, or carry their wheels (docs/gpu.md)." ;;
-            *) fail 3 "checking the node's packages with $PYTHON failed: $node" ;;
-        esac
-    fi
-    mkdir -p "$OUT" || fail 2 "cannot create $OUT"
-    OUT="$(cd "$OUT" && pwd)"
-    install_bundle
+# limited SECONDS COMMAND...: COMMAND in the checkout, stopped after SECONDS;
+# its exit status, 124 when the time ran out.
+limited() {
+    local status
+    (cd "$ROOT" && timeout --kill-after=5 "$@")
+    status=$?
+    return $((status == 137 ? 124 : status))
 }
 
 # run_check BUNDLE OUT_DIR [--budget-s N] [--allow-cpu] [benchmark options]
 run_check() {
-    local since left status args=(--tests)
-    start_run check "write it with 'make gpu-bundle'" "$@"
+    local since left status args=(--tests --device cuda --preset gpu-benchmark)
+    start_run check "$@"
     phase install "$INSTALL_SINCE"
     # The benchmark's own budget ends 10 s before the hard limit, so that it
     # writes its results before it could be killed.
     since=$SECONDS
     left=$(($(remaining) - 2))
     [ "$left" -ge 20 ] || fail 124 "the total budget of $BUDGET_S s is spent before the benchmark"
-    if [ "$DEVICE" = cpu ]; then
-        args+=(--device cpu --preset smoke)
-    else
-        args+=(--device cuda --preset gpu-benchmark)
-    fi
+    [ "$DEVICE" = cuda ] || args=(--tests --device cpu --preset smoke)
     args+=(--out-dir "$OUT" --budget-s "$((left - 10))" ${EXTRA[@]+"${EXTRA[@]}"})
     rm -f "$OUT/results.json" "$OUT/results.md"
     say "running tools/analysis/benchmark.py ${args[*]} (hard limit $left s)"
-    (cd "$ROOT" && timeout --kill-after=5 "$left" "$PYTHON" tools/analysis/benchmark.py \
-        "${args[@]}") 2>&1 | tee "$OUT/run.log"
+    limited "$left" "$PYTHON" tools/analysis/benchmark.py "${args[@]}" 2>&1 \
+        | tee "$OUT/run.log"
     status=${PIPESTATUS[0]}
-    [ "$status" = 137 ] && status=124
     [ "$status" = 124 ] && say "stopped by the total budget of $BUDGET_S s: what was measured is kept"
     phase benchmark "$since"
     {
@@ -432,10 +386,9 @@ run_check() {
     exit "$status"
 }
 
-# step NAME COMMAND...: COMMAND in the checkout, its output into the log, under
-# what is left of the budget less 15 s for what follows; sets STEP_STATUS
-# (124 when the budget stopped it, skipped when none was left) and FAILED (1
-# for a failure, else 124 for a step that the budget stopped or left out).
+# step NAME COMMAND...: limited to the budget left less 15 s, output into LOG;
+# sets STEP_STATUS (124 when the budget stopped it, skipped when none was left)
+# and FAILED (1 for a failure, else 124 for a step stopped or left out).
 step() {
     local name="$1" left=$(($(remaining) - 15))
     shift
@@ -444,9 +397,8 @@ step() {
         STEP_STATUS=skipped
     else
         say "$name: $* (at most $left s)" | tee -a "$LOG"
-        (cd "$ROOT" && timeout --kill-after=5 "$left" "$@") >> "$LOG" 2>&1
+        limited "$left" "$@" >> "$LOG" 2>&1
         STEP_STATUS=$?
-        [ "$STEP_STATUS" = 137 ] && STEP_STATUS=124
         [ "$STEP_STATUS" = 0 ] && return 0
         say "$name: exit status $STEP_STATUS (log: $LOG)"
         tail -n 15 "$LOG" >&2
@@ -458,13 +410,16 @@ step() {
     return 1
 }
 
+# py CODE ARG...: the value that the node's python prints for CODE.
+py() { (cd "$ROOT" && "$PYTHON" -c "import json, sys, os; $1" "${@:2}"); }
+
 # run_train BUNDLE OUT_DIR [--budget-s N] [--speed-iters N] [--allow-cpu]
 run_train() {
-    local since demo label config classes count options table
+    local since demo label config classes count options table run mmdet
     local demo_config=configs/demo/mask-rcnn_soft-tiny_fpn_demo.py
     local work_root="${WORK_ROOT:-$ROOT/work_dirs/gpu_train}" interval=10
     local amp=(--amp) demo_train=() demo_test=() ops=(--require-cuda)
-    start_run train "write it with 'make gpu-train-bundle'" "$@"
+    start_run train "$@"
     LOG="$OUT/gpu_train.log" FAILED=0
     : > "$LOG"
     mkdir -p "$work_root" && work_root="$(cd "$work_root" && pwd)"
@@ -474,8 +429,8 @@ run_train() {
                     train_dataloader.dataset.indices=16 default_hooks.logger.interval=1)
         demo_test=(--cfg-options test_dataloader.dataset.indices=8)
     else
-        ops+=(--cuda-version "$("$PYTHON" -c 'import json, sys
-print(json.load(open(sys.argv[1]))["mmcv"]["cuda"])' "$BUNDLE/gpu-train-manifest.json")")
+        ops+=(--cuda-version "$(py 'print(json.load(open(sys.argv[1]))["mmcv"]["cuda"])' \
+            "$BUNDLE/gpu-train-manifest.json")")
     fi
     (cd "$ROOT" && "$PYTHON" tools/gpu_node.py mmcv-ops ${ops[@]+"${ops[@]}"}) 2>&1 \
         | tee -a "$LOG"
@@ -500,11 +455,12 @@ print(json.load(open(sys.argv[1]))["mmcv"]["cuda"])' "$BUNDLE/gpu-train-manifest
 
     # Speed: three configs on the demo data, the same schedule and size.
     since=$SECONDS
-    classes=$("$PYTHON" -c 'import json, sys
-categories = sorted(json.load(open(sys.argv[1]))["categories"], key=lambda c: c["id"])
-print(",".join(c["name"] for c in categories))' \
-        "$ROOT/data/demo_coco/annotations/instances_train.json" 2>>"$LOG") \
-        || { say "speed: the demo data has no classes: no speed runs (log: $LOG)"; FAILED=1; }
+    classes=$(py 'categories = json.load(open(sys.argv[1]))["categories"]
+print(",".join(c["name"] for c in sorted(categories, key=lambda c: c["id"])))' \
+        "$ROOT/data/demo_coco/annotations/instances_train.json" 2>>"$LOG") || {
+        say "speed: the demo data has no classes: no speed runs (log: $LOG)"
+        FAILED=1
+    }
     count=$(tr ',' '\n' <<<"$classes" | wc -l)
     options=(train_dataloader.batch_size=2 train_dataloader.dataset.data_root=data/demo_coco/
              train_dataloader.dataset.ann_file=annotations/instances_train.json
@@ -516,15 +472,13 @@ print(",".join(c["name"] for c in categories))' \
              train_cfg.max_epochs=1 val_dataloader=None val_cfg=None val_evaluator=None
              "default_hooks.logger.interval=$interval" default_hooks.checkpoint.interval=1000
              default_hooks.checkpoint.save_last=False)
-    for label in soft++-tiny ufo-vit-tiny swin-t; do
-        [ -n "$classes" ] || break
-        case "$label" in
-            soft++-tiny) config=configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py ;;
-            ufo-vit-tiny) config=configs/ufo_vit/mask-rcnn_ufo-vit-tiny_fpn_1x_coco.py ;;
-            swin-t) config=$(cd "$ROOT" && "$PYTHON" -c 'import mmdet, os
+    [ -z "$classes" ] || mmdet=$(py 'import mmdet
 print(os.path.join(os.path.dirname(mmdet.__file__), ".mim", "configs"))')
-                    config="$config/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py" ;;
-        esac
+    for run in soft++-tiny=configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py \
+            ufo-vit-tiny=configs/ufo_vit/mask-rcnn_ufo-vit-tiny_fpn_1x_coco.py \
+            "swin-t=${mmdet:-}/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py"; do
+        [ -n "$classes" ] || break
+        label="${run%%=*}" config="${run#*=}"
         rm -rf "$work_root/speed-$label"
         step "speed-$label" "$PYTHON" tools/train.py "$config" --work-dir \
             "$work_root/speed-$label" ${amp[@]+"${amp[@]}"} --cfg-options "${options[@]}"
@@ -534,7 +488,7 @@ print(os.path.join(os.path.dirname(mmdet.__file__), ".mim", "configs"))')
     phase speed "$since"
 
     (cd "$ROOT" && "$PYTHON" tools/gpu_node.py table --out "$OUT" --skip 1 \
-        --device "$("$PYTHON" -c 'import sys, torch
+        --device "$(py 'import torch
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU smoke mode)"
 print(f"{name}; torch {torch.__version__}; Python {sys.version.split()[0]}")')" \
         "${table[@]}" \
@@ -549,10 +503,10 @@ print(f"{name}; torch {torch.__version__}; Python {sys.version.split()[0]}")')" 
 
 case "${3:-}" in -h|--help) usage 0 ;; esac
 case "${1:-} ${2:-}" in
-    "pack check"|"pack train") kind="$2"; shift 2; pack "$kind" "$@" ;;
-    "lock check"|"lock train") kind="$2"; shift 2; LOCK_ONLY=1 pack "$kind" "$@" ;;
-    "run check") shift 2; run_check "$@" ;;
-    "run train") shift 2; run_train "$@" ;;
+    "pack check"|"pack train") LOCK_ONLY=0 pack "$2" "${@:3}" ;;
+    "lock check"|"lock train") LOCK_ONLY=1 pack "$2" "${@:3}" ;;
+    "run check") run_check "${@:3}" ;;
+    "run train") run_train "${@:3}" ;;
     -h*|--help*) usage 0 ;;
     *) usage 2 ;;
 esac

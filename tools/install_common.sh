@@ -1,26 +1,18 @@
-# Sourced by the installers (tools/install_env.sh, tools/install_floor_env.sh,
-# tools/install_newest_env.sh, tools/build_mmcv_wheel.sh, tools/lock.sh) and
-# the bundle writer (tools/gpu_node.sh pack).
-#
-# Each step runs through run_step, which writes the step's output to a log
-# (install-logs/ in the checkout, or $MMSOFT_INSTALL_LOGS) and, when the step
-# fails, names the step, the package, the log and what to try, instead of
-# leaving only pip's traceback.
+# Sourced by the installers (tools/install_*env.sh, build_mmcv_wheel.sh,
+# lock.sh) and tools/gpu_node.sh pack. Each step runs through run_step, which
+# writes its output to a log (install-logs/ in the checkout, or
+# $MMSOFT_INSTALL_LOGS) and, when it fails, names the step, the package, the
+# log and what to try, instead of leaving only pip's traceback.
 
 MMSOFT_INSTALL_LOGS="${MMSOFT_INSTALL_LOGS:-$(pwd)/install-logs}"
 
-# log_name TEXT: a file name for a step's log.
-log_name() {
-    printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '-' | tr -s '-' | cut -c1-80
-}
-
-# run_step TAG STEP PACKAGE CMD...: runs CMD with its output in a log.
+# run_step TAG STEP PACKAGE CMD...: runs CMD with its output in a log, named
+# after TAG and STEP.
 run_step() {
-    local tag="$1" step="$2" package="$3"; shift 3
+    local tag="$1" step="$2" package="$3" log start=$SECONDS; shift 3
+    log=$(printf '%s' "$step" | tr -c 'A-Za-z0-9._-' '-' | tr -s '-' | cut -c1-80)
+    log="$MMSOFT_INSTALL_LOGS/$tag-$log.log"
     mkdir -p "$MMSOFT_INSTALL_LOGS"
-    local log
-    log="$MMSOFT_INSTALL_LOGS/$tag-$(log_name "$step").log"
-    local start=$SECONDS
     echo "[$tag] $step (log: $log)"
     if "$@" >"$log" 2>&1; then
         echo "[$tag]   done in $((SECONDS - start)) s"
@@ -31,35 +23,30 @@ run_step() {
 }
 
 # explain_failure TAG STEP PACKAGE LOG: what failed, the log's end and what
-# to try, on standard error.
+# to try, on standard error: the hint of the first pair of lines below (grep's
+# options and pattern; the hint) whose pattern the log holds.
 explain_failure() {
-    local tag="$1" step="$2" package="$3" log="$4" hint
-    if grep -qiE 'No space left on device|Errno 28' "$log"; then
-        hint="the disk ran full. Free space where the environment lives and in \
-\$TMPDIR (${TMPDIR:-/tmp}), or point TMPDIR at a larger disk, then run the \
-command again."
-    elif grep -qiE 'NewConnectionError|Name or service not known|Temporary failure in name resolution|Connection (refused|reset)|Network is unreachable|Max retries exceeded|ConnectTimeout|Read ?timed ?out|ProxyError|SSLError|certificate verify failed|Could not fetch URL|failed to fetch|error sending request' "$log"; then
-        hint="the package registry could not be reached. Check the network, a \
-proxy (HTTPS_PROXY) or the configured index (pip config list), then run the \
-command again: what is already installed is kept."
-    elif grep -qE 'DO NOT MATCH THE HASHES|hash mismatch|Hash mismatch' "$log"; then
-        hint="a downloaded file does not match the hash in requirements/locks/. \
-The index serves another file under that version: check which index pip uses \
-(pip config list), or regenerate the locks with 'make lock' and review the diff."
-    elif grep -qE 'No matching distribution|Could not find a version|not find a version' "$log"; then
-        hint="the index holds no file of a locked version for this Python and \
-platform. The locks are made for CPython 3.11 on x86-64 Linux \
-(python3 --version: $(python3 --version 2>&1)); elsewhere install mmsoft \
-into your own environment (see the README's Installation)."
-    elif grep -q "No module named 'pkg_resources'" "$log"; then
-        hint="a build ran with setuptools 82 or newer, which has no pkg_resources. \
-Builds must use the pinned tools of requirements/build-constraints.txt."
-    elif grep -qE 'error: command .* failed|fatal error:|ninja: build stopped' "$log"; then
-        hint="the compiler failed. Check that gcc/g++ and the Python headers are \
-installed (python3-dev), and look for the first 'error:' in the log."
-    else
-        hint="read the log above for the first error."
-    fi
+    local tag="$1" step="$2" package="$3" log="$4" options pattern text
+    local hint="read the log above for the first error."
+    while read -r options pattern && read -r text; do
+        if grep -q"$options" "$pattern" "$log"; then
+            hint=$text
+            break
+        fi
+    done <<HINTS
+iE No space left on device|Errno 28
+the disk ran full. Free space where the environment lives and in \$TMPDIR (${TMPDIR:-/tmp}), or point TMPDIR at a larger disk, then run the command again.
+iE NewConnectionError|Name or service not known|Temporary failure in name resolution|Connection (refused|reset)|Network is unreachable|Max retries exceeded|ConnectTimeout|Read ?timed ?out|ProxyError|SSLError|certificate verify failed|Could not fetch URL|failed to fetch|error sending request
+the package registry could not be reached. Check the network, a proxy (HTTPS_PROXY) or the configured index (pip config list), then run the command again: what is already installed is kept.
+E DO NOT MATCH THE HASHES|hash mismatch|Hash mismatch
+a downloaded file does not match the hash in requirements/locks/. The index serves another file under that version: check which index pip uses (pip config list), or regenerate the locks with 'make lock' and review the diff.
+E No matching distribution|Could not find a version|not find a version
+the index holds no file of a locked version for this Python and platform. The locks are made for CPython 3.11 on x86-64 Linux (python3 --version: $(python3 --version 2>&1)); elsewhere install mmsoft into your own environment (see the README's Installation).
+F No module named 'pkg_resources'
+a build ran with setuptools 82 or newer, which has no pkg_resources. Builds must use the pinned tools of requirements/build-constraints.txt.
+E error: command .* failed|fatal error:|ninja: build stopped
+the compiler failed. Check that gcc/g++ and the Python headers are installed (python3-dev), and look for the first 'error:' in the log.
+HINTS
     {
         echo "[$tag] FAILED: $step"
         echo "[$tag]   package: $package"
@@ -106,11 +93,10 @@ check_disk() {
     fi
 }
 
-# env_disk KIND: the GiB that the environment KIND (stack, floor, newest)
-# holds once installed, and the GiB its install needs meanwhile in $TMPDIR
-# (pip's downloads of one call, mmcv's build): du on x86-64 Linux, rounded
-# up; `suites`: what the three test suites write. Most of it is torch's CUDA build and its nvidia-* libraries, the only
-# torch wheels that PyPI has for Linux.
+# env_disk KIND: the GiB the environment KIND (stack, floor, newest) holds,
+# and that its install needs meanwhile in $TMPDIR (du on x86-64 Linux, rounded
+# up; mostly torch's CUDA build and nvidia-* libraries, PyPI's only torch
+# wheels for Linux); `suites`: what the three test suites write.
 env_disk() {
     case "$1" in
         stack) echo "7 1" ;;   # torch 2.14.1 (CUDA 13), the stack, mmcv's build
@@ -121,16 +107,15 @@ env_disk() {
     esac
 }
 
-# has_torch VENV: whether the environment VENV is installed as far as its
-# large part goes: its python imports torch.
+# has_torch VENV: whether VENV's large part is installed: its python imports
+# torch.
 has_torch() {
     "$1/bin/python" -c 'import torch' >/dev/null 2>&1
 }
 
 # check_disks TAG VENV:KIND...: refuses to start when the disk cannot hold
-# together all the environments of the list that are not installed yet
-# (has_torch), which `make test` installs while the others stay, and what a
-# `:suites` item says the test suites write.
+# together the environments of the list not installed yet (has_torch), which
+# `make test` installs while the others stay, and what `:suites` writes.
 check_disks() {
     local tag="$1"; shift
     local item venv kind need gib tmp venv_gib=0 tmp_gib=0 install_tmp=0 missing=()
@@ -166,10 +151,7 @@ import urllib.request
 
 url = os.environ.get('PIP_INDEX_URL') or subprocess.run(
     [sys.executable, '-m', 'pip', 'config', 'get', 'global.index-url'],
-    capture_output=True, text=True).stdout.strip()
-if not url:  # pip's own default index
-    from pip._internal.models.index import PyPI
-    url = PyPI.simple_url
+    capture_output=True, text=True).stdout.strip() or 'https://pypi.org/simple'
 context = ssl.create_default_context(cafile=os.environ.get('PIP_CERT') or None)
 request = urllib.request.Request(url.rstrip('/') + '/pip/',
                                  headers={'Accept': 'text/html'})
@@ -199,27 +181,25 @@ ensure_uv() {
     UV="$LOCK_VENV/bin/uv"
 }
 
-# ensure_venv DIR TAG: creates the virtual environment DIR when it has no
-# python yet.
-ensure_venv() {
-    local venv="$1" tag="$2"
-    mkdir -p "$MMSOFT_INSTALL_LOGS"
+# prepare_env TAG KIND VENV PYTHON: before installing the environment KIND
+# (env_disk) into VENV: checks the disk (unless VENV's torch is installed)
+# and the registry, and creates VENV with PYTHON when it has no python yet.
+prepare_env() {
+    local tag="$1" kind="$2" venv="$3" py="$4"
+    has_torch "$venv" || check_disk "$tag" $(env_disk "$kind") "$venv"
+    check_registry "$tag" "$py"
     if [ ! -x "$venv/bin/python" ]; then
-        run_step "$tag" "creating the virtual environment $venv" python3 \
-            python3 -m venv "$venv"
+        run_step "$tag" "creating the virtual environment $venv" python \
+            "$py" -m venv "$venv"
     fi
 }
 
 # install_locked TAG VENV LOCK...: installs exactly what the lock files pin,
-# each file checked against its hash, wheels only (no build runs, so no build
-# tool is resolved from the index). pip keeps every file it downloads until
-# its call ends: the large wheels (torch, triton and the nvidia-* CUDA
-# libraries, 2 to 3 GB together) therefore install one pip call each, the
-# rest in one call, so that the downloads never hold more than one of them on
-# the disk (split_lock).
+# hash-checked wheels only (no build runs). pip keeps each file it downloads
+# until its call ends, so the large wheels (torch, triton, nvidia-*: 2 to
+# 3 GB together) install one pip call each (split_lock), the rest in one.
 install_locked() {
-    local tag="$1" venv="$2"; shift 2
-    local parts
+    local tag="$1" venv="$2" parts; shift 2
     parts=$(mktemp -d)
     split_lock "$parts" "$@"
     run_step "$tag" "installing $* (hash-checked wheels)" "$*" \
@@ -227,9 +207,8 @@ install_locked() {
     rm -rf "$parts"
 }
 
-# split_lock DIR LOCK...: writes the requirements of the lock files into
-# DIR/1-rest.txt and DIR/2-<name>.txt, one file for each large wheel, each
-# requirement with its hashes.
+# split_lock DIR LOCK...: writes the lock files' requirements, with their
+# hashes, into DIR/2-<name>.txt for each large wheel and DIR/1-rest.txt.
 split_lock() {
     local dir="$1"; shift
     mkdir -p "$dir"
@@ -267,12 +246,10 @@ install_editable() {
         --no-build-isolation --no-deps -e .
 }
 
-# link_package_for_mim DIR: makes OpenMMLab's mim find the editable mmsoft of
-# the virtual environment DIR. mim (0.3.9) reads a package's configs, tools
-# and model index from <location>/mmsoft/.mim, where <location> is the folder
-# of the installed metadata: site-packages. An editable install (PEP 660)
-# leaves the package in the checkout, so site-packages/mmsoft becomes a link
-# to it: imports then resolve through the link to the same files. The link is
+# link_package_for_mim DIR: makes OpenMMLab's mim (0.3.9) find the editable
+# mmsoft of the virtual environment DIR: mim reads a package's configs, tools
+# and model index from site-packages/mmsoft/.mim, which for an editable
+# install (PEP 660) becomes a link to the checkout's package. The link is
 # listed in the install's RECORD, so `pip uninstall mmsoft` removes it.
 link_package_for_mim() {
     local venv="$1" site record

@@ -3,13 +3,10 @@
 # (requirements/locks/stack.txt), mmcv with its ops and mmsoft in editable
 # mode. Idempotent: a second run only verifies.
 #
-# mmcv's compiled ops link one torch: the built wheel is kept under
-# $MMSOFT_WHEEL_CACHE (default ~/.cache/mmsoft/wheels), in a folder named by
-# `tools/build_mmcv_wheel.sh key`, which changes with mmcv's locked sdist, the
-# torch, the build script, the compiler and the build settings. Every run, a
-# cached wheel or not, repeats the steps before the compile with an empty pip
-# cache (`build_mmcv_wheel.sh prepare`): they take seconds and are what a
-# release elsewhere can break.
+# mmcv's wheel (its ops link one torch) is kept under $MMSOFT_WHEEL_CACHE
+# (default ~/.cache/mmsoft/wheels), in a folder named by
+# `tools/build_mmcv_wheel.sh key`; with a cached wheel, `build_mmcv_wheel.sh
+# prepare` still runs the steps before the compile.
 #
 # Usage: bash tools/install_env.sh [VENV_DIR]
 set -euo pipefail
@@ -20,14 +17,8 @@ TAG=install
 # shellcheck source=tools/install_common.sh
 source tools/install_common.sh
 
-if ! has_torch "$VENV"; then
-    # torch and its nvidia-* wheels, the rest of the stack and mmcv's build.
-    check_disk "$TAG" $(env_disk stack) "$VENV"
-fi
-check_registry "$TAG" python3
-ensure_venv "$VENV" "$TAG"
+prepare_env "$TAG" stack "$VENV" python3
 install_locked "$TAG" "$VENV" requirements/locks/stack.txt
-TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__)")
 
 KEY=$(bash tools/build_mmcv_wheel.sh key "$PY")
 MMCV_WHEELS="${MMSOFT_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmsoft/wheels}/$KEY"
@@ -35,8 +26,8 @@ if ls "$MMCV_WHEELS"/mmcv-*.whl >/dev/null 2>&1; then
     echo "[$TAG] mmcv wheel for this torch and build script found in $MMCV_WHEELS"
     bash tools/build_mmcv_wheel.sh prepare "$PY"
 else
-    echo "[$TAG] building mmcv with its ops from source against torch $TORCH_VERSION" \
-         "(kept in $MMCV_WHEELS afterwards)"
+    echo "[$TAG] building mmcv with its ops from source against torch" \
+         "$("$PY" -c "import torch; print(torch.__version__)") (kept in $MMCV_WHEELS afterwards)"
     bash tools/build_mmcv_wheel.sh build "$PY" "$MMCV_WHEELS"
 fi
 MMCV_WHEEL=$(ls "$MMCV_WHEELS"/mmcv-*.whl)

@@ -2,31 +2,26 @@
 # Creates the floor environment (default .venv-floor/, when missing) from
 # requirements/locks/floor*.txt: the lowest supported torch (2.1.2), mmcv-lite
 # 2.1.0 (no compiled ops), mmengine, mmdet and mmsegmentation, and mmsoft in
-# editable mode. Tests run there with
-# `pytest tests -m "not mmcv_ops"` (`make test-floor`). Idempotent: a second
-# run only verifies.
+# editable mode, for `pytest tests -m "not mmcv_ops"` (`make test-floor`).
+# Idempotent: a second run only verifies.
 #
 # Usage: bash tools/install_floor_env.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-floor}"
 PY="$VENV/bin/python"
-
 TAG=install-floor
 # shellcheck source=tools/install_common.sh
 source tools/install_common.sh
 
-if ! has_torch "$VENV"; then
-    check_disk "$TAG" $(env_disk floor) "$VENV"
-fi
-check_registry "$TAG" python3
-ensure_venv "$VENV" "$TAG"
-# mmdet and mmsegmentation without their dependencies (see
-# requirements/floor-nodeps.txt): every package is in the locks, installed
-# with --no-deps.
+prepare_env "$TAG" floor "$VENV" python3
+# mmdet and mmsegmentation without their dependencies
+# (requirements/floor-nodeps.txt): all of them are in the locks.
 install_locked "$TAG" "$VENV" requirements/locks/floor.txt requirements/locks/floor-nodeps.txt
 install_editable "$TAG" "$VENV"
 "$PY" - <<'PY'
+import importlib.util
+
 import mmcv
 import numpy
 import torch
@@ -38,12 +33,8 @@ import mmsoft
 assert torch.__version__.startswith('2.1.'), torch.__version__
 assert numpy.__version__.startswith('1.'), numpy.__version__
 assert mmcv.__version__ == '2.1.0', mmcv.__version__
-try:
-    import mmcv._ext  # noqa: F401
-except ImportError:
-    pass
-else:
-    raise AssertionError('the floor env should hold mmcv-lite (no compiled ops)')
+assert importlib.util.find_spec('mmcv._ext') is None, \
+    'the floor env should hold mmcv-lite (no compiled ops)'
 print(f'[install-floor] ok: mmsoft {mmsoft.__version__}, torch {torch.__version__}, '
       f'numpy {numpy.__version__}, mmcv-lite {mmcv.__version__}, '
       f'mmdet {mmdet.__version__}, mmseg {mmseg.__version__}')

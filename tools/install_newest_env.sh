@@ -2,17 +2,15 @@
 # Creates the newest environment (default .venv-newest/, when missing) from
 # requirements/locks/newest.txt: CPython 3.12 with the newest torch,
 # torchvision, timm, transformers 5.x, segmentation-models-pytorch and
-# onnxruntime, no OpenMMLab package, and mmsoft in editable mode. Tests run
-# there with `pytest tests -m "not openmmlab"` (`make test-newest`).
-# Idempotent: a second run only verifies.
+# onnxruntime, no OpenMMLab package, and mmsoft in editable mode, for
+# `pytest tests -m "not openmmlab"` (`make test-newest`). Idempotent: a
+# second run only verifies.
 #
 # The interpreter: python3.12 on PATH or in pyenv's versions; without one,
-# the newest python3.N (3.10 or later) on PATH, named in the output. The
-# lock pins versions that have wheels for those too, with every file's hash.
-#
-# The lock is installed past a pip configuration that caps package versions
-# (PIP_CONSTRAINT is emptied for this environment's installs): the lock
-# itself pins every version.
+# the newest python3.N (3.10 or later) on PATH, named in the output (the
+# lock pins versions with wheels for those too). The lock is installed past
+# a pip configuration that caps versions (PIP_CONSTRAINT emptied): it pins
+# every version itself.
 #
 # Usage: bash tools/install_newest_env.sh [VENV_DIR]
 set -euo pipefail
@@ -29,37 +27,35 @@ find_python() {
     local candidate version best='' best_minor=0
     for candidate in "python$WANTED" \
             "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/"$WANTED".*/bin/python"$WANTED"; do
-        if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import venv' 2>/dev/null; then
-            command -v "$candidate"; return 0
+        if "$candidate" -c 'import venv' 2>/dev/null; then
+            command -v "$candidate"
+            return 0
         fi
     done
     for candidate in python3.14 python3.13 python3.11 python3.10 python3; do
-        command -v "$candidate" >/dev/null 2>&1 || continue
         version=$("$candidate" -c 'import sys; print(sys.version_info[1])' 2>/dev/null) || continue
         if [ "$version" -ge 10 ] && [ "$version" -gt "$best_minor" ]; then
-            best=$(command -v "$candidate"); best_minor=$version
+            best=$(command -v "$candidate")
+            best_minor=$version
         fi
     done
-    [ -n "$best" ] || return 1
-    echo "$best"
+    [ -n "$best" ] && echo "$best"
 }
 
+BASE_PY="$PY"
 if [ ! -x "$PY" ]; then
-    check_disk "$TAG" $(env_disk newest) "$VENV"
     BASE_PY=$(find_python) || {
         echo "[$TAG] no Python 3.10 or newer found (wanted CPython $WANTED: python$WANTED" \
              "on PATH or in pyenv's versions)" >&2; exit 1; }
     BASE_VERSION=$("$BASE_PY" -c 'import platform; print(platform.python_version())')
+    echo "[$TAG] CPython $BASE_VERSION ($BASE_PY)"
     case "$BASE_VERSION" in
-        "$WANTED".*) echo "[$TAG] CPython $BASE_VERSION ($BASE_PY)" ;;
-        *) echo "[$TAG] CPython $WANTED not found (neither python$WANTED on PATH nor in" \
-                "pyenv's versions): using Python $BASE_VERSION ($BASE_PY), the newest there;" \
-                "the lock is resolved for $WANTED" ;;
+        "$WANTED".*) ;;
+        *) echo "[$TAG] CPython $WANTED not found (neither on PATH nor in pyenv's versions):" \
+                "using the newest Python there; the lock is resolved for $WANTED" ;;
     esac
-    check_registry "$TAG" "$BASE_PY"
-    run_step "$TAG" "creating the virtual environment $VENV (Python $BASE_VERSION)" python \
-        "$BASE_PY" -m venv "$VENV"
 fi
+prepare_env "$TAG" newest "$VENV" "$BASE_PY"
 PIP_CONSTRAINT=/dev/null install_locked "$TAG" "$VENV" requirements/locks/newest.txt
 install_editable "$TAG" "$VENV"
 run_step "$TAG" "checking that every installed package's requirements hold (pip check)" \

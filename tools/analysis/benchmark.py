@@ -53,67 +53,63 @@ PRESETS = dict(
 def parse_args(argv):
     """The arguments, a preset's values where an option is not given."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--preset', choices=PRESETS,
-                        help='settings where not given: ' + ', '.join(PRESETS))
-    parser.add_argument('--models', nargs='+', metavar='SPEC', default=[
+    add = parser.add_argument
+    add('--preset', choices=PRESETS,
+        help='settings where not given: ' + ', '.join(PRESETS))
+    add('--models', nargs='+', metavar='SPEC', default=[
         'soft++-tiny', 'soft++-small', 'ufo-vit-small', 'swin-t', 'pvtv2-b2'],
         help=f'[LABEL=]NAME[:key=value,...], NAME one of {", ".join(NAMES)} or a '
         'config path (default: %(default)s)')
-    parser.add_argument('--sizes', nargs='+', type=parse_size, default=None,
-                        metavar='HxW', help='inputs, each --batch images of one size')
-    parser.add_argument('--batch', type=int, default=1)
-    parser.add_argument('--images', nargs='+', type=parse_size, default=None,
-                        metavar='HxW', help="one batch of these images, padded to "
-                        "multiples of --pad; mmsoft's backbones get each valid region")
-    parser.add_argument('--pad', type=int, default=None,
-                        help='side multiple of the padded batch (default 32 with '
-                        '--images, else 1)')
-    parser.add_argument('--device', default='cpu', help="'cpu', 'cuda' or 'cuda:N'")
-    parser.add_argument('--detector', action='store_true',
-                        help="the model's whole Mask R-CNN (mmdet's configs)")
-    parser.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
-    parser.add_argument('--precisions', nargs='+', default=['float32'],
-                        choices=PRECISIONS)
-    parser.add_argument('--amp-dtype', default='float16',
-                        choices=('float16', 'bfloat16'), help='autocast dtype of amp')
-    parser.add_argument('--optimizer', default='none', choices=('none', 'adamw'),
-                        help="the training step's optimizer step")
-    parser.add_argument('--compile', nargs='?', const='inductor', default=None,
-                        metavar='BACKEND', help='also compiled, after eager '
-                        '(torch.compile with BACKEND, default inductor)')
-    parser.add_argument('--compile-mode', default=None)
-    parser.add_argument('--compiled-only', action='store_true')
-    parser.add_argument('--warmup', type=int, default=1, help='untimed steps')
-    parser.add_argument('--steps', type=int, default=3, help='timed steps per process')
-    parser.add_argument('--rounds', type=int, default=1,
-                        help='processes per model and input, the models in turn')
-    parser.add_argument('--threads', type=int, default=1,
-                        help="torch's threads on the CPU")
-    parser.add_argument('--memory', action='store_true',
-                        help="CPU: the resident set's growth over the first step")
-    parser.add_argument('--live-memory', action='store_true',
-                        help='CPU: the peak of live memory, in one more process')
-    parser.add_argument('--kernels', type=int, default=0, metavar='STEPS',
-                        help='GPU: kernels per step and GPU-busy time over STEPS '
-                        'profiled steps (first round)')
-    parser.add_argument('--host-sync', action='store_true',
-                        help='GPU: one step with host syncs as errors (first round)')
-    parser.add_argument('--flops', action='store_true', help='FLOPs of the forward')
-    parser.add_argument('--regions', action='store_true',
-                        help='time, FLOPs and kernels per region and operator class')
-    parser.add_argument('--saved-tensors', action='store_true',
-                        help='the bytes autograd keeps, by top-level module')
-    parser.add_argument('--capacity', type=parse_size, default=None, metavar='HxW',
-                        help='the largest training batch at HxW within '
-                        '--memory-limit-gb')
-    parser.add_argument('--memory-limit-gb', type=float, default=16.)
-    parser.add_argument('--max-batch', type=int, default=512)
-    parser.add_argument('--tests', nargs='*', default=None, metavar='PATH',
-                        help='run pytest first (default tests/test_cuda.py)')
-    parser.add_argument('--budget-s', type=float, default=1e9,
-                        help='seconds for the whole run, tests included')
-    parser.add_argument('--case-timeout-s', type=float, default=900.)
-    parser.add_argument('--out-dir', default='work_dirs/benchmark')
+    add('--sizes', nargs='+', type=parse_size, metavar='HxW',
+        help='inputs, each --batch images of one size')
+    add('--batch', type=int, default=1)
+    add('--images', nargs='+', type=parse_size, metavar='HxW', help='one batch of '
+        "these images, padded to multiples of --pad; mmsoft's backbones get each "
+        'valid region')
+    add('--pad', type=int, help='side multiple of the padded batch (default 32 with '
+        '--images, else 1)')
+    add('--device', default='cpu', help="'cpu', 'cuda' or 'cuda:N'")
+    add('--detector', action='store_true',
+        help="the model's whole Mask R-CNN (mmdet's configs)")
+    add('--modes', nargs='+', default=list(MODES), choices=MODES)
+    add('--precisions', nargs='+', default=['float32'], choices=PRECISIONS)
+    add('--amp-dtype', default='float16', choices=('float16', 'bfloat16'),
+        help='autocast dtype of amp')
+    add('--optimizer', default='none', choices=('none', 'adamw'),
+        help="the training step's optimizer step")
+    add('--compile', nargs='?', const='inductor', metavar='BACKEND',
+        help='also compiled, after eager (torch.compile with BACKEND, default '
+        'inductor)')
+    add('--compile-mode')
+    add('--compiled-only', action='store_true')
+    add('--warmup', type=int, default=1, help='untimed steps')
+    add('--steps', type=int, default=3, help='timed steps per process')
+    add('--rounds', type=int, default=1,
+        help='processes per model and input, the models in turn')
+    add('--threads', type=int, default=1, help="torch's threads on the CPU")
+    add('--memory', action='store_true',
+        help="CPU: the resident set's growth over the first step")
+    add('--live-memory', action='store_true',
+        help='CPU: the peak of live memory, in one more process')
+    add('--kernels', type=int, default=0, metavar='STEPS', help='GPU: kernels per step '
+        'and GPU-busy time over STEPS profiled steps (first round)')
+    add('--host-sync', action='store_true',
+        help='GPU: one step with host syncs as errors (first round)')
+    add('--flops', action='store_true', help='FLOPs of the forward')
+    add('--regions', action='store_true',
+        help='time, FLOPs and kernels per region and operator class')
+    add('--saved-tensors', action='store_true',
+        help='the bytes autograd keeps, by top-level module')
+    add('--capacity', type=parse_size, metavar='HxW',
+        help='the largest training batch at HxW within --memory-limit-gb')
+    add('--memory-limit-gb', type=float, default=16.)
+    add('--max-batch', type=int, default=512)
+    add('--tests', nargs='*', metavar='PATH',
+        help='run pytest first (default tests/test_cuda.py)')
+    add('--budget-s', type=float, default=1e9,
+        help='seconds for the whole run, tests included')
+    add('--case-timeout-s', type=float, default=900.)
+    add('--out-dir', default='work_dirs/benchmark')
     preset = dict(PRESETS.get(parser.parse_known_args(argv)[0].preset, {}))
     preset.pop('images', None)  # settings_of's: --sizes replaces them
     parser.set_defaults(**preset)

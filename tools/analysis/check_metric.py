@@ -20,11 +20,7 @@ from typing import List, Optional, Tuple
 
 def newest_metrics(work_dir: str) -> Tuple[str, dict]:
     """The newest ``<timestamp>/<timestamp>.json`` of ``work_dir`` and its
-    metrics.
-
-    Raises:
-        FileNotFoundError: ``work_dir`` holds no evaluation.
-    """
+    metrics (FileNotFoundError where ``work_dir`` holds no evaluation)."""
     paths = [path for path in glob.glob(osp.join(work_dir, '*', '*.json'))
              if osp.basename(path) == osp.basename(osp.dirname(path)) + '.json']
     if not paths:
@@ -45,17 +41,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         path, metrics = newest_metrics(args.work_dir)
-    except FileNotFoundError as error:
+        if args.metric not in metrics:
+            raise LookupError(f'{path} has no metric={args.metric!r}; it has: '
+                              f'{", ".join(sorted(metrics))}')
+        value = float(metrics[args.metric])
+        if value < args.minimum:
+            raise ValueError(f'{args.metric} = {value:.3f} is below the expected '
+                             f'minimum {args.minimum} ({path})')
+    except (FileNotFoundError, LookupError, ValueError) as error:
         print(f'check_metric: {error}', file=sys.stderr)
-        return 1
-    if args.metric not in metrics:
-        print(f'check_metric: {path} has no metric={args.metric!r}; it has: '
-              f'{", ".join(sorted(metrics))}', file=sys.stderr)
-        return 1
-    value = float(metrics[args.metric])
-    if value < args.minimum:
-        print(f'check_metric: {args.metric} = {value:.3f} is below the expected '
-              f'minimum {args.minimum} ({path})', file=sys.stderr)
         return 1
     print(f'{args.metric} = {value:.3f} (at least {args.minimum}: ok; {path})')
     return 0

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 from mmsoft_analysis import parse_size
-from mmsoft_analysis.comparison import (DETECTORS, PROBE_DETECTORS, SEGMENTORS,
-                                        detection_schedule, ensure_data, load_records,
-                                        machine, measure_costs, probe_jobs, run_jobs,
-                                        save_records, segmentation_schedule,
-                                        training_jobs, write_report)
+from mmsoft_analysis.comparison import (DETECTORS, SEGMENTORS, detection_schedule,
+                                        load_records, machine, measure_costs,
+                                        probe_jobs, run_jobs, save_records,
+                                        segmentation_schedule, training_jobs,
+                                        write_report)
 
 PHASES = ('probe', 'train', 'costs', 'report')
 #: The sizes of the cost columns (HxW).
@@ -37,9 +37,10 @@ def parse_args(argv=None):
     parser.add_argument('--phases', nargs='+', choices=PHASES, default=list(PHASES))
     for option, entries, what in (('--detectors', DETECTORS, 'Mask R-CNN'),
                                   ('--segmentors', SEGMENTORS, 'UperNet')):
-        names = ', '.join(entry.name for entry in entries)
-        parser.add_argument(option, nargs='*', metavar='NAME',
-                            help=f'{what} entries by name (default: all: {names})')
+        names = [entry.name for entry in entries]
+        parser.add_argument(option, nargs='*', metavar='NAME', default=names,
+                            help=f"{what} entries by name (default: all: "
+                            f"{', '.join(names)})")
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1])
     parser.add_argument('--epochs', type=int, default=3,
                         help='Mask R-CNN epochs (the demo trains 8)')
@@ -60,13 +61,11 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     for option, entries in (('detectors', DETECTORS), ('segmentors', SEGMENTORS)):
         known = {entry.name: entry for entry in entries}
-        names = getattr(args, option)
-        unknown = [name for name in names or () if name not in known]
+        unknown = [name for name in getattr(args, option) if name not in known]
         if unknown:
             parser.error(f'--{option}: {unknown} not known; expected names from '
                          f'{list(known)}.')
-        setattr(args, option, list(entries) if names is None else
-                [known[name] for name in names])
+        setattr(args, option, [known[name] for name in getattr(args, option)])
     try:  # an out-of-range schedule fails before anything runs
         detection_schedule(args.epochs)
         segmentation_schedule(args.seg_iters)
@@ -82,12 +81,9 @@ def main(argv=None) -> int:
     recorded = load_records(records, jobs['probe'] + jobs['train'])
     save_records(records, recorded)
     failed = []
-    if 'probe' in args.phases:
-        ensure_data(dict(detection=PROBE_DETECTORS))
-        failed += run_jobs(jobs['probe'], recorded, records, args.jobs, args.threads)
-    if 'train' in args.phases:
-        ensure_data(dict(detection=args.detectors, segmentation=args.segmentors))
-        failed += run_jobs(jobs['train'], recorded, records, args.jobs, args.threads)
+    for phase in jobs:  # probe, then train
+        if phase in args.phases:
+            failed += run_jobs(jobs[phase], recorded, records, args.jobs, args.threads)
     sizes = {kind: getattr(args, f'{kind}_size') for kind in SIZES}
     if 'costs' in args.phases:
         measure_costs(args.detectors, sizes, args.threads, args.work_dir)

@@ -34,24 +34,10 @@ SEED = 0
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
 
 
-def config_scope(cfg: Config) -> str:
-    """The library a config belongs to, from its ``default_scope``."""
-    scope = cfg.get('default_scope', None)
-    if scope not in DEFAULT_SHAPES:
-        raise ValueError(f'default_scope={scope!r} of the config is not supported; '
-                         f'expected one of {list(DEFAULT_SHAPES)}.')
-    return scope
-
-
 class TensorModeModel(nn.Module):
-    """Wraps a detector or segmentor so that ``forward(images)`` runs the
-    network end to end (backbone, neck, heads) without post-processing.
-
-    Args:
-        model (nn.Module): An mmdet detector or mmseg segmentor.
-        scope (str): ``'mmdet'`` or ``'mmseg'``.
-        shape (tuple[int, int]): Input (H, W), for the detectors' metadata.
-    """
+    """An mmdet detector or mmseg segmentor (``scope``) whose
+    ``forward(images)`` runs the network end to end (backbone, neck, heads)
+    without post-processing, on inputs of ``shape`` (H, W)."""
 
     def __init__(self, model: nn.Module, scope: str, shape: Tuple[int, int]):
         super().__init__()
@@ -69,18 +55,10 @@ class TensorModeModel(nn.Module):
 
 
 def keep_all_proposals(cfg: Config) -> Config:
-    """A copy of ``cfg`` whose RPN removes no proposal at test time.
-
-    The RPN's size filter and NMS over random weights keep a number of boxes
-    that changes with the seed; without them the RoI head always gets the
-    RPN's ``max_per_img`` proposals.
-
-    Args:
-        cfg (Config): Any config.
-
-    Returns:
-        Config: The copy (unchanged for models without an RPN).
-    """
+    """A copy of ``cfg`` whose RPN, if any, removes no proposal at test time:
+    the size filter and NMS over random weights keep a number of boxes that
+    changes with the seed; without them the RoI head always gets the RPN's
+    ``max_per_img`` proposals."""
     cfg = copy.deepcopy(cfg)
     rpn = (cfg.model.get('test_cfg') or {}).get('rpn')
     if rpn is not None:
@@ -93,16 +71,11 @@ def keep_all_proposals(cfg: Config) -> Config:
 def count_config(cfg: Config, shape: Optional[Sequence[int]] = None,
                  backbone_only: bool = False,
                  with_extra_handles: bool = True) -> dict:
-    """Counts the parameters and FLOPs of the model a config builds.
-
-    Args:
-        cfg (Config): An mmdet or mmseg config.
-        shape (Sequence[int], optional): Input (H, W). Defaults to 800x1333
-            for mmdet and 512x512 for mmseg configs.
-        backbone_only (bool): Count the backbone alone instead of the whole
-            model in tensor mode (backbone, neck and heads). Default: False.
-        with_extra_handles (bool): Add mmsoft's FLOP handles; False gives
-            mmengine's plain count. Default: True.
+    """Counts the parameters and FLOPs of the model an mmdet or mmseg config
+    builds, at input ``shape`` (H, W; by default :data:`DEFAULT_SHAPES`): the
+    whole model in tensor mode (backbone, neck and heads), or with
+    ``backbone_only`` the backbone; without ``with_extra_handles``,
+    mmengine's plain count.
 
     Returns:
         dict: ``shape`` (list of H, W), ``part`` ('model' or 'backbone'),
@@ -110,15 +83,17 @@ def count_config(cfg: Config, shape: Optional[Sequence[int]] = None,
         (multiply-adds, an int) and ``uncounted_ops`` (operator name to
         number of calls the count leaves out).
     """
-    scope = config_scope(cfg)
+    scope = cfg.get('default_scope', None)
+    if scope not in DEFAULT_SHAPES:
+        raise ValueError(f'default_scope={scope!r} of the config is not supported; '
+                         f'expected one of {list(DEFAULT_SHAPES)}.')
     shape = tuple(shape or DEFAULT_SHAPES[scope])
     torch.manual_seed(SEED)
     model = build_model_from_config(keep_all_proposals(cfg))
     target = model.backbone if backbone_only else TensorModeModel(
         model, scope, shape)
-    images = torch.randn(1, 3, *shape)
     with torch.no_grad():
-        flops, analyzer = count_flops(target, (images, ),
+        flops, analyzer = count_flops(target, (torch.randn(1, 3, *shape), ),
                                       with_extra_handles=with_extra_handles)
     return dict(shape=list(shape), part='backbone' if backbone_only else 'model',
                 params=sum(p.numel() for p in target.parameters()),
@@ -149,8 +124,7 @@ def main():
         cfg.merge_from_dict(args.cfg_options)
     counted = count_config(cfg, args.shape, backbone_only=args.backbone_only,
                            with_extra_handles=not args.mmengine_only)
-    result = dict(config=args.config, shape=counted['shape'],
-                  part=counted['part'],
+    result = dict(config=args.config, shape=counted['shape'], part=counted['part'],
                   params_m=round(counted['params'] / 1e6, 3),
                   gflops=round(counted['flops'] / 1e9, 3),
                   uncounted_ops=counted['uncounted_ops'])

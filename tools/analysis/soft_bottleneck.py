@@ -110,16 +110,14 @@ def pooling_rows(args):
     for size in args.sizes:
         image = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
-            capped_s, capped_outs = timed(lambda: capped.forward_intermediates(
-                image, intermediates_only=True), 1, 0)
-            uncapped_s, uncapped_outs = timed(lambda: uncapped.forward_intermediates(
-                image, intermediates_only=True), 1, 0)
+            (capped_s, capped_outs), (uncapped_s, uncapped_outs) = (timed(
+                lambda: model.forward_intermediates(image, intermediates_only=True),
+                1, 0) for model in (capped, uncapped))
         differences = [float((c - u).norm() / u.norm())
                        for c, u in zip(capped_outs, uncapped_outs)]
-        grids = []
-        for stage, ratio in enumerate(capped.arch_settings['sr_ratios'][:3]):
-            grid = tuple(-(-side // 2**(stage + 2)) // ratio for side in size)
-            grids.append((grid, capped_grid_size(*grid, args.cap)))
+        grids = [tuple(-(-side // 2**(stage + 2)) // ratio for side in size)
+                 for stage, ratio in enumerate(capped.arch_settings['sr_ratios'][:3])]
+        grids = [(grid, capped_grid_size(*grid, args.cap)) for grid in grids]
         print(f"{size[0]}x{size[1]}: bottleneck grids "
               + ', '.join(f'{a[0]}x{a[1]}->{b[0]}x{b[1]}' for a, b in grids)
               + '; stage differences ' + ', '.join(f'{d:.3f}' for d in differences),

@@ -38,9 +38,7 @@ from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 import yaml
 from mmengine.config import Config
 
-if osp.dirname(osp.abspath(__file__)) not in sys.path:
-    sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from get_flops import count_config  # noqa: E402
+from get_flops import count_config
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 COMMAND = 'python tools/analysis/update_metafiles.py'
@@ -96,16 +94,8 @@ def model_key(cfg: Config) -> str:
 
 def measure(configs: Iterable[str], repo: str = REPO,
             log: bool = False) -> Dict[str, Figures]:
-    """Counts the model of each config (paths relative to ``repo``).
-
-    Args:
-        configs (Iterable[str]): Config paths.
-        repo (str): The repository root.
-        log (bool): Print each count and its time. Default: False.
-
-    Returns:
-        dict[str, Figures]: Config path to its figures.
-    """
+    """Config path (relative to ``repo``) -> the figures of its model, each
+    model counted once; with ``log``, each count and its time printed."""
     counted: Dict[str, Figures] = {}
     figures = {}
     for config in configs:
@@ -118,8 +108,8 @@ def measure(configs: Iterable[str], repo: str = REPO,
                                    round_flops(result['flops']))
         figures[config] = counted[key]
         if log:
-            print(f'{config}: {counted[key].parameters} parameters, '
-                  f'{counted[key].flops / 1e9:.3f} GFLOPs '
+            print(f'{config}: {figures[config].parameters} parameters, '
+                  f'{figures[config].flops / 1e9:.3f} GFLOPs '
                   f'({time.perf_counter() - start:.1f} s)', flush=True)
     return figures
 
@@ -133,16 +123,11 @@ def readme_cells(figures: Figures) -> Dict[str, str]:
 
 def rewrite_metafile(text: str, figures: Dict[str, Figures]) -> str:
     """``text`` of a metafile with the ``Parameters`` and ``FLOPs`` of the
-    models named in ``figures`` replaced.
-
-    Raises:
-        ValueError: If a named model has no ``Parameters`` or ``FLOPs`` line.
-    """
+    models named in ``figures`` replaced (ValueError where one lacks them)."""
     lines = text.split('\n')
     name, in_models, written = None, False, {}
     for index, line in enumerate(lines):
-        if line.startswith('Models:'):
-            in_models = True
+        in_models = in_models or line.startswith('Models:')
         match = re.match(r'  - Name: (\S+)$', line)
         if in_models and match:
             name = match[1]
@@ -159,16 +144,9 @@ def rewrite_metafile(text: str, figures: Dict[str, Figures]) -> str:
 
 
 def table_rows(text: str, readme: str) -> Iterator[Tuple[int, str, Dict[str, str]]]:
-    """The table rows of a README that link a config.
-
-    Args:
-        text (str): The README's text.
-        readme (str): Its path relative to the repository root.
-
-    Yields:
-        tuple[int, str, dict[str, str]]: Line index, the linked config's path
-        relative to the repository root, and column header to cell.
-    """
+    """The table rows of README ``text`` (at ``readme``, relative to the
+    repository root) that link a config: line index, the config's path
+    relative to the root, and column header -> cell."""
     header = None
     for index, line in enumerate(text.split('\n')):
         if not line.startswith('|'):
@@ -187,12 +165,8 @@ def table_rows(text: str, readme: str) -> Iterator[Tuple[int, str, Dict[str, str
 def rewrite_readme(text: str, readme: str, figures: Dict[str, Figures]) -> str:
     """``text`` of the README at ``readme`` (relative to the repository root)
     with the figure cells of the rows that link a config of ``figures``
-    replaced.
-
-    Raises:
-        ValueError: If a config of ``figures`` has no row under a header with
-            every column of :func:`readme_cells`.
-    """
+    replaced (ValueError where a config has no row under a header with every
+    column of :func:`readme_cells`)."""
     lines = text.split('\n')
     found = set()
     for index, config, row in table_rows(text, readme):
@@ -218,17 +192,9 @@ def differences(old: str, new: str, path: str) -> List[str]:
 
 def update(models: List[ZooModel], figures: Dict[str, Figures], repo: str = REPO,
            write: bool = True) -> List[str]:
-    """Brings the metafiles and READMEs of ``models`` to ``figures``.
-
-    Args:
-        models (list[ZooModel]): Models to update.
-        figures (dict[str, Figures]): Config path to figures, for every model.
-        repo (str): The repository root.
-        write (bool): Write the files; False only compares. Default: True.
-
-    Returns:
-        list[str]: The changed (or, without ``write``, differing) lines.
-    """
+    """Brings the metafiles and READMEs of ``models`` to ``figures`` (config
+    path -> figures, for every model); returns the changed lines (without
+    ``write``, only compares and returns those that differ)."""
     by_file: Dict[str, Dict[str, Figures]] = {}
     for model in models:
         by_file.setdefault(model.metafile, {})[model.name] = figures[model.config]
@@ -237,10 +203,8 @@ def update(models: List[ZooModel], figures: Dict[str, Figures], repo: str = REPO
     for path, file_figures in by_file.items():
         with open(osp.join(repo, path)) as file:
             old = file.read()
-        if path.endswith('.yml'):
-            new = rewrite_metafile(old, file_figures)
-        else:
-            new = rewrite_readme(old, path, file_figures)
+        new = rewrite_metafile(old, file_figures) if path.endswith('.yml') else \
+            rewrite_readme(old, path, file_figures)
         changed += differences(old, new, path)
         if write and new != old:
             with open(osp.join(repo, path), 'w') as file:
@@ -248,18 +212,14 @@ def update(models: List[ZooModel], figures: Dict[str, Figures], repo: str = REPO
     return changed
 
 
-def parse_args(argv=None):
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--check', action='store_true',
                         help='write nothing; list the figures that differ from '
                         'the count and exit 1 if any')
     parser.add_argument('--models', nargs='+', metavar='NAME',
                         help='only these models (metafile names); default: all')
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parser.parse_args(argv)
     # Each config's custom_imports would repeat it.
     warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
     models = zoo_models()

@@ -33,25 +33,13 @@ from typing import Dict, List, Optional, Sequence
 
 from . import REPO
 
-DEMO_CONFIGS = 'configs/demo'
-PEER_CONFIGS = 'configs/comparison'
-
 
 @dataclass(frozen=True)
 class Entry:
-    """One backbone of the comparison.
-
-    Attributes:
-        name (str): Short name used in tables and plots.
-        config (str): Config path relative to the repository root.
-        source (str): Where the backbone's code comes from: ``'mmsoft'``,
-            ``'mmdet'``, ``'mmseg'`` or ``'timm'``.
-        group (str): The group of similar parameter count that the entry is
-            read within.
-        recipe (str): The name of its training recipe in :data:`RECIPES`:
-            ``'shared'`` (the demo's), or the winner of the probe for a
-            backbone that does not learn under it.
-    """
+    """One backbone: its short ``name`` (tables, plots), ``config`` (from the
+    repository root), the ``source`` of its code (``'mmsoft'``, ``'mmdet'``,
+    ``'mmseg'`` or ``'timm'``), the ``group`` of similar parameter count it
+    is read within, and its training ``recipe`` (a key of :data:`RECIPES`)."""
     name: str
     config: str
     source: str
@@ -64,34 +52,24 @@ class Entry:
         return self.source == 'mmsoft'
 
 
-def _demo(config: str) -> str:
-    return f'{DEMO_CONFIGS}/{config}.py'
-
-
-def _peer(config: str) -> str:
-    return f'{PEER_CONFIGS}/{config}.py'
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """A learning rate and warm-up length for the compressed schedules.
-
-    Attributes:
-        lr (float | None): AdamW's learning rate; None keeps the demo's 1e-3.
-        warmup_epochs (float | None): Length of the linear warm-up in epochs
-            of the demo data (75 iterations each); None keeps the demo's
-            share of the schedule (100 of 600 iterations).
-    """
-    lr: Optional[float] = None
-    warmup_epochs: Optional[float] = None
+def _entries(template: str, rows: Sequence[tuple]) -> List[Entry]:
+    """``rows`` (name, config, source, group[, recipe]) as entries, each config
+    put into ``template``: mmsoft's in ``configs/demo/``, the peers' in
+    ``configs/comparison/``."""
+    return [Entry(name, f"configs/{'demo' if source == 'mmsoft' else 'comparison'}/"
+                  f'{template.format(config)}.py', source, *rest)
+            for name, config, source, *rest in rows]
 
 
 # The shared recipe (the demo's, tuned for its SOFT) and the probe's
-# alternatives for a backbone that does not learn under it.
-RECIPES: Dict[str, Recipe] = {
-    'shared': Recipe(),
-    'warmup-1-epoch': Recipe(warmup_epochs=1),
-    'lr-3e-4-warmup-1-epoch': Recipe(lr=3e-4, warmup_epochs=1),
+# alternatives for a backbone that does not learn under it: AdamW's ``lr``
+# (else the demo's 1e-3) and the linear warm-up's length in epochs of the
+# demo data (``warmup_epochs``, 75 iterations each; else the demo's share of
+# the schedule, 100 of 600 iterations).
+RECIPES: Dict[str, Dict[str, float]] = {
+    'shared': {},
+    'warmup-1-epoch': dict(warmup_epochs=1),
+    'lr-3e-4-warmup-1-epoch': dict(lr=3e-4, warmup_epochs=1),
 }
 
 
@@ -101,67 +79,62 @@ RECIPES: Dict[str, Recipe] = {
 # (ResNet-50, PVTv2-b2-li).
 SMALL, MEDIUM, LARGE = '3-7 M', '11-14 M', '22-24 M'
 GROUP_PARAMS = {SMALL: (3e6, 7e6), MEDIUM: (11e6, 14e6), LARGE: (22e6, 24e6)}
-DETECTORS: List[Entry] = [
-    Entry('SOFT++ half-width (demo)', _demo('mask-rcnn_soft-tiny_fpn_demo'),
-          'mmsoft', SMALL),
-    Entry('UFO-ViT-tiny', _demo('mask-rcnn_ufo-vit-tiny_fpn_demo'), 'mmsoft',
-          SMALL),
-    Entry('PVTv2-b0', _peer('mask-rcnn_pvtv2-b0_fpn_demo'), 'mmdet', SMALL),
-    Entry('XCiT-T12', _peer('mask-rcnn_xcit-t12_fpn_demo'), 'timm', SMALL),
-    Entry('SOFT++-tiny', _demo('mask-rcnn_soft++-tiny_fpn_demo'), 'mmsoft',
-          MEDIUM),
-    Entry('ResNet-18', _peer('mask-rcnn_r18_fpn_demo'), 'mmdet', MEDIUM),
+MASK_RCNN = 'mask-rcnn_{}_fpn_demo'
+DETECTORS: List[Entry] = _entries(MASK_RCNN, [
+    ('SOFT++ half-width (demo)', 'soft-tiny', 'mmsoft', SMALL),
+    ('UFO-ViT-tiny', 'ufo-vit-tiny', 'mmsoft', SMALL),
+    ('PVTv2-b0', 'pvtv2-b0', 'mmdet', SMALL),
+    ('XCiT-T12', 'xcit-t12', 'timm', SMALL),
+    ('SOFT++-tiny', 'soft++-tiny', 'mmsoft', MEDIUM),
+    ('ResNet-18', 'r18', 'mmdet', MEDIUM),
     # The recipes below are the probe's best (seed 0, full run); neither
     # makes the backbone learn (docs/comparison.md, "The probe").
-    Entry('Swin (64 channels, window 5)', _peer('mask-rcnn_swin-64_fpn_demo'),
-          'mmdet', MEDIUM, recipe='lr-3e-4-warmup-1-epoch'),
-    Entry('PVTv2-b1', _peer('mask-rcnn_pvtv2-b1_fpn_demo'), 'mmdet', MEDIUM),
-    Entry('ResNet-50', _peer('mask-rcnn_r50_fpn_demo'), 'mmdet', LARGE),
-    Entry('PVTv2-b2-li', _peer('mask-rcnn_pvtv2-b2-li_fpn_demo'), 'timm', LARGE,
-          recipe='warmup-1-epoch'),
-]
-SEGMENTORS: List[Entry] = [
-    Entry('SOFT++ half-width (demo)', _demo('upernet_soft-tiny_demo'), 'mmsoft',
-          SMALL),
-    Entry('UFO-ViT-tiny', _demo('upernet_ufo-vit-tiny_demo'), 'mmsoft', SMALL),
-    Entry('PVTv2-b0', _peer('upernet_pvtv2-b0_demo'), 'mmdet', SMALL),
-    Entry('ResNet-18', _peer('upernet_r18_demo'), 'mmseg', MEDIUM),
-]
+    ('Swin (64 channels, window 5)', 'swin-64', 'mmdet', MEDIUM,
+     'lr-3e-4-warmup-1-epoch'),
+    ('PVTv2-b1', 'pvtv2-b1', 'mmdet', MEDIUM),
+    ('ResNet-50', 'r50', 'mmdet', LARGE),
+    ('PVTv2-b2-li', 'pvtv2-b2-li', 'timm', LARGE, 'warmup-1-epoch'),
+])
+SEGMENTORS: List[Entry] = _entries('upernet_{}_demo', [
+    ('SOFT++ half-width (demo)', 'soft-tiny', 'mmsoft', SMALL),
+    ('UFO-ViT-tiny', 'ufo-vit-tiny', 'mmsoft', SMALL),
+    ('PVTv2-b0', 'pvtv2-b0', 'mmdet', SMALL),
+    ('ResNet-18', 'r18', 'mmseg', MEDIUM),
+])
 # The probe (``compare_backbones.py --phases probe``): each recipe for the
-# two backbones that did not learn under the shared recipe, and for mmdet's
-# PVTv2 at PVTv2-b2-li's depths (a control for timm's implementation): the
-# first epoch of the compressed Mask R-CNN schedule, then the full run
-# (seed 0) resumed from it.
-PROBE_CONTROL = Entry('PVTv2-b2 (control)', _peer('mask-rcnn_pvtv2-b2_fpn_demo'),
-                      'mmdet', LARGE)
+# two backbones that did not learn under the shared recipe (those given
+# another), and for mmdet's PVTv2 at PVTv2-b2-li's depths (a control for
+# timm's implementation): the first epoch of the compressed Mask R-CNN
+# schedule, then the full run (seed 0) resumed from it.
+[PROBE_CONTROL] = _entries(MASK_RCNN, [('PVTv2-b2 (control)', 'pvtv2-b2', 'mmdet',
+                                        LARGE)])
 PROBE_DETECTORS: List[Entry] = [
-    *[entry for entry in DETECTORS
-      if entry.name in ('Swin (64 channels, window 5)', 'PVTv2-b2-li')],
-    PROBE_CONTROL]
+    *[entry for entry in DETECTORS if entry.recipe != 'shared'], PROBE_CONTROL]
 # The demo configs' schedules: 8 epochs of 75 iterations with a 100-iteration
 # warm-up (Mask R-CNN); 1100 iterations with a 50-iteration warm-up (UperNet).
 DEMO_EPOCHS, DEMO_EPOCH_ITERS, DEMO_DET_WARMUP = 8, 75, 100
 DEMO_SEG_ITERS, DEMO_SEG_WARMUP = 1100, 50
 BBOX_METRIC, SEGM_METRIC, MIOU_METRIC = 'coco/bbox_mAP', 'coco/segm_mAP', 'mIoU'
+#: The metrics of each task's runs.
+METRICS = dict(detection=(BBOX_METRIC, SEGM_METRIC), probe=(BBOX_METRIC, SEGM_METRIC),
+               segmentation=(MIOU_METRIC, ))
 
 
-def _check_positive(name: str, value: int, limit: int) -> None:
+def _warmup(name: str, value: int, limit: int, warmup: int) -> int:
+    """The demo's ``warmup`` for its schedule of ``limit`` epochs (iterations)
+    compressed to ``value``, rounded up; a ValueError unless 1 to ``limit``."""
     if not 1 <= value <= limit:
         raise ValueError(f'{name} must be between 1 and {limit} (the demo '
                          f'schedule); got {value}.')
+    return math.ceil(warmup * value / limit)
 
 
 def detection_schedule(epochs: int) -> List[str]:
     """``--cfg-options`` that compress the Mask R-CNN demo schedule to
-    ``epochs``: the warm-up keeps its share of the iterations, the cosine
-    decay spans the epochs, validation runs once, at the end, and one
-    checkpoint (the last) is kept.
-
-    Raises:
-        ValueError: When ``epochs`` is not between 1 and 8.
-    """
-    _check_positive('epochs', epochs, DEMO_EPOCHS)
-    warmup = math.ceil(DEMO_DET_WARMUP * epochs / DEMO_EPOCHS)
+    ``epochs`` (a ValueError unless 1 to 8): the warm-up keeps its share of
+    the iterations, the cosine decay spans the epochs, validation runs once,
+    at the end, and one checkpoint (the last) is kept."""
+    warmup = _warmup('epochs', epochs, DEMO_EPOCHS, DEMO_DET_WARMUP)
     return [f'train_cfg.max_epochs={epochs}', f'train_cfg.val_interval={epochs}',
             f'param_scheduler.0.end={warmup}', f'param_scheduler.1.end={epochs}',
             f'param_scheduler.1.T_max={epochs}',
@@ -169,22 +142,16 @@ def detection_schedule(epochs: int) -> List[str]:
 
 
 def recipe_options(recipe: str, epochs: int) -> List[str]:
-    """``--cfg-options`` that apply ``recipe`` (a key of :data:`RECIPES`) to
-    the Mask R-CNN schedule compressed to ``epochs``.
-
-    Raises:
-        ValueError: When ``recipe`` is not known.
-    """
+    """``--cfg-options`` that apply ``recipe`` (a key of :data:`RECIPES`, else
+    a ValueError) to the Mask R-CNN schedule compressed to ``epochs``."""
     if recipe not in RECIPES:
         raise ValueError(f'recipe {recipe!r} is not known; expected one of '
                          f'{list(RECIPES)}.')
-    settings, options = RECIPES[recipe], []
-    if settings.lr is not None:
-        options.append(f'optim_wrapper.optimizer.lr={settings.lr}')
-    if settings.warmup_epochs is not None:
-        warmup = math.ceil(settings.warmup_epochs * DEMO_EPOCH_ITERS)
-        warmup = min(warmup, epochs * DEMO_EPOCH_ITERS)
-        options.append(f'param_scheduler.0.end={warmup}')
+    lr, warmup = RECIPES[recipe].get('lr'), RECIPES[recipe].get('warmup_epochs')
+    options = [] if lr is None else [f'optim_wrapper.optimizer.lr={lr}']
+    if warmup is not None:
+        iters = min(math.ceil(warmup * DEMO_EPOCH_ITERS), epochs * DEMO_EPOCH_ITERS)
+        options.append(f'param_scheduler.0.end={iters}')
     return options
 
 
@@ -198,13 +165,9 @@ def probe_options() -> List[str]:
 
 def segmentation_schedule(iters: int) -> List[str]:
     """``--cfg-options`` that compress the UperNet demo schedule to ``iters``
-    iterations, as :func:`detection_schedule` does.
-
-    Raises:
-        ValueError: When ``iters`` is not between 1 and 1100.
-    """
-    _check_positive('iters', iters, DEMO_SEG_ITERS)
-    warmup = math.ceil(DEMO_SEG_WARMUP * iters / DEMO_SEG_ITERS)
+    iterations (a ValueError unless 1 to 1100), as :func:`detection_schedule`
+    does."""
+    warmup = _warmup('iters', iters, DEMO_SEG_ITERS, DEMO_SEG_WARMUP)
     return [f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',
             f'param_scheduler.0.end={warmup}', f'param_scheduler.1.begin={warmup}',
             f'param_scheduler.1.end={iters}',
@@ -212,49 +175,32 @@ def segmentation_schedule(iters: int) -> List[str]:
             'default_hooks.checkpoint.max_keep_ckpts=1']
 
 
-def final_metrics(work_dir: Path, keys: Sequence[str]) -> Optional[Dict]:
-    """The last validation record of a finished run in ``work_dir``.
-
-    mmengine's ``LocalVisBackend`` writes one JSON line per logged step to
-    ``<work_dir>/<timestamp>/vis_data/scalars.json``; validation lines carry
-    the metrics. Resumed runs have several timestamps: the newest wins.
-
-    Args:
-        work_dir (Path): The run's ``--work-dir``.
-        keys (Sequence[str]): Metric names, e.g. ``coco/bbox_mAP``.
-
-    Returns:
-        dict | None: The metrics (and the ``step``), or None when no
-        validation record holds them all.
-    """
-    for scalars in sorted(work_dir.glob('*/vis_data/scalars.json'), reverse=True):
-        found = None
-        for line in scalars.read_text().splitlines():
-            record = json.loads(line)
-            if all(key in record for key in keys):
-                found = {key: record[key] for key in (*keys, 'step')}
-        if found is not None:
-            return found
-    return None
-
-
 def _records(work_dir: Path):
-    """Every JSON line of every ``scalars.json`` of the run in ``work_dir``,
-    oldest first."""
+    """Every JSON line of the run in ``work_dir``, oldest first: mmengine's
+    ``LocalVisBackend`` writes one per logged step to
+    ``<work_dir>/<timestamp>/vis_data/scalars.json`` (a resumed run has
+    several timestamps); validation lines carry the metrics."""
     for scalars in sorted(work_dir.glob('*/vis_data/scalars.json')):
         for line in scalars.read_text().splitlines():
             yield json.loads(line)
 
 
-def first_epoch_metrics(work_dir: Path, keys: Sequence[str]) -> Optional[Dict]:
-    """The validation after the first epoch (``step`` 1) of the run in
-    ``work_dir``, as :func:`final_metrics` reads the last one; None when it
-    has not run."""
+def final_metrics(work_dir: Path, keys: Sequence[str],
+                  step: Optional[int] = None) -> Optional[Dict]:
+    """The metrics ``keys`` (e.g. ``coco/bbox_mAP``) and the ``step`` of the
+    newest validation record of the run in ``work_dir`` that holds them all
+    (at ``step``, when given); None when there is none."""
     found = None
     for record in _records(work_dir):
-        if record.get('step') == 1 and all(key in record for key in keys):
+        if all(key in record for key in keys) and step in (None, record.get('step')):
             found = {key: record[key] for key in (*keys, 'step')}
     return found
+
+
+def first_epoch_metrics(work_dir: Path, keys: Sequence[str]) -> Optional[Dict]:
+    """The validation after the first epoch (``step`` 1) of the run in
+    ``work_dir``, as :func:`final_metrics` reads the last one."""
+    return final_metrics(work_dir, keys, step=1)
 
 
 def epoch_loss(work_dir: Path, epoch_iters: int, share: float = 0.4) -> Optional[float]:
@@ -275,7 +221,7 @@ def seed_summary(values: Sequence[float]) -> Dict:
 
 # --- Training runs
 #: Where each task's demo data is, and the generator's name for it.
-DATASETS = dict(detection=('coco', 'data/demo_coco'),
+DATASETS = dict(detection=('coco', 'data/demo_coco'), probe=('coco', 'data/demo_coco'),
                 segmentation=('ade', 'data/demo_ade'))
 
 
@@ -284,76 +230,68 @@ def run_key(task: str, config: str, recipe: str, seed: int) -> str:
     return f'{task}:{config}:{recipe}:{seed}'
 
 
-def _job(args, task: str, entry: Entry, seed: int, schedule: List[str],
-         marker: str) -> Dict:
-    """One ``tools/train.py`` run of ``entry`` in its work dir under
+def _job(args, task: str, entry: Entry, seed: int) -> Dict:
+    """One ``tools/train.py`` run of ``entry`` for ``task`` (``'probe'``: its
+    first epoch) on the schedule of ``args``, in its work dir under
     ``args.work_dir``, resumed where it stopped; ``marker`` is the file that
     :func:`finish` writes there."""
+    if task == 'segmentation':
+        schedule = segmentation_schedule(args.seg_iters)
+    else:
+        schedule = [*detection_schedule(args.epochs),
+                    *recipe_options(entry.recipe, args.epochs),
+                    *(probe_options() if task == 'probe' else [])]
     recipe = '' if entry.recipe == 'shared' else f'_{entry.recipe}'
     work_dir = (Path(args.work_dir) / ('detection' if task == 'probe' else task)
                 / f'{Path(entry.config).stem}{recipe}_seed{seed}')
     command = [sys.executable, 'tools/train.py', entry.config, '--work-dir',
                str(work_dir), '--resume', '--cfg-options', f'randomness.seed={seed}',
                *schedule, *args.cfg_options]
+    marker = 'probe.json' if task == 'probe' else 'result.json'
     return dict(task=task, entry=entry, seed=seed, work_dir=work_dir, command=command,
-                marker=work_dir / marker, key=run_key(task, entry.config, entry.recipe,
-                                                      seed))
+                marker=work_dir / marker,
+                key=run_key(task, entry.config, entry.recipe, seed))
 
 
 def training_jobs(args) -> List[Dict]:
     """Every (entry, seed) run of ``args.detectors`` and ``args.segmentors``,
     seed-major, on the schedules compressed to ``args.epochs`` and
     ``args.seg_iters``."""
-    jobs = []
-    for seed in args.seeds:
-        jobs += [_job(args, 'detection', entry, seed,
-                      [*detection_schedule(args.epochs),
-                       *recipe_options(entry.recipe, args.epochs)], 'result.json')
-                 for entry in args.detectors]
-        jobs += [_job(args, 'segmentation', entry, seed,
-                      segmentation_schedule(args.seg_iters), 'result.json')
-                 for entry in args.segmentors]
-    return jobs
+    return [_job(args, task, entry, seed) for seed in args.seeds
+            for task, entries in (('detection', args.detectors),
+                                  ('segmentation', args.segmentors))
+            for entry in entries]
 
 
 def probe_jobs(args) -> List[Dict]:
     """The probe's runs (first seed): for each backbone of the probe and each
     recipe, the first epoch, then the full run resuming from it (``after``:
     started only once the first epoch has finished); all first epochs first."""
-    first_epochs, full_runs = [], []
-    for base in PROBE_DETECTORS:
-        for recipe in RECIPES:
-            entry = replace(base, recipe=recipe)
-            schedule = [*detection_schedule(args.epochs),
-                        *recipe_options(recipe, args.epochs)]
-            first = _job(args, 'probe', entry, args.seeds[0],
-                         [*schedule, *probe_options()], 'probe.json')
-            full = _job(args, 'detection', entry, args.seeds[0], schedule,
-                        'result.json')
-            first_epochs.append(first)
-            full_runs.append(dict(full, after=first['key']))
-    return first_epochs + full_runs
+    entries = [replace(base, recipe=recipe) for base in PROBE_DETECTORS
+               for recipe in RECIPES]
+    first = [_job(args, 'probe', entry, args.seeds[0]) for entry in entries]
+    return first + [dict(_job(args, 'detection', entry, job['seed']), after=job['key'])
+                    for entry, job in zip(entries, first)]
 
 
 def finish(job: Dict, returncode: int, seconds: float) -> Dict:
     """A finished run's result: its metrics (a probe's: those of its first
     epoch, and its training loss there), written to its marker file."""
-    keys = ([MIOU_METRIC] if job['task'] == 'segmentation'
-            else [BBOX_METRIC, SEGM_METRIC])
-    read = first_epoch_metrics if job['task'] == 'probe' else final_metrics
-    metrics, entry = read(job['work_dir'], keys), job['entry']
-    result = dict(task=job['task'], name=entry.name, config=entry.config,
+    task, entry, work_dir = job['task'], job['entry'], job['work_dir']
+    read = first_epoch_metrics if task == 'probe' else final_metrics
+    metrics = read(work_dir, METRICS[task])
+    result = dict(task=task, name=entry.name, config=entry.config,
                   recipe=entry.recipe, seed=job['seed'], wall_seconds=round(seconds, 1),
                   returncode=returncode, date=time.strftime('%Y-%m-%d'))
     if returncode != 0 or metrics is None:
         return dict(result, error=f'tools/train.py exited with {returncode}; see '
-                                  f"{job['work_dir'] / 'train.log'}")
+                                  f"{work_dir / 'train.log'}")
     result['metrics'] = metrics
     if job.get('after'):
         result['note'] = ('wall_seconds counts the epochs after the first; the '
                           'first is the probe run of the same work dir')
-    if job['task'] == 'probe':
-        result['loss'] = epoch_loss(job['work_dir'], DEMO_EPOCH_ITERS)
+    if task == 'probe':
+        result['loss'] = epoch_loss(work_dir, DEMO_EPOCH_ITERS)
     job['marker'].write_text(json.dumps(result, indent=2))
     return result
 
@@ -363,9 +301,14 @@ def run_jobs(jobs: List[Dict], recorded: Dict[str, Dict], records: Path,
     """Runs every job that is not recorded, ``at_once`` at a time with
     ``threads`` torch threads each, and records each as it finishes; a job
     waits for the run it resumes from (``after``) and is dropped when that
-    run failed. Returns the failed runs."""
+    run failed. The demo data they train on is generated where missing.
+    Returns the failed runs."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     pending = [job for job in jobs if job['key'] not in recorded]
+    for kind, root in dict.fromkeys(DATASETS[job['task']] for job in pending):
+        if not (REPO / root).exists():
+            subprocess.run([sys.executable, 'tools/generate_demo_data.py', kind],
+                           cwd=REPO, check=True)
     running, failed, total = [], [], len(pending)
     while pending or running:
         failed_keys = {result['key'] for result in failed}
@@ -377,14 +320,13 @@ def run_jobs(jobs: List[Dict], recorded: Dict[str, Dict], records: Path,
         if pending and not ready and not running:
             raise RuntimeError('runs wait for runs that are not scheduled: '
                                f"{[job['after'] for job in pending]}")
-        while ready and len(running) < at_once:
-            job = ready.pop(0)
+        for job in ready[:at_once - len(running)]:
             pending.remove(job)
             job['work_dir'].mkdir(parents=True, exist_ok=True)
-            job['log'] = open(job['work_dir'] / 'train.log', 'a')
-            job['process'] = subprocess.Popen(
-                job['command'], cwd=REPO, env=env, stdout=job['log'],
-                stderr=subprocess.STDOUT)
+            # The child writes to its own copy of the log file's descriptor.
+            with open(job['work_dir'] / 'train.log', 'a') as log:
+                job['process'] = subprocess.Popen(job['command'], cwd=REPO, env=env,
+                                                  stdout=log, stderr=subprocess.STDOUT)
             job['start'] = time.time()
             running.append(job)
             print(f"[{total - len(pending)}/{total}] training {job['entry'].name} "
@@ -393,7 +335,6 @@ def run_jobs(jobs: List[Dict], recorded: Dict[str, Dict], records: Path,
         time.sleep(5)
         for job in [job for job in running if job['process'].poll() is not None]:
             running.remove(job)
-            job['log'].close()
             result = finish(job, job['process'].returncode, time.time() - job['start'])
             if 'error' in result:
                 failed.append(dict(result, key=job['key']))
@@ -429,15 +370,6 @@ def save_records(path: Path, recorded: Dict[str, Dict]) -> None:
                     + '\n')
 
 
-def ensure_data(entries_by_task: Dict[str, Sequence[Entry]]) -> None:
-    """Generates the demo datasets that the entries train on, where missing."""
-    for task, entries in entries_by_task.items():
-        kind, root = DATASETS[task]
-        if entries and not (REPO / root).exists():
-            subprocess.run([sys.executable, 'tools/generate_demo_data.py', kind],
-                           cwd=REPO, check=True)
-
-
 def machine() -> Dict:
     """Where the figures come from."""
     import platform
@@ -455,32 +387,30 @@ PLAIN = ':memory_efficient=False'
 
 
 def cost_fields(entry: Entry, costs: Optional[Dict]) -> Dict:
-    """The cost columns of ``entry``'s backbone (None where not measured):
-    ``params_m``, ``gflops`` (the inference size), ``gflops_small`` (the
-    training size), ``latency_s`` (inference, the fastest step's CPU
-    seconds), ``train_iter_s`` (a training step's) and ``train_peak_mib``
-    (the live peak of training); the last two again as ``*_plain``: mmsoft's
-    backbones with ``memory_efficient=False``, the peers' own figures.
+    """The cost columns of ``entry``'s backbone from the rows of ``costs``
+    (:func:`measure_costs`; None where not measured): ``params_m``,
+    ``gflops`` (the inference size), ``gflops_small`` (the ``flops`` size),
+    ``latency_s`` (inference, the fastest step's CPU seconds),
+    ``train_iter_s`` (a training step's) and ``train_peak_mib`` (the live
+    peak of training); the last two again as ``*_plain``: mmsoft's backbones
+    with ``memory_efficient=False``, the peers' own figures."""
+    rows = {(kind, row['label']): row for kind, found in (costs or {}).items()
+            for row in found if row['status'] == 'ok'}
 
-    Args:
-        entry (Entry): A detector entry (its config is the benchmark's spec).
-        costs (dict, optional): ``inference``, ``flops``, ``train`` and
-            ``peak``: the rows of the benchmark's runs (:func:`measure_costs`).
-    """
-    rows = {kind: {row['label']: row for row in found if row['status'] == 'ok'}
-            for kind, found in (costs or {}).items()}
-    inference = rows.get('inference', {}).get(entry.config, {})
-    fields = dict(params_m=inference.get('params_m'), gflops=inference.get('gflops'),
-                  gflops_small=rows.get('flops', {}).get(entry.config, {}).get(
-                      'gflops'),
-                  latency_s=inference.get('cpu_ms') and inference['cpu_ms'] / 1e3)
+    def cost(kind: str, key: str, spec: str = entry.config):
+        return rows.get((kind, spec), {}).get(key)
+
+    def seconds(kind: str, spec: str = entry.config):
+        milliseconds = cost(kind, 'cpu_ms', spec)
+        return milliseconds and milliseconds / 1e3
+
+    fields = dict(params_m=cost('inference', 'params_m'),
+                  gflops=cost('inference', 'gflops'),
+                  gflops_small=cost('flops', 'gflops'), latency_s=seconds('inference'))
     plain = entry.config + PLAIN if entry.ours else entry.config
     for suffix, spec in (('', entry.config), ('_plain', plain)):
-        training = rows.get('train', {}).get(spec, {})
-        fields['train_iter_s' + suffix] = training.get('cpu_ms') and \
-            training['cpu_ms'] / 1e3
-        fields['train_peak_mib' + suffix] = rows.get('peak', {}).get(
-            spec, {}).get('live_peak_mib')
+        fields['train_iter_s' + suffix] = seconds('train', spec)
+        fields['train_peak_mib' + suffix] = cost('peak', 'live_peak_mib', spec)
     return fields
 
 
@@ -510,16 +440,15 @@ def measure_costs(detectors: Sequence[Entry], sizes: Dict, threads: int,
     return costs
 
 
-def metric_fields(entry: Entry, runs: Sequence[Dict], task: str,
-                  metrics: Sequence[str]) -> Dict:
-    """Each metric's :func:`~.comparison.seed_summary` over ``entry``'s
-    finished runs of ``task``, with the seeds and the mean training time."""
+def metric_fields(entry: Entry, runs: Sequence[Dict], task: str) -> Dict:
+    """Each metric's :func:`seed_summary` over ``entry``'s finished runs of
+    ``task``, with the seeds and the mean training time."""
     mine = sorted((run for run in runs if run['task'] == task
                    and run['config'] == entry.config
                    and run.get('recipe', 'shared') == entry.recipe),
                   key=lambda run: run['seed'])
     fields = dict(seeds=[run['seed'] for run in mine])
-    for metric in metrics:
+    for metric in METRICS[task]:
         values = [run['metrics'][metric] for run in mine]
         fields[metric] = seed_summary(values) if values else None
     if mine:
@@ -531,31 +460,37 @@ def metric_fields(entry: Entry, runs: Sequence[Dict], task: str,
 def comparison_rows(runs: Sequence[Dict], costs: Optional[Dict],
                     detectors: Sequence[Entry],
                     segmentors: Sequence[Entry]) -> Dict[str, List[Dict]]:
-    """One row per detector (costs and mAPs) and per segmentor (mIoU)."""
-    detection = [dict(name=entry.name, config=entry.config, source=entry.source,
-                      group=entry.group, ours=entry.ours, recipe=entry.recipe,
-                      **cost_fields(entry, costs),
-                      **metric_fields(entry, runs, 'detection',
-                                      (BBOX_METRIC, SEGM_METRIC)))
-                 for entry in detectors]
-    segmentation = [dict(name=entry.name, config=entry.config, source=entry.source,
-                         group=entry.group, ours=entry.ours,
-                         **metric_fields(entry, runs, 'segmentation',
-                                         (MIOU_METRIC, )))
-                    for entry in segmentors]
-    return dict(detection=detection, segmentation=segmentation)
+    """One row per detector (recipe, costs and mAPs) and per segmentor (mIoU)."""
+    def row(entry: Entry, task: str, **columns) -> Dict:
+        return dict(name=entry.name, config=entry.config, source=entry.source,
+                    group=entry.group, ours=entry.ours, **columns,
+                    **metric_fields(entry, runs, task))
+
+    return dict(detection=[row(entry, 'detection', recipe=entry.recipe,
+                               **cost_fields(entry, costs)) for entry in detectors],
+                segmentation=[row(entry, 'segmentation') for entry in segmentors])
 
 
 def _number(value: Optional[float], digits: int) -> str:
     return '–' if value is None else f'{value:,.{digits}f}'
 
 
-def _metric(summary: Optional[Dict], scale: float = 1.0) -> str:
-    """``mean (v1, v2)``, or ``not run``."""
+def _metric(summary: Optional[Dict]) -> str:
+    """``**mean** (v1, v2)``, or ``not run``."""
     if summary is None:
         return 'not run'
-    values = ', '.join(f'{v * scale:.3f}' for v in summary['values'])
-    return f"**{summary['mean'] * scale:.3f}** ({values})"
+    values = ', '.join(f'{value:.3f}' for value in summary['values'])
+    return f"**{summary['mean']:.3f}** ({values})"
+
+
+def _line(cells: Sequence[str]) -> str:
+    """One row of a Markdown table."""
+    return '| ' + ' | '.join(cells) + ' |'
+
+
+def _link(config: str) -> str:
+    """A config's file name linked from ``docs/comparison/``."""
+    return f'[{os.path.basename(config)}](../../{config})'
 
 
 def _sizes(settings: Dict) -> Dict[str, str]:
@@ -563,20 +498,21 @@ def _sizes(settings: Dict) -> Dict[str, str]:
     return {kind: size.replace('x', '×') for kind, size in settings['sizes'].items()}
 
 
-def _number_text(value: float) -> str:
-    """``0.0003`` -> ``'3e-4'``."""
-    mantissa, exponent = f'{value:e}'.split('e')
-    return f'{float(mantissa):g}e{int(exponent)}'
-
-
 def _recipe(name: str) -> str:
     """A recipe in words: ``shared (lr 1e-3, warm-up 1/6 of the run)`` or
     ``lr 3e-4, warm-up 1 epoch``."""
     recipe = RECIPES[name]
-    lr = 'lr 1e-3' if recipe.lr is None else f'lr {_number_text(recipe.lr)}'
-    if recipe.warmup_epochs is None:
+    mantissa, exponent = f"{recipe.get('lr', 1e-3):e}".split('e')
+    lr = f'lr {float(mantissa):g}e{int(exponent)}'
+    if 'warmup_epochs' not in recipe:
         return f'{name} ({lr}, warm-up 1/6 of the run)'
-    return f'{lr}, warm-up {recipe.warmup_epochs:g} epoch'
+    return f"{lr}, warm-up {recipe['warmup_epochs']:g} epoch"
+
+
+#: The cost columns of the detection table and their decimals.
+COST_COLUMNS = (('params_m', 1), ('gflops_small', 2), ('gflops', 1), ('latency_s', 2),
+                ('train_iter_s', 2), ('train_iter_s_plain', 2), ('train_peak_mib', 0),
+                ('train_peak_mib_plain', 0))
 
 
 def markdown_tables(rows: Dict[str, List[Dict]], settings: Dict) -> str:
@@ -600,26 +536,17 @@ def markdown_tables(rows: Dict[str, List[Dict]], settings: Dict) -> str:
         f"(CPU s) | same, plain autograd | training peak {sizes['peak']} (MiB) | "
         'same, plain autograd | bbox mAP | segm mAP | training (min) |',
         '|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|']
-    for row in rows['detection']:
-        lines.append(
-            f"| {row['name']} | {row['source']} | {row['group']} | "
-            f"{_recipe(row['recipe'])} | "
-            f"[{os.path.basename(row['config'])}](../../{row['config']}) | "
-            f"{_number(row['params_m'], 1)} | {_number(row['gflops_small'], 2)} | "
-            f"{_number(row['gflops'], 1)} | {_number(row['latency_s'], 2)} | "
-            f"{_number(row['train_iter_s'], 2)} | "
-            f"{_number(row['train_iter_s_plain'], 2)} | "
-            f"{_number(row['train_peak_mib'], 0)} | "
-            f"{_number(row['train_peak_mib_plain'], 0)} | "
-            f"{_metric(row[BBOX_METRIC])} | {_metric(row[SEGM_METRIC])} | "
-            f"{_number(row.get('train_minutes'), 1)} |")
+    lines += [_line([row['name'], row['source'], row['group'], _recipe(row['recipe']),
+                     _link(row['config']),
+                     *(_number(row[key], digits) for key, digits in COST_COLUMNS),
+                     _metric(row[BBOX_METRIC]), _metric(row[SEGM_METRIC]),
+                     _number(row.get('train_minutes'), 1)])
+              for row in rows['detection']]
     lines += ['', '| backbone | source | config | mIoU (%) | training (min) |',
               '|---|---|---|---|---:|']
-    for row in rows['segmentation']:
-        lines.append(
-            f"| {row['name']} | {row['source']} | "
-            f"[{os.path.basename(row['config'])}](../../{row['config']}) | "
-            f"{_metric(row[MIOU_METRIC])} | {_number(row.get('train_minutes'), 1)} |")
+    lines += [_line([row['name'], row['source'], _link(row['config']),
+                     _metric(row[MIOU_METRIC]), _number(row.get('train_minutes'), 1)])
+              for row in rows['segmentation']]
     return '\n'.join(lines) + '\n'
 
 
@@ -636,13 +563,13 @@ def probe_table(probes: Sequence[Dict], runs: Sequence[Dict]) -> str:
     for run in probes:
         if run['task'] != 'probe':
             continue
-        whole = full.get((run['config'], run['recipe'], run['seed']), {})
-        final = whole.get('metrics', {})
-        lines.append(
-            f"| {run['name']} | {_recipe(run['recipe'])} | "
-            f"{run['metrics'][BBOX_METRIC]:.3f} | {run['metrics'][SEGM_METRIC]:.3f} | "
-            f"{_number(run.get('loss'), 3)} | {_number(final.get(BBOX_METRIC), 3)} | "
-            f"{_number(final.get(SEGM_METRIC), 3)} | {run['wall_seconds'] / 60:.1f} |")
+        final = full.get((run['config'], run['recipe'], run['seed']), {}).get(
+            'metrics', {})
+        lines.append(_line([
+            run['name'], _recipe(run['recipe']), f"{run['metrics'][BBOX_METRIC]:.3f}",
+            f"{run['metrics'][SEGM_METRIC]:.3f}", _number(run.get('loss'), 3),
+            _number(final.get(BBOX_METRIC), 3), _number(final.get(SEGM_METRIC), 3),
+            f"{run['wall_seconds'] / 60:.1f}"]))
     return '\n'.join(lines) + '\n'
 
 
@@ -652,10 +579,9 @@ def plot_map_against(rows: Sequence[Dict], cost: str, label: str, path: str,
     column, one point per backbone; mmsoft's backbones in red, with their
     ``ours_also`` column (another implementation's cost) as a hollow marker
     joined to the first."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    from matplotlib.figure import Figure
+    figure = Figure(figsize=(7, 4.5))
+    axes = figure.subplots()
     for row in rows:
         summary = row[BBOX_METRIC]
         if summary is None or row[cost] is None:
@@ -673,13 +599,11 @@ def plot_map_against(rows: Sequence[Dict], cost: str, label: str, path: str,
             axes.plot(row[ours_also], summary['mean'], marker, mfc='none',
                       color=colour)
     axes.margins(x=0.15)  # room for the labels of the outermost points
-    axes.set_xlabel(label)
-    axes.set_ylabel('bbox mAP (demo data; bars: range over seeds)')
-    axes.set_title('mmsoft (red) and the libraries\' backbones (blue)')
+    axes.set(xlabel=label, ylabel='bbox mAP (demo data; bars: range over seeds)',
+             title="mmsoft (red) and the libraries' backbones (blue)")
     axes.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
 def write_report(runs: Sequence[Dict], probes: Sequence[Dict],
@@ -687,36 +611,23 @@ def write_report(runs: Sequence[Dict], probes: Sequence[Dict],
                  segmentors: Sequence[Entry], settings: Dict,
                  out_dir: str) -> List[str]:
     """Writes ``table.md``, ``probe.md``, ``comparison.json``,
-    ``map_vs_latency.png`` and ``map_vs_train_memory.png`` in ``out_dir``.
-
-    Args:
-        runs (Sequence[dict]): The finished runs' ``result.json`` contents.
-        probes (Sequence[dict]): The finished probe runs' results.
-        costs (dict, optional): The benchmark results (see
-            :func:`cost_fields`); None leaves the cost columns empty.
-        detectors (Sequence[Entry]): Mask R-CNN rows, in order.
-        segmentors (Sequence[Entry]): UperNet rows, in order.
-        settings (dict): ``epochs``, ``seg_iters``, ``seeds``, ``jobs``,
-            ``threads``, ``sizes`` (``inference``, ``train``, ``peak``:
-            ``'HxW'``) and ``machine`` (``processor``, ``cpu_count``,
-            ``torch``, ``date``).
-        out_dir (str): Folder to write into (created).
-
-    Returns:
-        list[str]: The paths written.
-    """
+    ``map_vs_latency.png`` and ``map_vs_train_memory.png`` into ``out_dir``
+    (created); returns their paths. ``runs`` and ``probes``: the finished
+    runs' results; ``costs``: :func:`measure_costs`' (None leaves the cost
+    columns empty); ``detectors``, ``segmentors``: the rows, in order;
+    ``settings``: ``epochs``, ``seg_iters``, ``seeds``, ``threads``,
+    ``sizes`` (``'HxW'`` by cost) and ``machine`` (:func:`machine`)."""
     os.makedirs(out_dir, exist_ok=True)
     rows = comparison_rows(runs, costs, detectors, segmentors)
+    texts = {'table.md': markdown_tables(rows, settings),
+             'probe.md': probe_table(probes, [*runs, *probes]),
+             'comparison.json': json.dumps(dict(settings=settings, **rows,
+                                                probe=list(probes)), indent=2)}
     paths = [os.path.join(out_dir, name) for name in
-             ('table.md', 'probe.md', 'comparison.json', 'map_vs_latency.png',
-              'map_vs_train_memory.png')]
-    with open(paths[0], 'w') as file:
-        file.write(markdown_tables(rows, settings))
-    with open(paths[1], 'w') as file:
-        file.write(probe_table(probes, [*runs, *probes]))
-    with open(paths[2], 'w') as file:
-        json.dump(dict(settings=settings, **rows, probe=list(probes)), file,
-                  indent=2)
+             (*texts, 'map_vs_latency.png', 'map_vs_train_memory.png')]
+    for path, text in zip(paths, texts.values()):
+        with open(path, 'w') as file:
+            file.write(text)
     sizes = _sizes(settings)
     plot_map_against(rows['detection'], 'latency_s',
                      f"backbone inference at {sizes['inference']} (CPU seconds, "

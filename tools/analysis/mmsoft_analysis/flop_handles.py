@@ -32,6 +32,8 @@ NOT_COUNTED_OPS = ('aten::ones_like', 'aten::zeros_like', 'aten::empty_like',
                    'aten::silu', 'aten::relu', 'aten::relu_', 'aten::unflatten')
 REDUCTION_OPS = ('aten::sum', 'aten::amax', 'aten::linalg_vector_norm', 'aten::norm',
                  'aten::frobenius_norm', 'aten::mean')
+#: The autograd functions that compute a kernel inverse in one traced node.
+INVERSE_FUNCTIONS = ('ExactInverse', 'NewtonClosedForm')
 
 
 def elementwise_flops(inputs: List[Any], outputs: List[Any]) -> int:
@@ -42,52 +44,31 @@ def elementwise_flops(inputs: List[Any], outputs: List[Any]) -> int:
 
 def reduction_flops(inputs: List[Any], outputs: List[Any]) -> int:
     """One FLOP per input element."""
-    shape = get_shape(inputs[0])
-    return prod(shape) if shape is not None else 0
+    return elementwise_flops(outputs, inputs)
 
 
 def baddbmm_flops(inputs: List[Any], outputs: List[Any]) -> int:
     """``input + batch1 @ batch2``: the product's multiply-adds, as mmengine
     counts ``addmm``'s."""
-    batch1, batch2 = get_shape(inputs[1]), get_shape(inputs[2])
-    return prod(batch1) * batch2[-1]
+    return prod(get_shape(inputs[1])) * get_shape(inputs[2])[-1]
 
 
 def sdpa_flops(inputs: List[Any], outputs: List[Any]) -> int:
     """``Q K^T`` and ``attn V``: 2 * B * h * Nq * Nk * d."""
-    query, key = get_shape(inputs[0]), get_shape(inputs[1])
-    *batch, queries, dims = query
-    return 2 * prod(batch) * queries * key[-2] * dims
-
-
-#: The autograd functions that compute a kernel inverse in one traced node.
-INVERSE_FUNCTIONS = ('ExactInverse', 'NewtonClosedForm')
-
-
-def inverse_flops(variant: str, solver: str) -> float:
-    """FLOPs of one m x m bottleneck inverse computed in one node, as a
-    multiple of m^3.
-
-    Cholesky (SOFT's ``'exact'``): m^3/3 for the factor and 2m^3/3 to
-    invert it. An eigendecomposition (SOFT++'s ``'exact'``, and
-    ``'newton_closed_form'``): about 4m^3/3 to reduce to tridiagonal form,
-    m^3 to accumulate the eigenvectors and m^3 to multiply them back.
-
-    Args:
-        variant (str): ``'soft'`` or ``'soft++'``.
-        solver (str): ``'newton_closed_form'`` or ``'exact'``.
-
-    Returns:
-        float: The factor of m^3.
-    """
-    if solver == 'exact' and variant == 'soft':
-        return 1
-    return 10 / 3
+    *batch, queries, dims = get_shape(inputs[0])
+    return 2 * prod(batch) * queries * get_shape(inputs[1])[-2] * dims
 
 
 def kernel_inverse_handle(variant: str, solver: str) -> Handle:
-    """Handle of SOFT's one-node inverse for one (variant, solver) setting."""
-    factor = inverse_flops(variant, solver)
+    """Handle of SOFT's one-node m x m inverse for one ``variant`` (``'soft'``
+    or ``'soft++'``) and ``solver`` (``'newton_closed_form'`` or ``'exact'``).
+
+    Cholesky (SOFT's ``'exact'``): m^3/3 for the factor and 2m^3/3 to invert
+    it. An eigendecomposition (SOFT++'s ``'exact'``, and
+    ``'newton_closed_form'``): about 4m^3/3 to reduce to tridiagonal form,
+    m^3 to accumulate the eigenvectors and m^3 to multiply them back.
+    """
+    factor = 1 if (variant, solver) == ('soft', 'exact') else 10 / 3
 
     def handle(inputs: List[Any], outputs: List[Any]) -> int:
         *batch, size, _ = get_shape(inputs[0])
@@ -97,22 +78,14 @@ def kernel_inverse_handle(variant: str, solver: str) -> Handle:
 
 
 def extra_flop_handles(model) -> Dict[str, Handle]:
-    """Handles to add to a FlopAnalyzer for ``model``.
-
-    Args:
-        model (nn.Module): Any model; the SOFT inverse handle is configured
-            from its :class:`~mmsoft.models.soft.SoftAttention` modules,
-            whose solvers other than ``'newton'`` must then all share one
-            variant and solver.
-
-    Returns:
-        dict[str, Handle | None]: Operator name to handle (None: known, not
-        counted).
-    """
+    """Operator name -> handle (None: known, not counted) to add to a
+    FlopAnalyzer for ``model``. The inverse handle is configured from its
+    :class:`~mmsoft.models.soft.SoftAttention` modules, whose solvers other
+    than ``'newton'`` must then all share one variant and solver."""
     from mmsoft.models.soft import SoftAttention
-    handles = {op: elementwise_flops for op in ELEMENTWISE_OPS}
-    handles.update({op: reduction_flops for op in REDUCTION_OPS})
-    handles.update({op: None for op in NOT_COUNTED_OPS})
+    handles = dict.fromkeys(ELEMENTWISE_OPS, elementwise_flops)
+    handles.update(dict.fromkeys(REDUCTION_OPS, reduction_flops))
+    handles.update(dict.fromkeys(NOT_COUNTED_OPS))
     handles['aten::scaled_dot_product_attention'] = sdpa_flops
     handles['aten::baddbmm'] = baddbmm_flops
     settings = {(m.variant, m.solver) for m in model.modules()
@@ -128,18 +101,10 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
 
 
 def count_flops(model, inputs, with_extra_handles: bool = True):
-    """Total FLOPs (multiply-adds) of ``model(*inputs)`` and the analyzer.
-
-    Args:
-        model (nn.Module): Model in eval mode.
-        inputs (tuple): Positional inputs of its forward.
-        with_extra_handles (bool): Add :func:`extra_flop_handles`; False gives
-            mmengine's plain count. Default: True.
-
-    Returns:
-        tuple[int, FlopAnalyzer]: The total and the analyzer (per-module and
-        per-operator breakdowns, unsupported operators).
-    """
+    """Total FLOPs (multiply-adds) of ``model(*inputs)`` (a model in eval
+    mode) and the FlopAnalyzer (per-module and per-operator breakdowns,
+    unsupported operators); without ``with_extra_handles``, mmengine's plain
+    count."""
     from mmengine.analysis import FlopAnalyzer
     analyzer = FlopAnalyzer(model, inputs)
     if with_extra_handles:

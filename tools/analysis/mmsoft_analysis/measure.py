@@ -18,7 +18,6 @@ freed blocks at once (:func:`track_live_memory`), the peak of live memory.
 Run as ``python -m mmsoft_analysis.measure JSON`` it measures one case of
 :mod:`.runner` and prints one ``RESULT {json}`` line per record.
 """
-import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -33,7 +32,6 @@ import torch
 import torch.nn as nn
 
 MIB = 2**20
-PAD = 32
 #: AdamW as mmdet's Swin-T Mask R-CNN config sets it up.
 ADAMW = dict(lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05)
 #: Host calls that launch work on a GPU.
@@ -58,16 +56,19 @@ def images_of(shapes: Sequence[Tuple[int, int]], pad: int,
     return images.to(device)
 
 
+def maps_loss(images: torch.Tensor) -> Callable[[nn.Module], torch.Tensor]:
+    """A backbone's training loss on ``images``: the sum of its maps' means."""
+    return lambda model: sum(f.float().mean() for f in model(images))
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
 
 
 def autocast(device: torch.device, dtype: Optional[torch.dtype]):
-    """``torch.autocast`` to ``dtype``; none where ``dtype`` is None."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    """``torch.autocast`` to ``dtype``; off where ``dtype`` is None."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
 def make_step(model: nn.Module, loss_of: Callable, predict: Callable, mode: str,
@@ -101,11 +102,8 @@ def make_step(model: nn.Module, loss_of: Callable, predict: Callable, mode: str,
 
 def track_live_memory() -> None:
     """Makes this process's resident set follow its live allocations: glibc
-    maps every block of 64 KiB or more on its own and unmaps it when freed.
-
-    Raises:
-        RuntimeError: Where the C library is not glibc.
-    """
+    maps every block of 64 KiB or more on its own and unmaps it when freed
+    (RuntimeError where the C library is not glibc)."""
     libc = ctypes.CDLL(ctypes.util.find_library('c'))
     if libc.mallopt(-3, 64 * 1024) != 1:  # M_MMAP_THRESHOLD
         raise RuntimeError('mallopt(M_MMAP_THRESHOLD) failed: live memory needs '
@@ -151,14 +149,11 @@ def time_steps(step: Callable[[], None], device: torch.device, steps: int) -> Di
 
 def union_length(intervals: Iterable[Tuple[float, float]]) -> float:
     """Length of the union of ``(start, end)`` intervals."""
-    total, start, end = 0., None, None
-    for begin, finish in sorted(intervals):
-        if end is None or begin > end:
-            total += 0. if end is None else end - start
-            start, end = begin, finish
-        else:
-            end = max(end, finish)
-    return total + (0. if end is None else end - start)
+    total, end = 0., -math.inf
+    for begin, finish in sorted(intervals):  # each adds what passes the last end
+        total += max(0., finish - max(begin, end))
+        end = max(end, finish)
+    return total
 
 
 def activity_kind(name: str, on_gpu: bool, kind: Optional[str] = None) -> Optional[str]:
@@ -218,11 +213,8 @@ def host_sync_of(step: Callable[[], None], device: torch.device) -> Optional[str
 
 def largest_batch(peaks: Dict[int, float], limit_mib: float) -> Dict:
     """The largest batch whose training peak ``fixed + batch * per_image``
-    (the line through two measured peaks, by batch) stays within ``limit_mib``.
-
-    Raises:
-        ValueError: With fewer than two batches, or peaks that do not grow.
-    """
+    (the line through two measured peaks, by batch) stays within ``limit_mib``
+    (ValueError with fewer than two batches, or peaks that do not grow)."""
     if len(peaks) < 2:
         raise ValueError(f'peaks={peaks} must hold two or more batch sizes.')
     low, high = min(peaks), max(peaks)
@@ -265,25 +257,28 @@ def free(device: torch.device) -> None:
 
 # --- One case
 def build(case: Dict, device: torch.device, shapes) -> Tuple:
-    """(module stepped, eager module, loss, predict, module profiled) of a case."""
+    """(module stepped, eager module, loss, predict) of a case."""
+    import mmsoft
+    if case['root'] and not mmsoft.__file__.startswith(case['root'] + '/'):
+        raise RuntimeError(f'mmsoft was imported from {mmsoft.__file__}, not from '
+                           f"root={case['root']}.")
     from .models import build_backbone, build_detector
     if case['detector']:
         model, loss, predict = build_detector(case['spec'], shapes, device)
-        return model, model, loss, predict, model
+        return model, model, loss, predict
     maps = build_backbone(case['spec']).to(device)
     images = images_of(shapes, case['pad'], device)
     maps.valid_shapes = [tuple(s) for s in shapes] if maps.takes_valid_shapes else None
     module = maps
     if case['compile']:
         module = torch.compile(maps, backend=case['compile'], mode=case['compile_mode'])
-    return (module, maps, lambda m: sum(f.float().mean() for f in m(images)),
-            lambda m: m(images), maps)
+    return module, maps, maps_loss(images), lambda m: m(images)
 
 
 def measure_setting(case: Dict, built: Tuple, mode: str, precision: str,
                     device: torch.device) -> Dict:
     """The measured fields of one setting of a built case."""
-    module, eager, loss, predict, profiled = built
+    module, eager, loss, predict = built
     dtype = None if precision == 'float32' else getattr(torch, case['amp_dtype'])
     step = make_step(module, loss, predict, mode, dtype, device, case['optimizer'])
     fields = {}
@@ -312,10 +307,10 @@ def measure_setting(case: Dict, built: Tuple, mode: str, precision: str,
         fields['host_sync'] = host_sync_of(step, device)
     if case['regions']:
         from .op_profile import profile_tables
-        fields.update(profile_tables(profiled, step, device))
+        fields.update(profile_tables(eager, step, device))
     if case['saved_tensors'] and mode == 'train':
         from .saved_tensors import SavedTensorRecorder
-        with SavedTensorRecorder(profiled) as recorder, autocast(device, dtype):
+        with SavedTensorRecorder(eager) as recorder, autocast(device, dtype):
             loss(module)
         fields['saved_mib'] = {k: v / MIB
                                for k, v in recorder.bytes_by_prefix(1).items()}
@@ -327,14 +322,13 @@ def capacity(case: Dict, built: Tuple, device: torch.device) -> Dict:
     ``memory_limit_gb``: on a GPU the largest that runs under
     ``set_per_process_memory_fraction``, on the CPU extrapolated from the
     live peaks of batches 1 and 2."""
-    _, maps, _, _, _ = built
+    maps = built[1]
     size, limit_mib = tuple(case['shapes'][0]), case['memory_limit_gb'] * 1e9 / MIB
     maps.valid_shapes = None
 
     def step(batch: int) -> Callable[[], None]:
         images = images_of([size] * batch, case['pad'], device)
-        return make_step(maps, lambda m: sum(f.float().mean() for f in m(images)),
-                         None, 'train', None, device)
+        return make_step(maps, maps_loss(images), None, 'train', None, device)
 
     if device.type == 'cpu':
         track_live_memory()
@@ -358,32 +352,29 @@ def capacity(case: Dict, built: Tuple, device: torch.device) -> Dict:
 def run_case(case: Dict, emit: Callable[[Dict], None]) -> None:
     """Builds the case's model and emits one record per setting (one for a
     capacity case); a failing setting is recorded and the next one runs."""
+    from .runner import skipped
     device = torch.device(case['device'])
     if device.type == 'cpu':
         torch.set_num_threads(case['threads'])
     if case['live']:
         track_live_memory()
     shapes = [tuple(s) for s in case['shapes']]
-    base = dict(label=case['label'], spec=case['spec'], input=case['input'],
-                detector=case['detector'], compiled=case['compile'],
-                round=case['round'])
-    settings = [('capacity', 'float32')] if case['capacity'] else case['settings']
     try:
         built = build(case, device, shapes)
     except Exception as error:  # a framework missing here, say
-        for mode, precision in settings:
-            emit(dict(base, mode=mode, precision=precision, status='error',
-                      error=f'build failed: {describe(error)}'))
+        for mode, precision in case['settings']:
+            emit(skipped(case, mode, precision, 'error',
+                         error=f'build failed: {describe(error)}'))
         return
-    base['params_m'] = sum(p.numel() for p in built[1].parameters()) / 1e6
+    base = dict(params_m=sum(p.numel() for p in built[1].parameters()) / 1e6)
     if case['flops']:
         from .flop_handles import count_flops
         built[1].eval()
         with torch.no_grad():
             base['gflops'] = count_flops(built[1], (images_of(shapes, case['pad'],
                                                               device), ))[0] / 1e9
-    for mode, precision in settings:
-        record = dict(base, mode=mode, precision=precision, status='ok')
+    for mode, precision in case['settings']:
+        record = skipped(case, mode, precision, 'ok', **base)
         try:
             free(device)
             record.update(capacity(case, built, device) if case['capacity'] else
@@ -395,5 +386,7 @@ def run_case(case: Dict, emit: Callable[[Dict], None]) -> None:
 
 
 if __name__ == '__main__':
-    run_case(json.loads(sys.argv[1]),
-             lambda record: print('RESULT ' + json.dumps(record), flush=True))
+    CASE = json.loads(sys.argv[1])
+    if CASE['root']:  # before the working directory, this checkout
+        sys.path.insert(0, CASE['root'])
+    run_case(CASE, lambda record: print('RESULT ' + json.dumps(record), flush=True))

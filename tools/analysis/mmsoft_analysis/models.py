@@ -233,13 +233,13 @@ def build_backbone(text: str) -> Backbone:
     torch.manual_seed(0)
     body = _body(spec.name, spec.kwargs)
     plain = set(str(spec.options.get('plain', '')).split('/')) - {''}
-    found = {type(m).__name__ for m in body.modules() if type(m).__name__ in plain}
-    if plain - found:
-        raise ValueError(f'plain={"/".join(sorted(plain - found))} names no module of '
+    chosen = [m for m in body.modules() if type(m).__name__ in plain]
+    missing = plain - {type(m).__name__ for m in chosen}
+    if missing:
+        raise ValueError(f'plain={"/".join(sorted(missing))} names no module of '
                          f'{spec.name}.')
-    for module in body.modules():
-        if type(module).__name__ in plain:
-            module.memory_efficient = False
+    for module in chosen:
+        module.memory_efficient = False
     if spec.options.get('checkpointing'):
         body.set_grad_checkpointing(True)
     nhwc = str(getattr(body, 'output_fmt', 'NCHW')).endswith('NHWC')
@@ -268,13 +268,9 @@ def build_detector(text: str, shapes: Sequence[Tuple[int, int]],
                    device: torch.device = torch.device('cpu')
                    ) -> Tuple[nn.Module, Callable, Callable]:
     """The Mask R-CNN of spec ``text`` (mmdet's, a peer's backbone in mmdet's
-    Swin-T config) and a generated batch of images of ``shapes``, each with
-    :data:`OBJECTS_PER_IMAGE` boxes, labels and masks.
-
-    Returns:
-        tuple: The detector (train mode), ``loss(detector)`` and
-        ``predict(detector)``.
-    """
+    Swin-T config) in train mode, ``loss(detector)`` and
+    ``predict(detector)`` on a generated batch of images of ``shapes``, each
+    with :data:`OBJECTS_PER_IMAGE` boxes, labels and masks."""
     from mmdet.testing import demo_mm_inputs
 
     from mmsoft.apis import build_model_from_config

@@ -19,8 +19,8 @@ when the profile ends.
 """
 import contextlib
 import functools
-import importlib
 import math
+import pkgutil
 import re
 import sys
 import time
@@ -155,34 +155,14 @@ def operator_flops(event) -> int:
 
 
 # --- Regions: hooks and wrappers
-def resolve(dotted: str) -> Tuple[object, str, Callable]:
-    """(owner, attribute, function) of ``module.function`` or
-    ``module.Class.method``.
-
-    Raises:
-        ImportError, AttributeError: Where ``dotted`` names nothing.
-    """
-    parts = dotted.split('.')
-    for split in range(len(parts) - 1, 0, -1):
-        try:
-            owner = importlib.import_module('.'.join(parts[:split]))
-        except ImportError:
-            continue
-        for part in parts[split:-1]:
-            owner = getattr(owner, part)
-        return owner, parts[-1], getattr(owner, parts[-1])
-    raise ImportError(f'{dotted!r} names no function')
-
-
 def wrap_function(dotted: str, region: str) -> List[Tuple[object, str, Callable]]:
     """Wraps the function or method ``dotted``, and every reference to that
-    function in mmsoft's modules, in a region range.
-
-    Returns:
-        list: ``(owner, attribute, original)`` of each wrapped reference, to
-        put back with ``setattr``.
-    """
-    owner, attribute, function = resolve(dotted)
+    function in mmsoft's modules, in a region range; returns ``(owner,
+    attribute, original)`` of each wrapped reference, to put back with
+    ``setattr`` (ImportError or AttributeError where ``dotted`` names nothing)."""
+    path, attribute = dotted.rsplit('.', 1)
+    owner = pkgutil.resolve_name(path)
+    function = getattr(owner, attribute)
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
@@ -215,17 +195,12 @@ def profile_regions(model: nn.Module) -> Iterator[None]:
             region = ATTENTION_PARTS.get(name.rsplit('.', 1)[-1], region)
         if region is None:
             continue
-        ranges: List[record_function] = []
-
-        def enter(_module, _args, region=region, ranges=ranges):
-            ranges.append(record_function(REGION_PREFIX + region))
-            ranges[-1].__enter__()
-
-        def leave(_module, _args, _out, ranges=ranges):
-            ranges.pop().__exit__(None, None, None)
-
-        handles += [module.register_forward_pre_hook(enter),
-                    module.register_forward_hook(leave)]
+        ranges: List[record_function] = []  # open ranges, one per call running
+        handles += [module.register_forward_pre_hook(
+            lambda *_, name=REGION_PREFIX + region, ranges=ranges: ranges.append(
+                record_function(name).__enter__())),
+            module.register_forward_hook(  # hooks return None: nothing replaced
+                lambda *_, ranges=ranges: ranges.pop().__exit__(None, None, None))]
     for dotted, region in FUNCTION_REGIONS.items():
         try:
             patched += wrap_function(dotted, region)
@@ -245,23 +220,16 @@ def profile_regions(model: nn.Module) -> Iterator[None]:
 
 # --- Attribution
 def attribute(events, device: str = 'cpu') -> Dict[str, Dict]:
-    """Time (us), FLOPs and GPU kernels per region, operator class and
-    operator of ``torch.profiler.profile().events()``: each operator's self
-    time on the CPU (``device='cpu'``) or its kernels' (``'cuda'``).
-
-    Returns:
-        dict: ``regions``, ``classes``, ``operators``: name -> {``us``,
-        ``flops``, ``kernels``} (``operators`` also ``calls``).
-    """
+    """Time (us), FLOPs, GPU kernels and calls per region, operator class and
+    operator of ``torch.profiler.profile().events()`` (``regions``,
+    ``classes``, ``operators``: name -> {``us``, ``flops``, ``kernels``,
+    ``calls``}): each operator's self time on the CPU (``device='cpu'``) or
+    its kernels' (``'cuda'``)."""
     forward_by_seq: Dict[Tuple[int, int], object] = {}
-    for event in events:
-        if event.sequence_nr is None or event.sequence_nr < 0 or \
-                event.name.startswith(BACKWARD_PREFIX) or 'Backward' in event.name:
-            continue
-        key = (event.thread, event.sequence_nr)
-        if key not in forward_by_seq or \
-                event.time_range.start < forward_by_seq[key].time_range.start:
-            forward_by_seq[key] = event
+    for event in sorted(events, key=lambda e: e.time_range.start):  # the first wins
+        if event.sequence_nr is not None and event.sequence_nr >= 0 and not \
+                event.name.startswith(BACKWARD_PREFIX) and 'Backward' not in event.name:
+            forward_by_seq.setdefault((event.thread, event.sequence_nr), event)
 
     found: Dict[int, str] = {}
 
@@ -280,7 +248,7 @@ def attribute(events, device: str = 'cpu') -> Dict[str, Dict]:
                 node = node.cpu_parent
         return found[id(event)]
 
-    tables = {table: defaultdict(lambda: dict(us=0., flops=0, kernels=0))
+    tables = {table: defaultdict(lambda: dict(us=0., flops=0, kernels=0, calls=0))
               for table in ('regions', 'classes', 'operators')}
     for event in events:
         if event.name.startswith(REGION_PREFIX) or event.device_type != DeviceType.CPU:
@@ -297,8 +265,7 @@ def attribute(events, device: str = 'cpu') -> Dict[str, Dict]:
             entry['us'] += spent
             entry['flops'] += flops
             entry['kernels'] += kernels
-        tables['operators'][event.name]['calls'] = \
-            tables['operators'][event.name].get('calls', 0) + 1
+            entry['calls'] += 1
     return {table: dict(entries) for table, entries in tables.items()}
 
 

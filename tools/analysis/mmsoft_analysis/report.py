@@ -77,22 +77,22 @@ def make_rows(records: Sequence[Dict]) -> List[Dict]:
     groups: Dict[tuple, List[Dict]] = {}
     for record in records:
         groups.setdefault(tuple(record[k] for k in ROW_KEY), []).append(record)
-    rows = [_row(group) for group in groups.values()]
+    rows = {key: _row(group) for key, group in groups.items()}
     first_label = records[0]['label'] if records else None
-    for key, row in zip(groups, rows):
+    for key, row in rows.items():
         reference = groups.get(key[:-1] + (first_label, ), [])
         mine = {r['round']: r for r in groups[key] if r.get('times_ms')}
         ratios = [_median(mine[r['round']]['times_ms']) / _median(r['times_ms'])
                   for r in reference if r.get('times_ms') and r['round'] in mine]
         cpu = [min(mine[r['round']]['cpu_ms']) / min(r['cpu_ms'])
                for r in reference if r.get('cpu_ms') and r['round'] in mine]
-        base = _row(reference) if reference else {}
+        base = rows.get(key[:-1] + (first_label, ), {})
         memory = next((f for f in ('live_peak_mib', 'max_allocated_mib', 'peak_mib')
                        if row.get(f) and base.get(f)), None)
         row.update(vs_first=_median(ratios), vs_first_cpu=_median(cpu),
                    vs_first_memory=memory and row[memory] / base[memory],
                    round_ratios=ratios)
-    return rows
+    return list(rows.values())
 
 
 def evaluate_targets(rows: Sequence[Dict]) -> List[Dict]:
@@ -148,29 +148,26 @@ def profile_tables(rows: Sequence[Dict], table: str) -> List[str]:
     rows: each cell the ms (the median step's, by the profiled share), share
     of the time / share of the FLOPs, and the kernels."""
     lines = []
-    settings = dict.fromkeys((r['input'], r['mode'], r['precision'], r['compiled'])
-                             for r in rows if r.get(table))
-    for setting in settings:
-        chosen = [r for r in rows if r.get(table) and
-                  (r['input'], r['mode'], r['precision'], r['compiled']) == setting]
+    by_setting: Dict[tuple, List[Dict]] = {}
+    for row in (r for r in rows if r.get(table)):
+        key = row['mode'], row['input'], row['precision'], row['compiled']
+        by_setting.setdefault(key, []).append(row)
+    for (mode, size, precision, compiled), chosen in by_setting.items():
         names = sorted(set().union(*(r[table] for r in chosen)),
                        key=lambda n: -max(r[table].get(n, {}).get('ms', 0)
                                           for r in chosen))
-        cells = []
-        for name in names:
-            cells.append([name])
-            for row in chosen:
-                total_ms = sum(e['ms'] for e in row[table].values()) or 1
-                total_flop = sum(e['gflop'] for e in row[table].values()) or 1
+        cells = [[name] for name in names]
+        for row in chosen:
+            total_ms = sum(e['ms'] for e in row[table].values()) or 1
+            total_flop = sum(e['gflop'] for e in row[table].values()) or 1
+            for line, name in zip(cells, names):
                 entry = row[table].get(name)
-                cells[-1].append('-' if entry is None else
-                                 f"{entry['ms'] * row['median_ms'] / total_ms:.1f} "
-                                 f"({entry['ms'] / total_ms:.0%} / "
-                                 f"{entry['gflop'] / total_flop:.0%}), "
-                                 f"{entry['kernels']}")
-        lines += ['', f'### By {table[:-1].replace("classe", "operator class")}: '
-                  f'{setting[1]}, {setting[0]}, {setting[2]}'
-                  + (' compiled' if setting[3] else ''), '']
+                line.append('-' if entry is None else
+                            f"{entry['ms'] * row['median_ms'] / total_ms:.1f} "
+                            f"({entry['ms'] / total_ms:.0%} / "
+                            f"{entry['gflop'] / total_flop:.0%}), {entry['kernels']}")
+        title = f'{table[:-1].replace("classe", "operator class")}: {mode}, {size}'
+        lines += ['', f'### By {title}, {precision}' + ' compiled' * bool(compiled), '']
         lines += _table([table[:-2] if table == 'classes' else 'region']
                         + [r['label'] for r in chosen], cells)
     return lines

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import REPO, worker_env
@@ -72,16 +73,17 @@ class Settings:
     def __post_init__(self):
         for spec in self.models:
             parse_spec(spec)  # raises on an unknown name
-        for name, values, choices in (('mode', self.modes, MODES),
-                                      ('precision', self.precisions, PRECISIONS)):
+        for name, choices in (('modes', MODES), ('precisions', PRECISIONS)):
+            values = list(getattr(self, name))
             if not values or not set(values) <= set(choices):
-                raise ValueError(f'{name}s={list(values)} are invalid; expected one or '
+                raise ValueError(f'{name}={values} are invalid; expected one or '
                                  f'more of {list(choices)}.')
         for name in ('steps', 'rounds', 'threads', 'pad'):
-            least = 0 if name == 'steps' and self.live_memory else 1
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < least:
-                raise ValueError(f'{name}={getattr(self, name)!r} is invalid; expected '
-                                 f'an integer >= {least}.')
+            value = getattr(self, name)
+            least = int(name != 'steps' or not self.live_memory)
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f'{name}={value!r} is invalid; expected an integer '
+                                 f'>= {least}.')
         if not self.models or not self.inputs:
             raise ValueError('no model or no input given.')
 
@@ -109,8 +111,9 @@ def make_cases(settings: Settings) -> List[Dict]:
             for index in range(settings.rounds):
                 order = specs if index % 2 == 0 else specs[::-1]
                 cases += [dict(common, spec=text_of(spec), label=spec.label,
-                               root=spec.options.get('root', ''), shapes=shapes,
-                               input=describe_input(shapes), compile=backend,
+                               root=checkout(spec.options.get('root', '')),
+                               shapes=shapes, input=describe_input(shapes),
+                               compile=backend,
                                round=index) for spec in order]
     eager = [case for case in cases if case['round'] == 0 and not case['compile']]
     if settings.steps == 0:  # the live peaks alone
@@ -119,9 +122,15 @@ def make_cases(settings: Settings) -> List[Dict]:
         cases += [dict(case, live=True, flops=False, regions=False) for case in eager]
     if settings.capacity:
         cases += [dict(case, capacity=True, flops=False, shapes=[settings.capacity],
-                       input=describe_input([settings.capacity]))
+                       input=describe_input([settings.capacity]),
+                       settings=[('capacity', 'float32')])
                   for case in eager if case['shapes'] == settings.inputs[0]]
     return cases
+
+
+def checkout(root: str) -> str:
+    """A ``root=`` option as an absolute path, '' for this checkout."""
+    return str(Path(root).resolve()) if root else ''
 
 
 def text_of(spec) -> str:
@@ -149,13 +158,14 @@ def run_case(case: Dict, timeout_s: float) -> List[Dict]:
     records = [json.loads(line[7:]) for line in stdout.splitlines()
                if line.startswith('RESULT ')]
     done = {(r['mode'], r['precision']) for r in records}
-    settings = [('capacity', 'float32')] if case['capacity'] else case['settings']
     return records + [skipped(case, mode, precision, 'error', error=failure[:300])
-                      for mode, precision in settings if (mode, precision) not in done]
+                      for mode, precision in case['settings']
+                      if (mode, precision) not in done]
 
 
 def skipped(case: Dict, mode: str, precision: str, status: str = 'skipped',
             **fields) -> Dict:
+    """The record of one setting of ``case``: its fields and ``fields``."""
     return dict(label=case['label'], spec=case['spec'], input=case['input'],
                 detector=case['detector'], compiled=case['compile'],
                 round=case['round'], mode=mode, precision=precision, status=status,
@@ -231,11 +241,8 @@ def run_benchmark(settings: Settings, log: Callable[[str], None] = print,
                   clock: Callable[[], float] = time.monotonic) -> Dict:
     """Runs the tests (where given) and the cases within ``budget_s``,
     writing the report after every record; ``run`` measures one case.
-
-    Returns:
-        dict: ``meta``, ``tests``, ``records`` and what the report makes of
-        them (``rows``, ``targets``).
-    """
+    Returns ``meta``, ``tests``, ``records`` and what the report makes of
+    them (``rows``, ``targets``)."""
     start = clock()
     data = dict(meta=environment(settings), tests=dict(ran=False), records=[])
     write_report(data, settings.out_dir)
@@ -249,11 +256,9 @@ def run_benchmark(settings: Settings, log: Callable[[str], None] = print,
         problem = unavailable(parse_spec(case['spec']).name, case['detector']) \
             if not case['spec'].endswith('.py') else None
         if problem or left < MIN_CASE_S:
-            settings_of = [('capacity', 'float32')] if case['capacity'] else \
-                case['settings']
             records = [skipped(case, mode, precision,
                                note=problem or 'the budget was spent')
-                       for mode, precision in settings_of]
+                       for mode, precision in case['settings']]
         else:
             records = run(case, min(settings.case_timeout_s, left))
         for record in records:

@@ -24,10 +24,8 @@ class SavedTensor(NamedTuple):
 
 
 class SavedTensorRecorder:
-    """Context manager recording the storages autograd saves in ``model``.
-
-    Args:
-        model (nn.Module): The model whose forward runs inside the context.
+    """Context manager recording the storages autograd saves in ``model``,
+    whose forward runs inside the context.
 
     Example::
 
@@ -42,37 +40,28 @@ class SavedTensorRecorder:
         self._stack: List[str] = ['']
         self._seen = set()
         self._handles = []
-        self._hooks = None
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
-    def _state_pointers(self) -> set:
-        tensors = list(self.model.parameters()) + list(self.model.buffers())
-        return {t.untyped_storage().data_ptr() for t in tensors}
-
-    def _enter_module(self, name: str) -> None:
-        self._stack.append(name)
-
-    def _leave_module(self) -> None:
-        self._stack.pop()
+    def _leave(self, *_) -> None:
+        self._stack.pop()  # a forward hook returning None keeps the output
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        pointer = storage.data_ptr()
-        if pointer not in self._seen:
-            self._seen.add(pointer)
+        if storage.data_ptr() not in self._seen:
+            self._seen.add(storage.data_ptr())
             self.records.append(SavedTensor(self._stack[-1], tuple(tensor.shape),
                                             str(tensor.dtype).replace('torch.', ''),
                                             storage.nbytes()))
         return tensor
 
     def __enter__(self) -> 'SavedTensorRecorder':
-        self._seen = self._state_pointers()
+        state = list(self.model.parameters()) + list(self.model.buffers())
+        self._seen = {t.untyped_storage().data_ptr() for t in state}
         for name, module in self.model.named_modules():
-            self._handles.append(module.register_forward_pre_hook(
-                lambda *_, name=name: self._enter_module(name)))
-            self._handles.append(module.register_forward_hook(
-                lambda *_: self._leave_module()))
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(
-            self._pack, lambda tensor: tensor)
+            self._handles += [
+                module.register_forward_pre_hook(
+                    lambda *_, name=name: self._stack.append(name)),
+                module.register_forward_hook(self._leave)]
         self._hooks.__enter__()
         return self
 
@@ -88,27 +77,17 @@ class SavedTensorRecorder:
         return sum(record.nbytes for record in self.records)
 
     def bytes_by_prefix(self, depth: int) -> Dict[str, int]:
-        """Bytes per module-name prefix of ``depth`` dot-separated parts.
-
-        Args:
-            depth (int): 1 groups by the root's children (``'backbone'``),
-                2 by their children (``'backbone.stages'``), and so on.
-
-        Returns:
-            dict[str, int]: Bytes by prefix, largest first; ``''`` holds what
-            the root module saved outside every child.
-        """
+        """Bytes per module-name prefix of ``depth`` dot-separated parts (1:
+        the root's children, ``'backbone'``; 2: ``'backbone.stages'``, ...),
+        largest first; ``''`` holds what the root saved outside every child."""
         totals = defaultdict(int)
         for record in self.records:
             totals['.'.join(record.module.split('.')[:depth])] += record.nbytes
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
     def records_under(self, prefix: str) -> List[SavedTensor]:
-        """The records of ``prefix`` and its submodules, largest first.
-
-        Args:
-            prefix (str): A module name of the model (``'backbone.stages.0'``;
-                ``''``: the whole model).
+        """The records of module ``prefix`` (``'backbone.stages.0'``; ``''``:
+        the whole model) and its submodules, largest first.
 
         Raises:
             ValueError: When ``prefix`` names no module of the model.
