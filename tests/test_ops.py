@@ -301,3 +301,32 @@ def test_every_counted_operation_is_registered():
         'xnorm_attention_backward'}
     for name in _library.LAUNCHES:
         assert hasattr(torch.ops.mmsoft, name)
+
+
+def test_triton_kernels_need_triton_3():
+    """The kernels run where Triton is 3.0 or later; with an older Triton
+    (torch 2.1 to 2.3's) the kernels' package refuses to import, saying why,
+    and CUDA tensors run the ops' PyTorch implementation."""
+    version = _library.triton_version()
+    assert _library.TRITON_KERNELS == (bool(version) and int(version.split('.')[0]) >= 3)
+    if _library.TRITON_KERNELS:
+        import mmsoft.ops.triton  # noqa: F401
+    else:
+        with pytest.raises(ImportError, match=r'need Triton 3\.0 or later; this '):
+            import mmsoft.ops.triton  # noqa: F401
+        with pytest.raises(RuntimeError, match=r'needs Triton 3\.0 or later'):
+            with _library.triton_on_cpu():
+                pass
+
+
+@pytest.mark.parametrize('kernels', [True, False])
+def test_cuda_runs_the_kernels_only_where_triton_can(monkeypatch, kernels):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    try:
+        with FakeTensorMode():
+            on_cuda = torch.empty(2, device='cuda')
+    except RuntimeError as error:  # torch 2.1 asks for a driver
+        pytest.skip(f'no fake CUDA tensor without a GPU here: {error}')
+    monkeypatch.setattr(_library, 'TRITON_KERNELS', kernels)
+    assert _library.runs_triton(on_cuda) is kernels
+    assert _library.runs_triton(torch.empty(2)) is False

@@ -9,6 +9,8 @@ device runs their shapes alone.
 """
 import contextlib
 import importlib
+import importlib.metadata
+import re
 from typing import Callable, Dict, Iterator, Optional
 
 import torch
@@ -117,6 +119,21 @@ HAS_CUSTOM_OPS = hasattr(torch.library, 'custom_op')
 #: interpreter). The kernel count of a training step counts each call so.
 LAUNCHES: Dict[str, int] = {}
 
+def triton_version() -> str:
+    """The installed Triton's version, '' without one; read from its
+    metadata (Triton itself is imported when a kernel runs)."""
+    for name in ('triton', 'pytorch-triton'):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ''
+
+
+#: Whether CUDA tensors run the Triton kernels: they need Triton 3.0 or later
+#: (torch >= 2.4 brings it). With an older Triton (torch 2.1 to 2.3) or
+#: none, CUDA runs each op's PyTorch implementation, as the CPU does.
+TRITON_KERNELS = tuple(map(int, re.findall(r'\d+', triton_version())[:2])) >= (3, 0)
 _TRITON_ON_CPU = False
 
 
@@ -125,6 +142,10 @@ def triton_on_cpu(enabled: bool = True) -> Iterator[None]:
     """Runs the ops' Triton kernels on CPU tensors too (under Triton's
     interpreter, ``TRITON_INTERPRET=1``): how the CUDA path is tested
     without a GPU."""
+    if enabled and not TRITON_KERNELS:
+        raise RuntimeError(f'triton_on_cpu() needs Triton 3.0 or later for its '
+                           f'interpreter; this environment has '
+                           f'{triton_version() or "no Triton"}.')
     global _TRITON_ON_CPU
     previous, _TRITON_ON_CPU = _TRITON_ON_CPU, enabled
     try:
@@ -135,8 +156,9 @@ def triton_on_cpu(enabled: bool = True) -> Iterator[None]:
 
 def runs_triton(tensor: torch.Tensor) -> bool:
     """Whether the ops run Triton's kernels on ``tensor``'s device."""
-    return tensor.device.type == 'cuda' or (_TRITON_ON_CPU
-                                            and tensor.device.type == 'cpu')
+    if tensor.device.type == 'cuda':
+        return TRITON_KERNELS
+    return _TRITON_ON_CPU and tensor.device.type == 'cpu'
 
 
 def runs_reference(fused: bool, tensor: torch.Tensor) -> bool:

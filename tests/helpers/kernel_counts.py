@@ -48,7 +48,7 @@ class KernelCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         out = func(*args, **(kwargs or {}))
-        tensors = [value for value in pytree.tree_leaves((args, kwargs, out))
+        tensors = [value for value in pytree.tree_flatten((args, kwargs, out))[0]
                    if isinstance(value, torch.Tensor)]
         on_cpu = all(tensor.device.type == 'cpu' for tensor in tensors)
         if on_cpu and not self.count_cpu:

@@ -3,9 +3,17 @@
 Each module holds the kernels of one op and the host functions that launch
 them on the tensors' device; each module's ``LAUNCHES`` says how many kernels
 (Triton's and torch's) each host function launches. Importing this package
-imports Triton: the ops import it only when a Triton path runs.
+imports Triton: the ops import it only when a Triton path runs. The kernels
+need Triton 3.0 or later (``TRITON_KERNELS``).
 """
 import torch
+
+from .._library import TRITON_KERNELS, triton_version
+
+if not TRITON_KERNELS:
+    raise ImportError(f"mmsoft's Triton kernels need Triton 3.0 or later; this "
+                      f'environment has {triton_version() or "no Triton"}.',
+                      name='triton')
 
 
 def dot_precision(dtype: torch.dtype, float32_accurate: bool) -> str:
