@@ -119,6 +119,7 @@ HAS_CUSTOM_OPS = hasattr(torch.library, 'custom_op')
 #: interpreter). The kernel count of a training step counts each call so.
 LAUNCHES: Dict[str, int] = {}
 
+
 def triton_version() -> str:
     """The installed Triton's version, '' without one; read from its
     metadata (Triton itself is imported when a kernel runs)."""
