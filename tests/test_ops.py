@@ -277,7 +277,8 @@ def test_layer_norm_linear_and_scaled_linear_keep_their_inputs_alone():
 
 
 # --- Which implementation runs
-def test_implementations_by_switch_device_and_tracer():
+def test_implementations_by_switch_device_and_tracer(monkeypatch):
+    monkeypatch.setattr(_library, 'TRITON_KERNELS', True)  # the switch alone
     on_cpu = torch.zeros(1)
     assert _library.runs_reference(False, on_cpu)
     assert not _library.runs_reference(True, on_cpu)
