@@ -10,10 +10,11 @@ device runs their shapes alone.
 import contextlib
 import importlib
 import importlib.metadata
-import re
 from typing import Callable, Dict, Iterator, Optional
 
 import torch
+
+from ..utils.torch_compat import torch_version
 
 
 # --- Tracing and mixed precision
@@ -131,10 +132,16 @@ def triton_version() -> str:
     return ''
 
 
+def triton_requirement() -> str:
+    """What the kernels need, and what this environment has."""
+    found = triton_version() or 'no Triton'
+    return f'Triton 3.0 or later; this environment has {found}'
+
+
 #: Whether CUDA tensors run the Triton kernels: they need Triton 3.0 or later
 #: (torch >= 2.4 brings it). With an older Triton (torch 2.1 to 2.3) or
 #: none, CUDA runs each op's PyTorch implementation, as the CPU does.
-TRITON_KERNELS = tuple(map(int, re.findall(r'\d+', triton_version())[:2])) >= (3, 0)
+TRITON_KERNELS = bool(triton_version()) and torch_version(triton_version()) >= (3, 0)
 _TRITON_ON_CPU = False
 
 
@@ -144,9 +151,8 @@ def triton_on_cpu(enabled: bool = True) -> Iterator[None]:
     interpreter, ``TRITON_INTERPRET=1``): how the CUDA path is tested
     without a GPU."""
     if enabled and not TRITON_KERNELS:
-        raise RuntimeError(f'triton_on_cpu() needs Triton 3.0 or later for its '
-                           f'interpreter; this environment has '
-                           f'{triton_version() or "no Triton"}.')
+        raise RuntimeError(f'triton_on_cpu() (its interpreter) needs '
+                           f'{triton_requirement()}.')
     global _TRITON_ON_CPU
     previous, _TRITON_ON_CPU = _TRITON_ON_CPU, enabled
     try:

@@ -8,11 +8,10 @@ need Triton 3.0 or later (``TRITON_KERNELS``).
 """
 import torch
 
-from .._library import TRITON_KERNELS, triton_version
+from .._library import TRITON_KERNELS, triton_requirement
 
 if not TRITON_KERNELS:
-    raise ImportError(f"mmsoft's Triton kernels need Triton 3.0 or later; this "
-                      f'environment has {triton_version() or "no Triton"}.',
+    raise ImportError(f"mmsoft's Triton kernels need {triton_requirement()}.",
                       name='triton')
 
 
