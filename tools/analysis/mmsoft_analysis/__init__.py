@@ -46,10 +46,11 @@ def parse_size(text: str) -> Tuple[int, int]:
                     'e.g. 800x1333.')
 
 
-def worker_env(root: str = '') -> Dict[str, str]:
-    """This process's environment with ``root`` (another checkout's mmsoft,
-    when given) and then ``tools/analysis/`` first on ``PYTHONPATH``."""
+def worker_env() -> Dict[str, str]:
+    """This process's environment with ``tools/analysis/`` first on
+    ``PYTHONPATH``. (A case's ``root`` goes first on the measuring process's
+    ``sys.path``, before its working directory: :mod:`.measure`.)"""
     env = dict(os.environ)
-    paths = [root, str(ANALYSIS_DIR), env.get('PYTHONPATH', '')]
+    paths = [str(ANALYSIS_DIR), env.get('PYTHONPATH', '')]
     env['PYTHONPATH'] = os.pathsep.join(filter(None, paths))
     return env

@@ -145,7 +145,7 @@ def run_case(case: Dict, timeout_s: float) -> List[Dict]:
     errors saying why."""
     process = subprocess.Popen(
         [sys.executable, '-m', 'mmsoft_analysis.measure', json.dumps(case)], cwd=REPO,
-        env=worker_env(case['root']), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
