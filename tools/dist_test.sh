@@ -6,22 +6,11 @@
 #              PORT (29500), PYTHON (the checkout's .venv/bin/python when it
 #              exists, else python; see tools/_python.sh).
 set -euo pipefail
-if [ $# -lt 3 ]; then
-    echo "usage: $0 CONFIG CHECKPOINT NPROC [test.py options]" >&2
-    exit 2
-fi
-CONFIG=$1
-CHECKPOINT=$2
-NPROC=$3
-shift 3
 TOOLS_DIR="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=tools/_python.sh
 . "$TOOLS_DIR/_python.sh"
-export PYTHONPATH="$(dirname "$TOOLS_DIR")${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m torch.distributed.run \
-    --nnodes="${NNODES:-1}" \
-    --node_rank="${NODE_RANK:-0}" \
-    --master_addr="${MASTER_ADDR:-127.0.0.1}" \
-    --master_port="${PORT:-29500}" \
-    --nproc_per_node="$NPROC" \
-    "$TOOLS_DIR/test.py" "$CONFIG" "$CHECKPOINT" --launcher pytorch "$@"
+need_args 3 "CONFIG CHECKPOINT NPROC [test.py options]" "$@"
+CONFIG=$1 CHECKPOINT=$2 NPROC=$3
+shift 3
+torchrun_tool "$NPROC" "$TOOLS_DIR/test.py" "$CONFIG" "$CHECKPOINT" \
+    --launcher pytorch "$@"

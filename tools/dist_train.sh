@@ -8,21 +8,10 @@
 # The backend is the config's (mmengine's default: NCCL) on GPUs, gloo on
 # a machine without CUDA (mmsoft.apis.setup_cpu_distributed).
 set -euo pipefail
-if [ $# -lt 2 ]; then
-    echo "usage: $0 CONFIG NPROC [train.py options]" >&2
-    exit 2
-fi
-CONFIG=$1
-NPROC=$2
-shift 2
 TOOLS_DIR="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=tools/_python.sh
 . "$TOOLS_DIR/_python.sh"
-export PYTHONPATH="$(dirname "$TOOLS_DIR")${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m torch.distributed.run \
-    --nnodes="${NNODES:-1}" \
-    --node_rank="${NODE_RANK:-0}" \
-    --master_addr="${MASTER_ADDR:-127.0.0.1}" \
-    --master_port="${PORT:-29500}" \
-    --nproc_per_node="$NPROC" \
-    "$TOOLS_DIR/train.py" "$CONFIG" --launcher pytorch "$@"
+need_args 2 "CONFIG NPROC [train.py options]" "$@"
+CONFIG=$1 NPROC=$2
+shift 2
+torchrun_tool "$NPROC" "$TOOLS_DIR/train.py" "$CONFIG" --launcher pytorch "$@"
