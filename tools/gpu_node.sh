@@ -75,21 +75,6 @@ seal() {
     [ "$bytes" -le "$2" ] || fail 1 "the bundle is over the limit: ${*:3}"
 }
 
-# build_python: the CPython 3.12 that mmcv's CUDA build environment is made with.
-build_python() {
-    local candidate
-    for candidate in ${MMSOFT_PYTHON312:+"$MMSOFT_PYTHON312"} python3.12 \
-            "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12.*/bin/python3.12; do
-        if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c \
-                'import sys, venv; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
-            command -v "$candidate"
-            return 0
-        fi
-    done
-    fail 1 "no CPython 3.12 found (MMSOFT_PYTHON312, python3.12 on PATH, pyenv's" \
-        "versions): mmcv's wheel is built for the node's Python, 3.12"
-}
-
 # build_mmcv OUT_DIR: mmcv with its CUDA ops (from MMSOFT_WHEEL_CACHE, or
 # compiled into it with the torch and CUDA 13 compiler of gpu-train-build.txt)
 # stripped into OUT_DIR, and the manifest. The CUDA home is made of links, as
@@ -100,7 +85,9 @@ build_mmcv() {
     local venv="$build_dir/venv-build"
     local py="$venv/bin/python"
     if [ ! -x "$py" ]; then
-        base=$(build_python) || exit 1
+        base=$(python312 ${MMSOFT_PYTHON312:+"$MMSOFT_PYTHON312"}) \
+            || fail 1 "no CPython 3.12 found (MMSOFT_PYTHON312, python3.12 on PATH," \
+                "pyenv's versions): mmcv's wheel is built for the node's Python, 3.12"
         check_disk "$TAG" 7 1 "$venv"
         mkdir -p "$build_dir"
         run_step "$TAG" "creating the build environment $venv ($base)" python \
@@ -164,7 +151,6 @@ pack() {
     cd "$ROOT" || exit 1
     source tools/install_common.sh
     set -e
-    LOCK_VENV="${LOCK_VENV:-.venv-lock}"
     ensure_uv "$TAG"
     names "$kind"
     lock=requirements/locks/$BUNDLE_NAME.txt copy=$BUNDLE_NAME-lock.txt

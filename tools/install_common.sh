@@ -7,9 +7,13 @@
 MMSOFT_INSTALL_LOGS="${MMSOFT_INSTALL_LOGS:-$(pwd)/install-logs}"
 
 # run_step TAG STEP PACKAGE CMD...: runs CMD with its output in a log, named
-# after TAG and STEP.
+# after TAG and STEP. When CMD fails, it says on standard error what failed,
+# the log's end and what to try, and exits: the hint of the first pair of
+# lines below (grep's options and pattern; the hint) whose pattern the log
+# holds.
 run_step() {
-    local tag="$1" step="$2" package="$3" log start=$SECONDS; shift 3
+    local tag="$1" step="$2" package="$3" log start=$SECONDS options pattern text
+    local hint="read the log above for the first error."; shift 3
     log=$(printf '%s' "$step" | tr -c 'A-Za-z0-9._-' '-' | tr -s '-' | cut -c1-80)
     log="$MMSOFT_INSTALL_LOGS/$tag-$log.log"
     mkdir -p "$MMSOFT_INSTALL_LOGS"
@@ -18,16 +22,6 @@ run_step() {
         echo "[$tag]   done in $((SECONDS - start)) s"
         return 0
     fi
-    explain_failure "$tag" "$step" "$package" "$log"
-    exit 1
-}
-
-# explain_failure TAG STEP PACKAGE LOG: what failed, the log's end and what
-# to try, on standard error: the hint of the first pair of lines below (grep's
-# options and pattern; the hint) whose pattern the log holds.
-explain_failure() {
-    local tag="$1" step="$2" package="$3" log="$4" options pattern text
-    local hint="read the log above for the first error."
     while read -r options pattern && read -r text; do
         if grep -q"$options" "$pattern" "$log"; then
             hint=$text
@@ -54,6 +48,7 @@ HINTS
         tail -n 25 "$log" | sed 's/^/    | /'
         echo "[$tag]   what to try: $hint"
     } >&2
+    exit 1
 }
 
 # existing PATH: PATH, or its nearest parent that exists.
@@ -170,15 +165,31 @@ PY
 }
 
 # ensure_uv TAG: the lock tool of requirements/lock-tool.txt in $LOCK_VENV
-# (created when missing); sets UV.
+# (default .venv-lock, created when missing); sets LOCK_VENV and UV.
 ensure_uv() {
     local tag="$1"
+    LOCK_VENV="${LOCK_VENV:-.venv-lock}"
     if [ ! -x "$LOCK_VENV/bin/uv" ]; then
         run_step "$tag" "creating $LOCK_VENV" python3 python3 -m venv "$LOCK_VENV"
         run_step "$tag" "installing the lock tool (requirements/lock-tool.txt)" uv \
             "$LOCK_VENV/bin/python" -m pip install --quiet -r requirements/lock-tool.txt
     fi
     UV="$LOCK_VENV/bin/uv"
+}
+
+# python312 [PYTHON...]: the first of PYTHON..., python3.12 on PATH and
+# pyenv's CPython 3.12 versions that is a CPython 3.12 with venv, on stdout.
+python312() {
+    local candidate
+    for candidate in "$@" python3.12 \
+            "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12.*/bin/python3.12; do
+        if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c \
+                'import sys, venv; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+            command -v "$candidate"
+            return 0
+        fi
+    done
+    return 1
 }
 
 # prepare_env TAG KIND VENV PYTHON: before installing the environment KIND
@@ -244,23 +255,6 @@ install_editable() {
     run_step "$tag" "installing mmsoft (editable)" mmsoft \
         "$venv/bin/python" -m pip install --disable-pip-version-check \
         --no-build-isolation --no-deps -e .
-}
-
-# link_package_for_mim DIR: makes OpenMMLab's mim (0.3.9) find the editable
-# mmsoft of the virtual environment DIR: mim reads a package's configs, tools
-# and model index from site-packages/mmsoft/.mim, which for an editable
-# install (PEP 660) becomes a link to the checkout's package. The link is
-# listed in the install's RECORD, so `pip uninstall mmsoft` removes it.
-link_package_for_mim() {
-    local venv="$1" site record
-    site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    if [ -e "$site/mmsoft" ] && [ ! -L "$site/mmsoft" ]; then
-        echo "[mim] $site/mmsoft is not a link (a regular install?): left as it is" >&2
-        return 0
-    fi
-    ln -sfn "$(pwd)/mmsoft" "$site/mmsoft"
-    record=$(ls "$site"/mmsoft-*.dist-info/RECORD)
-    grep -qx 'mmsoft,,' "$record" || echo 'mmsoft,,' >> "$record"
 }
 
 # Run as a command, `bash tools/install_common.sh check-disks TAG VENV:KIND...`

@@ -43,7 +43,18 @@ if [ "$(cat "$MMCV_STAMP" 2>/dev/null)" != "$MMCV_WHEEL" ] || \
 fi
 
 install_editable "$TAG" "$VENV"
-link_package_for_mim "$VENV"
+# OpenMMLab's mim (0.3.9) reads a package's configs, tools and model index
+# from site-packages/mmsoft/.mim, which for an editable install (PEP 660)
+# becomes a link to the checkout's package. The link is listed in the
+# install's RECORD, so `pip uninstall mmsoft` removes it.
+SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+if [ -e "$SITE/mmsoft" ] && [ ! -L "$SITE/mmsoft" ]; then
+    echo "[mim] $SITE/mmsoft is not a link (a regular install?): left as it is" >&2
+else
+    ln -sfn "$(pwd)/mmsoft" "$SITE/mmsoft"
+    RECORD=$(ls "$SITE"/mmsoft-*.dist-info/RECORD)
+    grep -qx 'mmsoft,,' "$RECORD" || echo 'mmsoft,,' >> "$RECORD"
+fi
 run_step "$TAG" "checking that every installed package's requirements hold (pip check)" \
     "the locked stack" "$PY" -m pip check
 "$PY" -c "import mmsoft, mmdet, mmseg, mmcv.ops; print('[$TAG] ok: mmsoft', mmsoft.__version__)"

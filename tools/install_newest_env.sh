@@ -25,13 +25,7 @@ source tools/install_common.sh
 # find_python: the interpreter to create the environment with, on stdout.
 find_python() {
     local candidate version best='' best_minor=0
-    for candidate in "python$WANTED" \
-            "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/"$WANTED".*/bin/python"$WANTED"; do
-        if "$candidate" -c 'import venv' 2>/dev/null; then
-            command -v "$candidate"
-            return 0
-        fi
-    done
+    python312 && return 0
     for candidate in python3.14 python3.13 python3.11 python3.10 python3; do
         version=$("$candidate" -c 'import sys; print(sys.version_info[1])' 2>/dev/null) || continue
         if [ "$version" -ge 10 ] && [ "$version" -gt "$best_minor" ]; then
@@ -49,11 +43,9 @@ if [ ! -x "$PY" ]; then
              "on PATH or in pyenv's versions)" >&2; exit 1; }
     BASE_VERSION=$("$BASE_PY" -c 'import platform; print(platform.python_version())')
     echo "[$TAG] CPython $BASE_VERSION ($BASE_PY)"
-    case "$BASE_VERSION" in
-        "$WANTED".*) ;;
-        *) echo "[$TAG] CPython $WANTED not found (neither on PATH nor in pyenv's versions):" \
-                "using the newest Python there; the lock is resolved for $WANTED" ;;
-    esac
+    [[ "$BASE_VERSION" == "$WANTED".* ]] || echo "[$TAG] CPython $WANTED not found" \
+        "(neither on PATH nor in pyenv's versions): using the newest Python there;" \
+        "the lock is resolved for $WANTED"
 fi
 prepare_env "$TAG" newest "$VENV" "$BASE_PY"
 PIP_CONSTRAINT=/dev/null install_locked "$TAG" "$VENV" requirements/locks/newest.txt
