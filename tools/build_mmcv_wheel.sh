@@ -23,25 +23,12 @@
 # The environment's own pinned setuptools runs the metadata step and the
 # build, and the ops link the environment's torch.
 #
-# mmcv 2.1.0's setup.py compiles its C++ ops as C++17; torch 2.14's headers
-# need C++20 (`#error C++20 or later compatible compiler is required to use
-# ATen`). From torch 2.14 on, the sdist's setup.py is built with the standard
-# raised to C++20; on older torch it is built as published.
-#
-# The ops compile without debug information: unless CFLAGS is set, it is
-# the CFLAGS that Python was built with (its optimisation level, NDEBUG, its
-# warnings) followed by -g0, which drops their -g. The machine code is the
-# same; each unit compiles in a third to a half less time (docs/testing.md).
-# setuptools replaces its CFLAGS with the environment's, not extends them:
-# hence the whole line.
-#
-# Each unit of mmcv's CPU ops starts by including the same header,
-# pytorch_cpp_helper.hpp, that is torch's headers: most of a unit's compile
-# time. The build's compiler is a wrapper (precompiling_cxx) that, before the
-# first unit, precompiles that header with the unit's own flags beside it, where
-# GCC reads it in place of the header (a unit compiles five to nine times
-# faster, docs/testing.md); the machine code is the same. Builds with CUDA
-# (FORCE_CUDA=1) compile as before.
+# From torch 2.14 on, whose headers need C++20, the C++17 of mmcv 2.1.0's
+# setup.py is raised to C++20. Unless CFLAGS is set, the ops compile with
+# Python's own CFLAGS and -g0: no debug information, the same machine code.
+# Without CUDA, the build's compiler (precompiling_cxx) precompiles the
+# header that every unit of mmcv's CPU ops starts with, torch's headers. Why
+# and what they save: docs/testing.md.
 #
 # Environment: MAX_JOBS (compile jobs, default: the number of cores); CC, CXX,
 # CFLAGS, CXXFLAGS, LDFLAGS, TORCH_CUDA_ARCH_LIST, FORCE_CUDA, CUDA_HOME are
@@ -58,14 +45,6 @@ BUILD_SETTINGS=(CC CXX CFLAGS CXXFLAGS LDFLAGS TORCH_CUDA_ARCH_LIST FORCE_CUDA C
 usage() {
     echo "usage: bash tools/build_mmcv_wheel.sh {key PYTHON | prepare PYTHON | build PYTHON WHEEL_DIR}" >&2
     exit 2
-}
-
-# default_cflags PYTHON: sets CFLAGS, where it is not set, to PYTHON's own
-# CFLAGS and -g0.
-default_cflags() {
-    [ -n "${CFLAGS+set}" ] && return 0
-    CFLAGS="$("$1" -c 'import sysconfig; print(sysconfig.get_config_var("CFLAGS") or "")') -g0"
-    export CFLAGS
 }
 
 # cache_key PYTHON: "mmcv-<version>-torch-<version>-<digest>".
@@ -137,22 +116,22 @@ SH
 [ $# -ge 2 ] || usage
 MODE="$1"
 PY="$2"
-default_cflags "$PY"
-case "$MODE" in
-    key)
+# setuptools replaces its CFLAGS with the environment's: hence the whole line.
+[ -n "${CFLAGS+set}" ] || CFLAGS="$("$PY" -c \
+    'import sysconfig; print(sysconfig.get_config_var("CFLAGS") or "")') -g0"
+export CFLAGS
+case "$MODE $#" in
+    "key "*)
         cache_key "$PY" ;;
-    prepare)
-        [ $# -eq 2 ] || usage
-        SRC=$(mktemp -d)
-        trap 'rm -rf "$SRC"' EXIT
-        prepare "$PY" "$SRC" >/dev/null
-        echo "[$TAG] ready to compile (prepare only: nothing built)" ;;
-    build)
-        [ $# -eq 3 ] || usage
-        WHEEL_DIR="$3"
+    "prepare 2"|"build 3")
         SRC=$(mktemp -d)
         trap 'rm -rf "$SRC"' EXIT
         TREE=$(prepare "$PY" "$SRC")
+        if [ "$MODE" = prepare ]; then
+            echo "[$TAG] ready to compile (prepare only: nothing built)"
+            exit 0
+        fi
+        WHEEL_DIR="$3"
         mkdir -p "$WHEEL_DIR"
         COMPILER=()
         if [ "${FORCE_CUDA:-0}" != 1 ]; then

@@ -1,8 +1,6 @@
 """What ``tools/gpu_node.sh`` runs in Python, with the node's interpreter or
 the build environment's (docs/gpu.md); ``python tools/gpu_node.py -h`` lists
-its commands: device, node BUNDLE, manifest OUT_DIR KEY ARCH_LIST NVCC BUILT
-PYTHON PLATFORM, mmcv-ops [--cuda-version V] [--require-cuda], and table --out
-DIR --run KEY=VALUE... [--run ...].
+its commands.
 
 Exit status 0, or 1 naming the check that failed, or 2 on invalid arguments;
 ``device``: 10 without torch, 11 for a torch without CUDA, 12 when no GPU is
