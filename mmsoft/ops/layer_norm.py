@@ -58,6 +58,27 @@ def linear_backward(grad: torch.Tensor, inputs: torch.Tensor, weight: torch.Tens
             grad_scale)
 
 
+def mlp_backward(act: nn.Module, y, pre, weight1, bias1, weight2, bias2, scale,
+                 grad_out, needs_bias2: bool):
+    """The gradients of y, W1, b1, W2, b2 and s of ``s o fc2(act(h))``, ``h =
+    fc1(y)`` (``pre``, recomputed when None): fc2's by :func:`linear_backward`,
+    ``dh = act'(h) o dg``, ``dW1 = dh^T y``, ``dy = dh W1``. Of the hidden-size
+    tensors, only dh is live at the last product, and none after the call."""
+    if pre is None:
+        pre = F.linear(y, weight1, bias1)
+    with torch.enable_grad():
+        pre = pre.detach().requires_grad_()
+        hidden = act(pre)  # g = act(h): (..., hidden)
+    grad_hidden, grad_weight2, grad_bias2, grad_scale = linear_backward(
+        grad_out, hidden.detach(), weight2, bias2, scale, needs_bias2)
+    grad_pre, = torch.autograd.grad(hidden, pre, grad_hidden)  # dh: (..., hidden)
+    del hidden, grad_hidden
+    grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(y)
+    grad_bias1 = None if bias1 is None else _flat(grad_pre).sum(0)
+    return (grad_pre @ weight1, grad_weight1, grad_bias1, grad_weight2, grad_bias2,
+            grad_scale)
+
+
 def _scaled(out: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
     return out if scale is None else out * scale
 
@@ -66,9 +87,8 @@ class LayerNormMLP(torch.autograd.Function):
     """``y = norm(x)`` and ``s o mlp(y)``, keeping x, its mean and 1/sigma.
 
     Backward, with y recomputed, ``h = fc1(y)`` (kept, or recomputed unless
-    ``keep_hidden``) and ``g = act(h)`` recomputed: fc2's gradients by
-    :func:`linear_backward`, ``dh = act'(h) o dg``, ``dW1 = dh^T y``, ``dy = dh
-    W1``; then :func:`layer_norm_backward`.
+    ``keep_hidden``) and ``g = act(h)`` recomputed: :func:`mlp_backward`, then
+    :func:`layer_norm_backward`.
     """
 
     @staticmethod
@@ -91,19 +111,8 @@ class LayerNormMLP(torch.autograd.Function):
         grads = (None, ) * 6
         if grad_out is not None:
             y = layer_norm(x, norm_weight, norm_bias, ctx.eps)[0].to(weight1.dtype)
-            if pre is None:
-                pre = F.linear(y, weight1, bias1)
-            with torch.enable_grad():
-                pre = pre.detach().requires_grad_()
-                hidden = ctx.act(pre)  # (..., hidden)
-            grad_hidden, grad_weight2, grad_bias2, grad_scale = linear_backward(
-                grad_out, hidden.detach(), weight2, bias2, scale,
-                ctx.needs_input_grad[7])
-            grad_pre, = torch.autograd.grad(hidden, pre, grad_hidden)
-            grad_weight1 = _flat(grad_pre).transpose(0, 1) @ _flat(y)
-            grad_bias1 = None if bias1 is None else _flat(grad_pre).sum(0)
-            grads = (grad_pre @ weight1, grad_weight1, grad_bias1, grad_weight2,
-                     grad_bias2, grad_scale)
+            grads = mlp_backward(ctx.act, y, pre, weight1, bias1, weight2, bias2, scale,
+                                 grad_out, ctx.needs_input_grad[7])
             grad_y = grads[0].to(x.dtype) if grad_y is None else grad_y + grads[0]
         if grad_y is None:
             return (None, ) * 11
