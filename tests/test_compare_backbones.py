@@ -22,9 +22,9 @@ from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, GROUP_PARAMS,
                                         PROBE_DETECTORS, RECIPES, SEGM_METRIC,
                                         SEGMENTORS,
                                         detection_schedule, epoch_loss,
-                                        PLAIN, comparison_rows, final_metrics,
-                                        first_epoch_metrics, measure_costs,
-                                        probe_jobs, probe_options, recipe_options,
+                                        PLAIN, PROBE_OPTIONS, comparison_rows,
+                                        final_metrics, measure_costs,
+                                        probe_jobs, recipe_options,
                                         seed_summary, segmentation_schedule,
                                         write_report)
 
@@ -231,7 +231,7 @@ def test_recipes_set_the_learning_rate_and_a_warmup_in_epochs():
     # replaces the schedule's, and the probe stops after the first epoch.
     options = dict(o.split('=') for o in [*detection_schedule(3),
                                           *recipe_options('warmup-1-epoch', 3),
-                                          *probe_options()])
+                                          *PROBE_OPTIONS])
     assert options['param_scheduler.0.end'] == '75'
     assert options['param_scheduler.1.T_max'] == '3'
     assert options['train_cfg.max_epochs'] == '1'
@@ -278,8 +278,8 @@ def test_first_epoch_metrics_and_loss_survive_the_resumed_run(tmp_path):
     _write_scalars(tmp_path / '20260102_000000' / 'vis_data', [
         dict(loss=0.5, step=150), {BBOX_METRIC: 0.2, SEGM_METRIC: 0.1, 'step': 3}])
     keys = [BBOX_METRIC, SEGM_METRIC]
-    assert first_epoch_metrics(tmp_path, keys) == {BBOX_METRIC: 0.01,
-                                                   SEGM_METRIC: 0.02, 'step': 1}
+    assert final_metrics(tmp_path, keys, step=1) == {BBOX_METRIC: 0.01,
+                                                     SEGM_METRIC: 0.02, 'step': 1}
     assert final_metrics(tmp_path, keys)[BBOX_METRIC] == 0.2
     # Iterations 50, 60 and 70 are the last 40% of a 75-iteration epoch.
     assert epoch_loss(tmp_path, 75) == pytest.approx(4.0 - 60 / 50)

@@ -3,23 +3,14 @@ trains side by side on the demo data, their runs, costs and report.
 
 Every entry of :data:`DETECTORS` (Mask R-CNN, demo COCO shapes) and
 :data:`SEGMENTORS` (UperNet, demo ADE20K shapes) trains with each seed on the
-demo schedule compressed to fewer epochs (iterations) in proportion; its
-final validation gives its metrics. Each of mmsoft's entries is a demo config
-(``configs/demo/``); each peer's config (``configs/comparison/``) inherits it
-and changes only the backbone (and the input widths of the neck or heads).
-The phases:
-
-1. **probe**: the first epoch under each recipe of :data:`RECIPES` for the
-   backbones that did not learn under the shared one, and a control, then
-   the full run of each, resumed from its first epoch;
-2. **train**: ``tools/train.py`` per (config, seed), ``jobs`` at a time;
-3. **costs**: the benchmark on each detector's backbone (:func:`measure_costs`);
-4. **report**: ``table.md``, ``probe.md``, ``comparison.json`` and two plots.
+demo schedule compressed in proportion; its final validation gives its
+metrics. Each of mmsoft's entries is a demo config (``configs/demo/``); each
+peer's config (``configs/comparison/``) inherits it and changes only the
+backbone (and the input widths of the neck or heads).
 
 Every finished run is recorded in ``runs.json`` beside the report and is not
-run again, here or in another clone; a run finished in its work dir (its
-``result.json``) is recorded at the next call; a killed run resumes from its
-last checkpoint.
+run again, here or in another clone; a killed run resumes from its last
+checkpoint.
 """
 import json
 import math
@@ -36,10 +27,9 @@ from . import REPO
 
 @dataclass(frozen=True)
 class Entry:
-    """One backbone: its short ``name`` (tables, plots), ``config`` (from the
-    repository root), the ``source`` of its code (``'mmsoft'``, ``'mmdet'``,
-    ``'mmseg'`` or ``'timm'``), the ``group`` of similar parameter count it
-    is read within, and its training ``recipe`` (a key of :data:`RECIPES`)."""
+    """One backbone: its short ``name`` (tables, plots), ``config``, the
+    ``source`` of its code, the ``group`` of similar parameter count it is
+    read within, and its training ``recipe`` (a key of :data:`RECIPES`)."""
     name: str
     config: str
     source: str
@@ -54,8 +44,7 @@ class Entry:
 
 def _entries(template: str, rows: Sequence[tuple]) -> List[Entry]:
     """``rows`` (name, config, source, group[, recipe]) as entries, each config
-    put into ``template``: mmsoft's in ``configs/demo/``, the peers' in
-    ``configs/comparison/``."""
+    put into ``template``."""
     return [Entry(name, f"configs/{'demo' if source == 'mmsoft' else 'comparison'}/"
                   f'{template.format(config)}.py', source, *rest)
             for name, config, source, *rest in rows]
@@ -73,10 +62,7 @@ RECIPES: Dict[str, Dict[str, float]] = {
 }
 
 
-# The groups, by the backbone's parameter count: 3-7 M (the demo's half-width
-# SOFT++, UFO-ViT-tiny, PVTv2-b0, XCiT-T12), 11-14 M (SOFT++-tiny,
-# ResNet-18, Swin at 64 channels, PVTv2-b1) and the 22-24 M references
-# (ResNet-50, PVTv2-b2-li).
+# The groups, by the backbone's parameter count; the largest are references.
 SMALL, MEDIUM, LARGE = '3-7 M', '11-14 M', '22-24 M'
 GROUP_PARAMS = {SMALL: (3e6, 7e6), MEDIUM: (11e6, 14e6), LARGE: (22e6, 24e6)}
 MASK_RCNN = 'mask-rcnn_{}_fpn_demo'
@@ -101,11 +87,9 @@ SEGMENTORS: List[Entry] = _entries('upernet_{}_demo', [
     ('PVTv2-b0', 'pvtv2-b0', 'mmdet', SMALL),
     ('ResNet-18', 'r18', 'mmseg', MEDIUM),
 ])
-# The probe (``compare_backbones.py --phases probe``): each recipe for the
-# two backbones that did not learn under the shared recipe (those given
-# another), and for mmdet's PVTv2 at PVTv2-b2-li's depths (a control for
-# timm's implementation): the first epoch of the compressed Mask R-CNN
-# schedule, then the full run (seed 0) resumed from it.
+# The probe: each recipe for the two backbones that did not learn under the
+# shared recipe (those given another), and for mmdet's PVTv2 at PVTv2-b2-li's
+# depths (a control for timm's implementation).
 [PROBE_CONTROL] = _entries(MASK_RCNN, [('PVTv2-b2 (control)', 'pvtv2-b2', 'mmdet',
                                         LARGE)])
 PROBE_DETECTORS: List[Entry] = [
@@ -115,6 +99,10 @@ PROBE_DETECTORS: List[Entry] = [
 DEMO_EPOCHS, DEMO_EPOCH_ITERS, DEMO_DET_WARMUP = 8, 75, 100
 DEMO_SEG_ITERS, DEMO_SEG_WARMUP = 1100, 50
 BBOX_METRIC, SEGM_METRIC, MIOU_METRIC = 'coco/bbox_mAP', 'coco/segm_mAP', 'mIoU'
+#: ``--cfg-options`` that stop a compressed run after its first epoch and
+#: validate there; the rest (so the learning rate at each step) is the full
+#: run's, which continues from the probe's checkpoint with ``--resume``.
+PROBE_OPTIONS = ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1']
 #: The metrics of each task's runs.
 METRICS = dict(detection=(BBOX_METRIC, SEGM_METRIC), probe=(BBOX_METRIC, SEGM_METRIC),
                segmentation=(MIOU_METRIC, ))
@@ -131,9 +119,8 @@ def _warmup(name: str, value: int, limit: int, warmup: int) -> int:
 
 def detection_schedule(epochs: int) -> List[str]:
     """``--cfg-options`` that compress the Mask R-CNN demo schedule to
-    ``epochs`` (a ValueError unless 1 to 8): the warm-up keeps its share of
-    the iterations, the cosine decay spans the epochs, validation runs once,
-    at the end, and one checkpoint (the last) is kept."""
+    ``epochs`` (a ValueError unless 1 to 8): the warm-up keeps its share,
+    validation runs once, at the end, and one checkpoint is kept."""
     warmup = _warmup('epochs', epochs, DEMO_EPOCHS, DEMO_DET_WARMUP)
     return [f'train_cfg.max_epochs={epochs}', f'train_cfg.val_interval={epochs}',
             f'param_scheduler.0.end={warmup}', f'param_scheduler.1.end={epochs}',
@@ -155,18 +142,9 @@ def recipe_options(recipe: str, epochs: int) -> List[str]:
     return options
 
 
-def probe_options() -> List[str]:
-    """``--cfg-options`` that stop a compressed run after its first epoch and
-    validate there. Everything else (the schedule's length, so the
-    learning rate at each step) is that of the full run, which continues
-    from the probe's checkpoint with ``--resume``."""
-    return ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1']
-
-
 def segmentation_schedule(iters: int) -> List[str]:
-    """``--cfg-options`` that compress the UperNet demo schedule to ``iters``
-    iterations (a ValueError unless 1 to 1100), as :func:`detection_schedule`
-    does."""
+    """The same for the UperNet demo schedule, to ``iters`` iterations (a
+    ValueError unless 1 to 1100)."""
     warmup = _warmup('iters', iters, DEMO_SEG_ITERS, DEMO_SEG_WARMUP)
     return [f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',
             f'param_scheduler.0.end={warmup}', f'param_scheduler.1.begin={warmup}',
@@ -176,10 +154,8 @@ def segmentation_schedule(iters: int) -> List[str]:
 
 
 def _records(work_dir: Path):
-    """Every JSON line of the run in ``work_dir``, oldest first: mmengine's
-    ``LocalVisBackend`` writes one per logged step to
-    ``<work_dir>/<timestamp>/vis_data/scalars.json`` (a resumed run has
-    several timestamps); validation lines carry the metrics."""
+    """Every JSON line that mmengine's ``LocalVisBackend`` logged for the run
+    in ``work_dir``, oldest first (a resumed run has several timestamps)."""
     for scalars in sorted(work_dir.glob('*/vis_data/scalars.json')):
         for line in scalars.read_text().splitlines():
             yield json.loads(line)
@@ -187,9 +163,8 @@ def _records(work_dir: Path):
 
 def final_metrics(work_dir: Path, keys: Sequence[str],
                   step: Optional[int] = None) -> Optional[Dict]:
-    """The metrics ``keys`` (e.g. ``coco/bbox_mAP``) and the ``step`` of the
-    newest validation record of the run in ``work_dir`` that holds them all
-    (at ``step``, when given); None when there is none."""
+    """The metrics ``keys`` and the ``step`` of the newest validation of the
+    run in ``work_dir`` (at ``step``, when given), or None."""
     found = None
     for record in _records(work_dir):
         if all(key in record for key in keys) and step in (None, record.get('step')):
@@ -197,16 +172,9 @@ def final_metrics(work_dir: Path, keys: Sequence[str],
     return found
 
 
-def first_epoch_metrics(work_dir: Path, keys: Sequence[str]) -> Optional[Dict]:
-    """The validation after the first epoch (``step`` 1) of the run in
-    ``work_dir``, as :func:`final_metrics` reads the last one."""
-    return final_metrics(work_dir, keys, step=1)
-
-
 def epoch_loss(work_dir: Path, epoch_iters: int, share: float = 0.4) -> Optional[float]:
-    """The mean logged training loss over the last ``share`` of the first
-    epoch (``epoch_iters`` iterations): a less noisy sign of early learning
-    than an mAP near zero."""
+    """The mean training loss over the last ``share`` of the first epoch: a
+    less noisy sign of early learning than an mAP near zero."""
     first = epoch_iters * (1 - share)
     losses = [record['loss'] for record in _records(work_dir)
               if 'loss' in record and first < record['step'] <= epoch_iters]
@@ -232,15 +200,13 @@ def run_key(task: str, config: str, recipe: str, seed: int) -> str:
 
 def _job(args, task: str, entry: Entry, seed: int) -> Dict:
     """One ``tools/train.py`` run of ``entry`` for ``task`` (``'probe'``: its
-    first epoch) on the schedule of ``args``, in its work dir under
-    ``args.work_dir``, resumed where it stopped; ``marker`` is the file that
-    :func:`finish` writes there."""
+    first epoch), resumed where it stopped; :func:`finish` writes ``marker``."""
     if task == 'segmentation':
         schedule = segmentation_schedule(args.seg_iters)
     else:
         schedule = [*detection_schedule(args.epochs),
                     *recipe_options(entry.recipe, args.epochs),
-                    *(probe_options() if task == 'probe' else [])]
+                    *(PROBE_OPTIONS if task == 'probe' else [])]
     recipe = '' if entry.recipe == 'shared' else f'_{entry.recipe}'
     work_dir = (Path(args.work_dir) / ('detection' if task == 'probe' else task)
                 / f'{Path(entry.config).stem}{recipe}_seed{seed}')
@@ -255,8 +221,7 @@ def _job(args, task: str, entry: Entry, seed: int) -> Dict:
 
 def training_jobs(args) -> List[Dict]:
     """Every (entry, seed) run of ``args.detectors`` and ``args.segmentors``,
-    seed-major, on the schedules compressed to ``args.epochs`` and
-    ``args.seg_iters``."""
+    seed-major."""
     return [_job(args, task, entry, seed) for seed in args.seeds
             for task, entries in (('detection', args.detectors),
                                   ('segmentation', args.segmentors))
@@ -275,11 +240,10 @@ def probe_jobs(args) -> List[Dict]:
 
 
 def finish(job: Dict, returncode: int, seconds: float) -> Dict:
-    """A finished run's result: its metrics (a probe's: those of its first
-    epoch, and its training loss there), written to its marker file."""
+    """A finished run's result (a probe's: its first epoch's, with the
+    training loss there), written to its marker file."""
     task, entry, work_dir = job['task'], job['entry'], job['work_dir']
-    read = first_epoch_metrics if task == 'probe' else final_metrics
-    metrics = read(work_dir, METRICS[task])
+    metrics = final_metrics(work_dir, METRICS[task], 1 if task == 'probe' else None)
     result = dict(task=task, name=entry.name, config=entry.config,
                   recipe=entry.recipe, seed=job['seed'], wall_seconds=round(seconds, 1),
                   returncode=returncode, date=time.strftime('%Y-%m-%d'))
@@ -298,11 +262,9 @@ def finish(job: Dict, returncode: int, seconds: float) -> Dict:
 
 def run_jobs(jobs: List[Dict], recorded: Dict[str, Dict], records: Path,
              at_once: int, threads: int) -> List[Dict]:
-    """Runs every job that is not recorded, ``at_once`` at a time with
-    ``threads`` torch threads each, and records each as it finishes; a job
-    waits for the run it resumes from (``after``) and is dropped when that
-    run failed. The demo data they train on is generated where missing.
-    Returns the failed runs."""
+    """Runs and records every job that is not recorded, ``at_once`` at a
+    time; a job waits for the run it resumes from (``after``) and is dropped
+    when that failed. Generates missing demo data; returns the failed runs."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     pending = [job for job in jobs if job['key'] not in recorded]
     for kind, root in dict.fromkeys(DATASETS[job['task']] for job in pending):
@@ -350,9 +312,8 @@ def run_jobs(jobs: List[Dict], recorded: Dict[str, Dict], records: Path,
 
 
 def load_records(path: Path, jobs: Sequence[Dict] = ()) -> Dict[str, Dict]:
-    """The recorded runs (``runs.json`` beside the report) by :func:`run_key`,
-    with those of ``jobs`` finished in their work dirs (their result replaces
-    an older record)."""
+    """The recorded runs (``runs.json``) by :func:`run_key`, updated by the
+    results of ``jobs`` finished in their work dirs."""
     recorded = {} if not path.exists() else {
         run_key(r['task'], r['config'], r.get('recipe', 'shared'), r['seed']): r
         for r in json.loads(path.read_text())}
@@ -363,7 +324,7 @@ def load_records(path: Path, jobs: Sequence[Dict] = ()) -> Dict[str, Dict]:
 
 def save_records(path: Path, recorded: Dict[str, Dict]) -> None:
     """Adds ``recorded`` to the records in ``path`` (another call of the tool
-    may have added some since this one read them) and writes them, sorted."""
+    may have added some since) and writes them, sorted."""
     merged = {**load_records(path), **recorded}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([merged[key] for key in sorted(merged)], indent=2)
@@ -388,41 +349,33 @@ PLAIN = ':memory_efficient=False'
 
 def cost_fields(entry: Entry, costs: Optional[Dict]) -> Dict:
     """The cost columns of ``entry``'s backbone from the rows of ``costs``
-    (:func:`measure_costs`; None where not measured): ``params_m``,
-    ``gflops`` (the inference size), ``gflops_small`` (the ``flops`` size),
-    ``latency_s`` (inference, the fastest step's CPU seconds),
-    ``train_iter_s`` (a training step's) and ``train_peak_mib`` (the live
-    peak of training); the last two again as ``*_plain``: mmsoft's backbones
-    with ``memory_efficient=False``, the peers' own figures."""
+    (:func:`measure_costs`; None where not measured), times in CPU seconds
+    (the fastest step's); the training columns again as ``*_plain``:
+    mmsoft's backbones with ``memory_efficient=False``, the peers' own."""
     rows = {(kind, row['label']): row for kind, found in (costs or {}).items()
             for row in found if row['status'] == 'ok'}
 
     def cost(kind: str, key: str, spec: str = entry.config):
-        return rows.get((kind, spec), {}).get(key)
-
-    def seconds(kind: str, spec: str = entry.config):
-        milliseconds = cost(kind, 'cpu_ms', spec)
-        return milliseconds and milliseconds / 1e3
+        value = rows.get((kind, spec), {}).get(key)
+        return value / 1e3 if key == 'cpu_ms' and value else value
 
     fields = dict(params_m=cost('inference', 'params_m'),
                   gflops=cost('inference', 'gflops'),
-                  gflops_small=cost('flops', 'gflops'), latency_s=seconds('inference'))
+                  gflops_small=cost('flops', 'gflops'),
+                  latency_s=cost('inference', 'cpu_ms'))
     plain = entry.config + PLAIN if entry.ours else entry.config
     for suffix, spec in (('', entry.config), ('_plain', plain)):
-        fields['train_iter_s' + suffix] = seconds('train', spec)
+        fields['train_iter_s' + suffix] = cost('train', 'cpu_ms', spec)
         fields['train_peak_mib' + suffix] = cost('peak', 'live_peak_mib', spec)
     return fields
 
 
 def measure_costs(detectors: Sequence[Entry], sizes: Dict, threads: int,
                   work_dir: Path, run=None) -> Dict:
-    """The cost columns (:func:`cost_fields`): the benchmark's rows of four
-    runs on the detectors' backbones, built from their configs, at
-    ``sizes['inference']`` (with FLOPs), ``['flops']``, ``['train']`` and
-    ``['peak']`` (the live peak alone); the training runs with mmsoft's
-    backbones also without the memory-efficient path. Written to
-    ``work_dir/costs.json``; ``run`` measures a case (default: in a fresh
-    process)."""
+    """The benchmark's rows of the four runs of :func:`cost_fields` on the
+    detectors' backbones, built from their configs, at ``sizes`` by run; the
+    training runs with mmsoft's backbones also without the memory-efficient
+    path. Written to ``work_dir/costs.json``; ``run`` measures a case."""
     from .runner import Settings, run_benchmark, run_case
     specs = [entry.config for entry in detectors]
     plain = specs + [entry.config + PLAIN for entry in detectors if entry.ours]
@@ -440,35 +393,32 @@ def measure_costs(detectors: Sequence[Entry], sizes: Dict, threads: int,
     return costs
 
 
-def metric_fields(entry: Entry, runs: Sequence[Dict], task: str) -> Dict:
-    """Each metric's :func:`seed_summary` over ``entry``'s finished runs of
-    ``task``, with the seeds and the mean training time."""
+def _row(entry: Entry, runs: Sequence[Dict], task: str, **columns) -> Dict:
+    """``entry`` with ``columns``, and each metric's :func:`seed_summary` over
+    its finished runs of ``task``, with the seeds and the mean training time."""
     mine = sorted((run for run in runs if run['task'] == task
                    and run['config'] == entry.config
                    and run.get('recipe', 'shared') == entry.recipe),
                   key=lambda run: run['seed'])
-    fields = dict(seeds=[run['seed'] for run in mine])
+    row = dict(name=entry.name, config=entry.config, source=entry.source,
+               group=entry.group, ours=entry.ours, **columns,
+               seeds=[run['seed'] for run in mine])
     for metric in METRICS[task]:
         values = [run['metrics'][metric] for run in mine]
-        fields[metric] = seed_summary(values) if values else None
+        row[metric] = seed_summary(values) if values else None
     if mine:
-        fields['train_minutes'] = sum(run['wall_seconds'] for run in mine) / len(
-            mine) / 60
-    return fields
+        row['train_minutes'] = sum(run['wall_seconds'] for run in mine) / len(mine) / 60
+    return row
 
 
 def comparison_rows(runs: Sequence[Dict], costs: Optional[Dict],
                     detectors: Sequence[Entry],
                     segmentors: Sequence[Entry]) -> Dict[str, List[Dict]]:
     """One row per detector (recipe, costs and mAPs) and per segmentor (mIoU)."""
-    def row(entry: Entry, task: str, **columns) -> Dict:
-        return dict(name=entry.name, config=entry.config, source=entry.source,
-                    group=entry.group, ours=entry.ours, **columns,
-                    **metric_fields(entry, runs, task))
-
-    return dict(detection=[row(entry, 'detection', recipe=entry.recipe,
-                               **cost_fields(entry, costs)) for entry in detectors],
-                segmentation=[row(entry, 'segmentation') for entry in segmentors])
+    return dict(detection=[_row(entry, runs, 'detection', recipe=entry.recipe,
+                                **cost_fields(entry, costs)) for entry in detectors],
+                segmentation=[_row(entry, runs, 'segmentation')
+                              for entry in segmentors])
 
 
 def _number(value: Optional[float], digits: int) -> str:
@@ -551,9 +501,8 @@ def markdown_tables(rows: Dict[str, List[Dict]], settings: Dict) -> str:
 
 
 def probe_table(probes: Sequence[Dict], runs: Sequence[Dict]) -> str:
-    """The probe: each backbone's first epoch of the compressed schedule under
-    each recipe (bbox and segm mAP and the training loss there), with the
-    full run of the same recipe and seed where there is one."""
+    """The probe's table: each first epoch, with the full run of the same
+    recipe and seed where there is one."""
     full = {(run['config'], run.get('recipe', 'shared'), run['seed']): run
             for run in runs if run['task'] == 'detection'}
     lines = ['| backbone | recipe | bbox mAP, epoch 1 | segm mAP, epoch 1 | '
@@ -575,10 +524,9 @@ def probe_table(probes: Sequence[Dict], runs: Sequence[Dict]) -> str:
 
 def plot_map_against(rows: Sequence[Dict], cost: str, label: str, path: str,
                      ours_also: Optional[str] = None) -> None:
-    """bbox mAP (mean, the seeds' range as error bars) against one cost
-    column, one point per backbone; mmsoft's backbones in red, with their
-    ``ours_also`` column (another implementation's cost) as a hollow marker
-    joined to the first."""
+    """bbox mAP (the seeds' range as error bars) against one cost column;
+    mmsoft's backbones in red, with their ``ours_also`` column as a hollow
+    marker joined to the first."""
     from matplotlib.figure import Figure
     figure = Figure(figsize=(7, 4.5))
     axes = figure.subplots()
@@ -610,13 +558,9 @@ def write_report(runs: Sequence[Dict], probes: Sequence[Dict],
                  costs: Optional[Dict], detectors: Sequence[Entry],
                  segmentors: Sequence[Entry], settings: Dict,
                  out_dir: str) -> List[str]:
-    """Writes ``table.md``, ``probe.md``, ``comparison.json``,
-    ``map_vs_latency.png`` and ``map_vs_train_memory.png`` into ``out_dir``
-    (created); returns their paths. ``runs`` and ``probes``: the finished
-    runs' results; ``costs``: :func:`measure_costs`' (None leaves the cost
-    columns empty); ``detectors``, ``segmentors``: the rows, in order;
-    ``settings``: ``epochs``, ``seg_iters``, ``seeds``, ``threads``,
-    ``sizes`` (``'HxW'`` by cost) and ``machine`` (:func:`machine`)."""
+    """Writes the tables, ``comparison.json`` and the two plots of the
+    finished runs and probes into ``out_dir``; returns their paths. ``costs``
+    (:func:`measure_costs`) None leaves the cost columns empty."""
     os.makedirs(out_dir, exist_ok=True)
     rows = comparison_rows(runs, costs, detectors, segmentors)
     texts = {'table.md': markdown_tables(rows, settings),
