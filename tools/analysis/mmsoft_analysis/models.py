@@ -78,12 +78,8 @@ class Spec(NamedTuple):
 
 
 def parse_spec(text: str) -> Spec:
-    """Reads ``[LABEL=]NAME[:key=value,...]``.
-
-    Raises:
-        ValueError: An unknown name, a config that does not exist or an
-            option that is not ``key=value``.
-    """
+    """Reads ``[LABEL=]NAME[:key=value,...]`` (ValueError on an unknown name,
+    a config that does not exist or an option that is not ``key=value``)."""
     label, sep, rest = text.partition('=')
     if not sep or ':' in label:
         label, rest = text, text
@@ -220,12 +216,9 @@ def _body(name: str, kwargs: Dict) -> nn.Module:
 
 
 def build_backbone(text: str) -> Backbone:
-    """The backbone of spec ``text``, initialised from seed 0, in eval mode.
-
-    Raises:
-        RuntimeError: Where its framework does not import (:func:`unavailable`).
-        ValueError: A bad spec, or ``plain=`` naming no module of the model.
-    """
+    """The backbone of spec ``text``, initialised from seed 0, in eval mode
+    (RuntimeError where its framework does not import, ValueError on a bad
+    spec or a ``plain=`` that names no module of the model)."""
     spec = parse_spec(text)
     problem = None if spec.name.endswith('.py') else unavailable(spec.name)
     if problem:
@@ -246,13 +239,21 @@ def build_backbone(text: str) -> Backbone:
     return Backbone(body, origin(spec.name) == 'mmsoft', nhwc).eval()
 
 
-def detector_config(spec: Spec):
-    """The 1x COCO Mask R-CNN config of ``spec``: mmsoft's own from
-    ``configs/``, mmdet's Swin-T config for a peer (whose backbone
-    :func:`build_detector` swaps), the score threshold 0 (each image's 100
-    detections reach the mask head, as a trained detector's would)."""
+def build_detector(text: str, shapes: Sequence[Tuple[int, int]], device: torch.device
+                   ) -> Tuple[nn.Module, Callable, Callable]:
+    """The 1x COCO Mask R-CNN of spec ``text`` in train mode (mmsoft's own
+    config, or a peer's backbone in mmdet's Swin-T config), ``loss(detector)``
+    and ``predict(detector)`` on a generated batch of images of ``shapes``,
+    each with :data:`OBJECTS_PER_IMAGE` boxes, labels and masks."""
+    from mmdet.testing import demo_mm_inputs
     from mmengine.config import Config
     from mmengine.hub import get_config
+
+    from mmsoft.apis import build_model_from_config
+    spec = parse_spec(text)
+    problem = unavailable(spec.name, detector=True)
+    if problem:
+        raise RuntimeError(problem)
     if spec.name in MMSOFT:
         folder = 'soft' if spec.name.startswith('soft') else 'ufo_vit'
         cfg = Config.fromfile(
@@ -260,25 +261,8 @@ def detector_config(spec: Spec):
         cfg.model.backbone.update(spec.kwargs)
     else:
         cfg = get_config(SWIN_T_CONFIG)
+    # Each image's 100 detections reach the mask head, as a trained detector's.
     cfg.model.test_cfg.rcnn.score_thr = 0.
-    return cfg
-
-
-def build_detector(text: str, shapes: Sequence[Tuple[int, int]],
-                   device: torch.device = torch.device('cpu')
-                   ) -> Tuple[nn.Module, Callable, Callable]:
-    """The Mask R-CNN of spec ``text`` (mmdet's, a peer's backbone in mmdet's
-    Swin-T config) in train mode, ``loss(detector)`` and
-    ``predict(detector)`` on a generated batch of images of ``shapes``, each
-    with :data:`OBJECTS_PER_IMAGE` boxes, labels and masks."""
-    from mmdet.testing import demo_mm_inputs
-
-    from mmsoft.apis import build_model_from_config
-    spec = parse_spec(text)
-    problem = unavailable(spec.name, detector=True)
-    if problem:
-        raise RuntimeError(problem)
-    cfg = detector_config(spec)
     backbone = None
     if spec.name not in MMSOFT and spec.name != 'swin-t':
         backbone = build_backbone(text)
