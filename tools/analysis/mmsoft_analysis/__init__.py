@@ -9,11 +9,10 @@ from their own folder. Importing it puts the repository root on
 (``configs.comparison.peer_backbones``).
 """
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Tuple
 
 #: ``tools/analysis/``, the folder that holds this package.
 ANALYSIS_DIR = Path(__file__).resolve().parents[1]
@@ -31,11 +30,8 @@ class SizeError(argparse.ArgumentTypeError, ValueError):
 
 def parse_size(text: str) -> Tuple[int, int]:
     """``'HxW'`` (``'800x1333'`` -> ``(800, 1333)``) or ``'N'`` (square) as
-    ``(height, width)``; whitespace and the ``x``'s case are ignored.
-
-    Raises:
-        SizeError: ``text`` is not of that form, or a side is not positive.
-    """
+    ``(height, width)``, ignoring whitespace and the ``x``'s case; SizeError
+    where a side is missing or not positive."""
     match = _SIZE.fullmatch(text) if isinstance(text, str) else None
     if match:
         height = int(match[1])
@@ -44,13 +40,3 @@ def parse_size(text: str) -> Tuple[int, int]:
             return height, width
     raise SizeError(f'size {text!r} is invalid; expected HxW (or N for NxN), '
                     'e.g. 800x1333.')
-
-
-def worker_env() -> Dict[str, str]:
-    """This process's environment with ``tools/analysis/`` first on
-    ``PYTHONPATH``. (A case's ``root`` goes first on the measuring process's
-    ``sys.path``, before its working directory: :mod:`.measure`.)"""
-    env = dict(os.environ)
-    paths = [str(ANALYSIS_DIR), env.get('PYTHONPATH', '')]
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, paths))
-    return env

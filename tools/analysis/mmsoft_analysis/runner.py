@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import REPO, worker_env
+from . import ANALYSIS_DIR, REPO
 from .models import parse_spec, unavailable
 from .report import write_report
 
@@ -111,9 +111,8 @@ def make_cases(settings: Settings) -> List[Dict]:
             for index in range(settings.rounds):
                 order = specs if index % 2 == 0 else specs[::-1]
                 cases += [dict(common, spec=text_of(spec), label=spec.label,
-                               root=checkout(spec.options.get('root', '')),
-                               shapes=shapes, input=describe_input(shapes),
-                               compile=backend,
+                               root=root_of(spec), shapes=shapes,
+                               input=describe_input(shapes), compile=backend,
                                round=index) for spec in order]
     eager = [case for case in cases if case['round'] == 0 and not case['compile']]
     if settings.steps == 0:  # the live peaks alone
@@ -128,8 +127,9 @@ def make_cases(settings: Settings) -> List[Dict]:
     return cases
 
 
-def checkout(root: str) -> str:
-    """A ``root=`` option as an absolute path, '' for this checkout."""
+def root_of(spec) -> str:
+    """A spec's ``root=`` option as an absolute path, '' for this checkout."""
+    root = spec.options.get('root')
     return str(Path(root).resolve()) if root else ''
 
 
@@ -143,10 +143,13 @@ def run_case(case: Dict, timeout_s: float) -> List[Dict]:
     """Runs ``case`` in a fresh process (its own process group), killed with
     its children after ``timeout_s``; the settings it did not report are
     errors saying why."""
+    # tools/analysis/ first on PYTHONPATH (a case's root goes first on the
+    # measuring process's sys.path, before its working directory: .measure)
+    paths = filter(None, (str(ANALYSIS_DIR), os.environ.get('PYTHONPATH')))
     process = subprocess.Popen(
         [sys.executable, '-m', 'mmsoft_analysis.measure', json.dumps(case)], cwd=REPO,
-        env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True)
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(paths)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
         failure = 'its process died: ' + (stderr.strip().splitlines() or
