@@ -58,10 +58,8 @@ MODULE_REGIONS: Dict[str, str] = {
     **dict.fromkeys(('FourierPositionEncoding', 'PositionalEncodingFourier'),
                     'position embedding'),
 }
-ATTENTION_MODULES = ('SoftAttention', 'UFOAttention', 'GlobalSoftmaxAttention',
-                     'WindowAttention', 'Attention', 'XCA')
-#: The layers of an attention module (:data:`ATTENTION_MODULES`), by attribute
-#: name -> region.
+#: The layers of an attention module (a region of :data:`MODULE_REGIONS` that
+#: names attention), by attribute name -> region.
 ATTENTION_PARTS: Dict[str, str] = {
     **dict.fromkeys(('q', 'k', 'v', 'kv', 'qkv', 'proj', 'q_proj', 'v_proj',
                      'out_proj'), 'attention projections'),
@@ -191,7 +189,7 @@ def profile_regions(model: nn.Module) -> Iterator[None]:
                for child in module.children()}
     for name, module in model.named_modules():
         region = MODULE_REGIONS.get(type(module).__name__)
-        if type(parents.get(module)).__name__ in ATTENTION_MODULES:
+        if 'attention' in MODULE_REGIONS.get(type(parents.get(module)).__name__, ''):
             region = ATTENTION_PARTS.get(name.rsplit('.', 1)[-1], region)
         if region is None:
             continue
@@ -275,10 +273,8 @@ def profile_tables(model: nn.Module, step: Callable[[], None],
     named: ``regions`` and ``classes`` (name -> ``ms``, ``gflop``,
     ``kernels``) and ``profiled_ms``, the step's wall time under the profiler."""
     from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU]
-    if device.type == 'cuda':
-        activities.append(ProfilerActivity.CUDA)
-    with profile_regions(model), profile(activities=activities,
+    cuda = [ProfilerActivity.CUDA] if device.type == 'cuda' else []
+    with profile_regions(model), profile(activities=[ProfilerActivity.CPU, *cuda],
                                          record_shapes=True) as prof:
         began = time.perf_counter()
         step()
