@@ -86,12 +86,6 @@ def round_flops(flops: int) -> int:
     return int(round(flops / 1e6)) * 10**6
 
 
-def model_key(cfg: Config) -> str:
-    """Identifies the model a config builds (equal for an ms-3x and its 1x)."""
-    return json.dumps(dict(scope=cfg.get('default_scope'), model=cfg.model.to_dict()),
-                      sort_keys=True, default=repr)
-
-
 def measure(configs: Iterable[str], repo: str = REPO,
             log: bool = False) -> Dict[str, Figures]:
     """Config path (relative to ``repo``) -> the figures of its model, each
@@ -100,7 +94,9 @@ def measure(configs: Iterable[str], repo: str = REPO,
     figures = {}
     for config in configs:
         cfg = Config.fromfile(osp.join(repo, config))
-        key = model_key(cfg)
+        # The model the config builds: equal for an ms-3x config and its 1x.
+        key = json.dumps(dict(scope=cfg.get('default_scope'),
+                              model=cfg.model.to_dict()), sort_keys=True, default=repr)
         start = time.perf_counter()
         if key not in counted:
             result = count_config(cfg)
@@ -133,8 +129,7 @@ def rewrite_metafile(text: str, figures: Dict[str, Figures]) -> str:
             name = match[1]
         match = re.match(r'(\s+)(Parameters|FLOPs): \d+$', line)
         if in_models and match and name in figures:
-            value = figures[name].parameters if match[2] == 'Parameters' else \
-                figures[name].flops
+            value = getattr(figures[name], match[2].lower())  # parameters, flops
             lines[index] = f'{match[1]}{match[2]}: {value}'
             written.setdefault(name, set()).add(match[2])
     for name in figures:
@@ -163,10 +158,9 @@ def table_rows(text: str, readme: str) -> Iterator[Tuple[int, str, Dict[str, str
 
 
 def rewrite_readme(text: str, readme: str, figures: Dict[str, Figures]) -> str:
-    """``text`` of the README at ``readme`` (relative to the repository root)
-    with the figure cells of the rows that link a config of ``figures``
-    replaced (ValueError where a config has no row under a header with every
-    column of :func:`readme_cells`)."""
+    """``text`` of the README at ``readme`` with the figure cells of the rows
+    that link a config of ``figures`` replaced (ValueError where a config has
+    no row with every column of :func:`readme_cells`)."""
     lines = text.split('\n')
     found = set()
     for index, config, row in table_rows(text, readme):
@@ -183,18 +177,11 @@ def rewrite_readme(text: str, readme: str, figures: Dict[str, Figures]) -> str:
     return '\n'.join(lines)
 
 
-def differences(old: str, new: str, path: str) -> List[str]:
-    """The lines that ``new`` changes, as ``path: old -> new``."""
-    return [f'{path}:{number}: {before.strip()}  ->  {after.strip()}'
-            for number, (before, after) in
-            enumerate(zip(old.split('\n'), new.split('\n')), 1) if before != after]
-
-
 def update(models: List[ZooModel], figures: Dict[str, Figures], repo: str = REPO,
            write: bool = True) -> List[str]:
     """Brings the metafiles and READMEs of ``models`` to ``figures`` (config
-    path -> figures, for every model); returns the changed lines (without
-    ``write``, only compares and returns those that differ)."""
+    path -> figures) and returns the changed lines, as ``path:line: old ->
+    new`` (without ``write``, only compares)."""
     by_file: Dict[str, Dict[str, Figures]] = {}
     for model in models:
         by_file.setdefault(model.metafile, {})[model.name] = figures[model.config]
@@ -205,7 +192,10 @@ def update(models: List[ZooModel], figures: Dict[str, Figures], repo: str = REPO
             old = file.read()
         new = rewrite_metafile(old, file_figures) if path.endswith('.yml') else \
             rewrite_readme(old, path, file_figures)
-        changed += differences(old, new, path)
+        changed += [f'{path}:{number}: {before.strip()}  ->  {after.strip()}'
+                    for number, (before, after) in
+                    enumerate(zip(old.split('\n'), new.split('\n')), 1)
+                    if before != after]
         if write and new != old:
             with open(osp.join(repo, path), 'w') as file:
                 file.write(new)
