@@ -71,18 +71,11 @@ def keep_all_proposals(cfg: Config) -> Config:
 def count_config(cfg: Config, shape: Optional[Sequence[int]] = None,
                  backbone_only: bool = False,
                  with_extra_handles: bool = True) -> dict:
-    """Counts the parameters and FLOPs of the model an mmdet or mmseg config
-    builds, at input ``shape`` (H, W; by default :data:`DEFAULT_SHAPES`): the
-    whole model in tensor mode (backbone, neck and heads), or with
-    ``backbone_only`` the backbone; without ``with_extra_handles``,
-    mmengine's plain count.
-
-    Returns:
-        dict: ``shape`` (list of H, W), ``part`` ('model' or 'backbone'),
-        ``params`` and ``backbone_params`` (parameter counts), ``flops``
-        (multiply-adds, an int) and ``uncounted_ops`` (operator name to
-        number of calls the count leaves out).
-    """
+    """The ``params``, ``backbone_params``, ``flops`` (multiply-adds) and
+    ``uncounted_ops`` (operator -> calls left out) of the model an mmdet or
+    mmseg config builds, in tensor mode (or with ``backbone_only`` its
+    backbone: ``part``), at input ``shape`` (H, W; by default
+    :data:`DEFAULT_SHAPES`); without ``with_extra_handles``, mmengine's count."""
     scope = cfg.get('default_scope', None)
     if scope not in DEFAULT_SHAPES:
         raise ValueError(f'default_scope={scope!r} of the config is not supported; '

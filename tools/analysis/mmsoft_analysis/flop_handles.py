@@ -42,11 +42,6 @@ def elementwise_flops(inputs: List[Any], outputs: List[Any]) -> int:
     return prod(shape) if shape is not None else 0
 
 
-def reduction_flops(inputs: List[Any], outputs: List[Any]) -> int:
-    """One FLOP per input element."""
-    return elementwise_flops(outputs, inputs)
-
-
 def baddbmm_flops(inputs: List[Any], outputs: List[Any]) -> int:
     """``input + batch1 @ batch2``: the product's multiply-adds, as mmengine
     counts ``addmm``'s."""
@@ -84,7 +79,8 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
     than ``'newton'`` must then all share one variant and solver."""
     from mmsoft.models.soft import SoftAttention
     handles = dict.fromkeys(ELEMENTWISE_OPS, elementwise_flops)
-    handles.update(dict.fromkeys(REDUCTION_OPS, reduction_flops))
+    handles.update(dict.fromkeys(  # one FLOP per input element
+        REDUCTION_OPS, lambda inputs, outputs: elementwise_flops(outputs, inputs)))
     handles.update(dict.fromkeys(NOT_COUNTED_OPS))
     handles['aten::scaled_dot_product_attention'] = sdpa_flops
     handles['aten::baddbmm'] = baddbmm_flops
@@ -102,9 +98,8 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
 
 def count_flops(model, inputs, with_extra_handles: bool = True):
     """Total FLOPs (multiply-adds) of ``model(*inputs)`` (a model in eval
-    mode) and the FlopAnalyzer (per-module and per-operator breakdowns,
-    unsupported operators); without ``with_extra_handles``, mmengine's plain
-    count."""
+    mode) and the FlopAnalyzer; without ``with_extra_handles``, mmengine's
+    plain count."""
     from mmengine.analysis import FlopAnalyzer
     analyzer = FlopAnalyzer(model, inputs)
     if with_extra_handles:

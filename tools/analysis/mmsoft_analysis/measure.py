@@ -46,8 +46,8 @@ def canvas(shapes: Sequence[Tuple[int, int]], pad: int) -> Tuple[int, int]:
 
 def images_of(shapes: Sequence[Tuple[int, int]], pad: int,
               device: torch.device) -> torch.Tensor:
-    """(B, 3, H, W) normalised random images of ``shapes`` on one
-    :func:`canvas`, zero outside each image (as mmdet pads them)."""
+    """Random images of ``shapes`` on one :func:`canvas`, zero outside each
+    image (as mmdet pads them)."""
     generator = torch.Generator().manual_seed(0)
     images = torch.zeros(len(shapes), 3, *canvas(shapes, pad))
     for index, (height, width) in enumerate(shapes):
@@ -157,9 +157,8 @@ def union_length(intervals: Iterable[Tuple[float, float]]) -> float:
 
 
 def activity_kind(name: str, on_gpu: bool, kind: Optional[str] = None) -> Optional[str]:
-    """``'kernel'``, ``'copy'`` (memcpy, memset), ``'launch'`` (a host call
-    launching GPU work) or None, from a profiler event's name, timeline and
-    kineto's activity type where the build reports it."""
+    """``'kernel'``, ``'copy'``, ``'launch'`` (a host call launching GPU
+    work) or None, from a profiler event's name, timeline and activity type."""
     if (kind or '').endswith('user_annotation'):
         return None
     if kind in ('kernel', 'gpu_memcpy', 'gpu_memset'):
@@ -318,10 +317,8 @@ def measure_setting(case: Dict, built: Tuple, mode: str, precision: str,
 
 
 def capacity(case: Dict, built: Tuple, device: torch.device) -> Dict:
-    """The largest training batch at the case's size within
-    ``memory_limit_gb``: on a GPU the largest that runs under
-    ``set_per_process_memory_fraction``, on the CPU extrapolated from the
-    live peaks of batches 1 and 2."""
+    """The largest training batch within ``memory_limit_gb``: on a GPU the
+    largest that runs, on the CPU extrapolated from batches 1 and 2."""
     maps = built[1]
     size, limit_mib = tuple(case['shapes'][0]), case['memory_limit_gb'] * 1e9 / MIB
     maps.valid_shapes = None

@@ -87,11 +87,8 @@ class SavedTensorRecorder:
 
     def records_under(self, prefix: str) -> List[SavedTensor]:
         """The records of module ``prefix`` (``'backbone.stages.0'``; ``''``:
-        the whole model) and its submodules, largest first.
-
-        Raises:
-            ValueError: When ``prefix`` names no module of the model.
-        """
+        the whole model) and its submodules, largest first (ValueError where
+        ``prefix`` names no module)."""
         names = [name for name, _ in self.model.named_modules()]
         if prefix not in names:
             children = [name for name in names if name and '.' not in name]
