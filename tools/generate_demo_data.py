@@ -24,7 +24,6 @@ MIXED_SIDE_RANGE = (96, 192)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Command-line arguments."""
     parser = argparse.ArgumentParser(
         description='Generate the demo datasets of random shape scenes.')
     parser.add_argument('kind', nargs='?', default='all',

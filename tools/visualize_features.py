@@ -37,7 +37,6 @@ STD = np.array([58.395, 57.12, 57.375], np.float32)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """Command-line arguments."""
     parser = argparse.ArgumentParser(
         description='Draw the multi-scale outputs of the backbones on a '
         'generated demo image.')

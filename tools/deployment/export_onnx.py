@@ -118,7 +118,6 @@ def profile_onnxruntime(path: str, images: torch.Tensor, threads: int) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Command-line arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='mmdet or mmseg config file')
     parser.add_argument('checkpoint', nargs='?',
