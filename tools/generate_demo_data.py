@@ -106,11 +106,10 @@ def main(argv=None) -> None:
     for kind in kinds:
         generate, root_arg, summary = DATASETS[kind]
         start = time.time()
-        stats = generate(getattr(args, root_arg), **common)
-        line = summary.format(root=getattr(args, root_arg), train=stats['train'],
-                              val=stats['val'],
-                              classes=stats.get('classes', args.classes),
-                              labels=['background'] + list(args.classes))
+        root = getattr(args, root_arg)
+        stats = generate(root, **common)  # train, val and (cls) classes
+        line = summary.format(root=root, labels=['background'] + list(args.classes),
+                              **{'classes': args.classes, **stats})
         print(f'{line} ({time.time() - start:.1f} s)')
 
 
