@@ -85,11 +85,10 @@ def backbone_outputs(name: str, images: List[np.ndarray],
     model.init_weights()
     model.eval()
     maps = []
-    for image in images:
-        x = torch.from_numpy((image.astype(np.float32) - MEAN) / STD)
-        with torch.no_grad():
-            outs = model(x.permute(2, 0, 1)[None])
-        maps.append([out[0] for out in outs])
+    with torch.no_grad():
+        for image in images:
+            x = torch.from_numpy((image.astype(np.float32) - MEAN) / STD)
+            maps.append([out[0] for out in model(x.permute(2, 0, 1)[None])])
     return maps
 
 
@@ -101,7 +100,7 @@ def draw(name: str, images: List[np.ndarray],
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(images), 5,
                              figsize=(12.5, 0.3 + 2.0 * len(images)),
-                             squeeze=False)
+                             squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
     for r, (image, row) in enumerate(zip(images, maps)):
         axes[r, 0].imshow(image)
         axes[r, 0].set_title(f'input {image.shape[0]}×{image.shape[1]}',
@@ -113,9 +112,6 @@ def draw(name: str, images: List[np.ndarray],
             axes[r, c].set_title(
                 f'stride {image.shape[0] // height}: '
                 f'{feature.shape[0]}×{height}×{width}', fontsize=9)
-        for ax in axes[r]:
-            ax.set_xticks([])
-            ax.set_yticks([])
     fig.suptitle(f'{name}, freshly initialised: its four outputs (channels '
                  '× height × width; first three principal components as RGB)',
                  fontsize=10)
