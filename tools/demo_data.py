@@ -85,7 +85,7 @@ class SceneObject:
     ``visible_mask``, bool (H, W)."""
     label: int
     full_mask: np.ndarray
-    visible_mask: Optional[np.ndarray] = None
+    visible_mask: np.ndarray
 
 
 @dataclass(eq=False)
@@ -134,9 +134,8 @@ def render_background(rng: np.random.Generator, height: int,
     ys, xs = np.mgrid[0:height, 0:width].astype(np.float64)
     angle = rng.uniform(0, 2 * np.pi)
     ramp = (np.cos(angle) * xs / width + np.sin(angle) * ys / height)[..., None]
-    img = base + tint * ramp
-    img = img + (_smooth_noise(rng, height, width, int(rng.integers(3, 8))) - 0.5) * \
-        rng.uniform(30, 90)
+    noise = _smooth_noise(rng, height, width, int(rng.integers(3, 8))) - 0.5
+    img = base + tint * ramp + noise * rng.uniform(30, 90)
     # Thin straight strokes as clutter: edges that belong to no object.
     clutter = np.zeros((height, width, 3), np.float32)
     for _ in range(int(rng.integers(2, 7))):
@@ -144,8 +143,7 @@ def render_background(rng: np.random.Generator, height: int,
         p2 = tuple(int(v) for v in rng.integers(0, [width, height]))
         colour = tuple(float(v) for v in rng.uniform(-50, 50, 3))
         cv2.line(clutter, p1, p2, colour, int(rng.integers(1, 3)), cv2.LINE_AA)
-    img = img + clutter
-    img = img + rng.normal(0, rng.uniform(4, 12), img.shape)
+    img = img + clutter + rng.normal(0, rng.uniform(4, 12), img.shape)
     return np.clip(img, 0, 255).astype(np.float32)
 
 
@@ -196,14 +194,12 @@ def render_scene(rng: np.random.Generator, height: int, width: int,
                 if mask.sum() < max(min_pixels, 0.75 * _full_area(outline)):
                     continue  # too small or cut off too much by the border
                 if _keeps_visible(objects, mask, min_visible, min_pixels):
-                    objects.append(SceneObject(label, mask))
+                    for obj in objects:
+                        obj.visible_mask &= ~mask
+                    objects.append(SceneObject(label, mask, mask.copy()))
                     break
         if len(objects) >= num_objects[0]:
             break
-    above = np.zeros((height, width), bool)
-    for obj in reversed(objects):  # what later objects leave visible
-        obj.visible_mask = obj.full_mask & ~above
-        above |= obj.full_mask
     background = render_background(rng, height, width)
     image = background.copy()
     for obj in objects:
@@ -226,11 +222,8 @@ def _full_area(outline: np.ndarray) -> float:
 def _keeps_visible(objects: List[SceneObject], new_mask: np.ndarray,
                    min_visible: float, min_pixels: int) -> bool:
     """Whether all earlier objects stay visible enough under ``new_mask``."""
-    above = new_mask.copy()
-    for obj in reversed(objects):
-        # Visibility after every object painted so far, plus the new one.
-        remaining = obj.full_mask & ~above
-        above |= obj.full_mask
+    for obj in objects:
+        remaining = obj.visible_mask & ~new_mask
         if (remaining.sum() < max(min_pixels, min_visible * obj.full_mask.sum())
                 or not is_simple_region(remaining)):
             return False
