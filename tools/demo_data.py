@@ -95,13 +95,6 @@ class Scene:
     image: np.ndarray
     objects: List[SceneObject]
 
-    def label_map(self, background: int = 0, offset: int = 1) -> np.ndarray:
-        """The uint8 (H, W) class map: ``background`` or ``label + offset``."""
-        out = np.full(self.image.shape[:2], background, np.uint8)
-        for obj in self.objects:
-            out[obj.visible_mask] = obj.label + offset
-        return out
-
 
 def check_classes(classes: Sequence[str]) -> Tuple[str, ...]:
     """``classes`` as a tuple; a ``ValueError`` unless 3 or more distinct
@@ -242,22 +235,18 @@ def is_simple_region(mask: np.ndarray) -> bool:
 
 
 # --- Splits
-def split_seeds(seed: int) -> Tuple[int, int]:
-    """Seeds of the train and val splits from two streams of ``seed``: the
-    splits share no image, and a seed always gives the same files."""
-    train, val = np.random.SeedSequence(seed).spawn(2)
-    return int(train.generate_state(1)[0]), int(val.generate_state(1)[0])
-
-
 def _generate(write_split: Callable, root: str, num_train: int, num_val: int,
               seed: int, **kwargs) -> Dict[str, dict]:
     """Each split's statistics from ``write_split(root, split, num_images,
-    split_seed, first, **kwargs)``; ``first``, the number of the split's first
-    image, continues train's numbers in val."""
+    split_seed, first, **kwargs)``. The splits' seeds are two streams of
+    ``seed``: the splits share no image, and a seed always gives the same
+    files. ``first``, the number of the split's first image, continues
+    train's numbers in val."""
+    seeds = [int(stream.generate_state(1)[0])
+             for stream in np.random.SeedSequence(seed).spawn(2)]
     splits = dict(train=(num_train, 1), val=(num_val, num_train + 1))
     return {split: write_split(root, split, count, split_seed, first, **kwargs)
-            for (split, (count, first)), split_seed in zip(splits.items(),
-                                                           split_seeds(seed))}
+            for (split, (count, first)), split_seed in zip(splits.items(), seeds)}
 
 
 def _clean_folder(folder: str, pattern: str) -> str:
@@ -269,14 +258,13 @@ def _clean_folder(folder: str, pattern: str) -> str:
     return folder
 
 
-def _scenes(seed: int, sizes: Sequence[Tuple[int, int]], classes: Sequence[str],
-            **scene_kwargs) -> Iterator[Scene]:
+def _scenes(seed: int, sizes: Sequence[Tuple[int, int]],
+            classes: Sequence[str]) -> Iterator[Scene]:
     """One scene of ``classes`` for each (height, width) of ``sizes``."""
     rng = np.random.default_rng(seed)
     shape_fns = [SHAPES[name] for name in classes]
     for height, width in sizes:
-        yield render_scene(rng, height, width, len(classes), shape_fns,
-                           **scene_kwargs)
+        yield render_scene(rng, height, width, len(classes), shape_fns)
 
 
 #: Colours of the classes of the datasets' ``metainfo``.
@@ -344,15 +332,14 @@ def image_sizes(num_images: int, seed: int, img_size: Tuple[int, int] = (160, 16
 
 def _write_coco_split(root: str, split: str, num_images: int, seed: int,
                       first: int, classes: Sequence[str], img_size: Tuple[int, int],
-                      img_side_range: Optional[Tuple[int, int]],
-                      **scene_kwargs) -> Dict[str, int]:
+                      img_side_range: Optional[Tuple[int, int]]) -> Dict[str, int]:
     """Writes one split's PNG images and annotation file, image ids from
     ``first``; returns the ``images`` and ``annotations`` counts."""
     sizes = image_sizes(num_images, seed, img_size, img_side_range)
     img_dir = _clean_folder(osp.join(root, split), '[0-9]' * 12 + '.png')
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
     images, annotations = [], []
-    scenes = _scenes(seed, sizes, classes, **scene_kwargs)
+    scenes = _scenes(seed, sizes, classes)
     for image_id, ((height, width), scene) in enumerate(zip(sizes, scenes), first):
         file_name = f'{image_id:012d}.png'
         cv2.imwrite(osp.join(img_dir, file_name), scene.image,
@@ -374,14 +361,14 @@ def _write_coco_split(root: str, split: str, num_images: int, seed: int,
 def generate_coco_demo(root: str, num_train: int = 600, num_val: int = 100,
                        seed: int = 0, classes: Sequence[str] = DEFAULT_CLASSES,
                        img_size: Tuple[int, int] = (160, 160),
-                       img_side_range: Optional[Tuple[int, int]] = None,
-                       **scene_kwargs) -> Dict[str, Dict[str, int]]:
+                       img_side_range: Optional[Tuple[int, int]] = None
+                       ) -> Dict[str, Dict[str, int]]:
     """Writes the train and val splits (``num_train``, ``num_val`` images of
     ``img_size``, or of sides drawn from ``img_side_range``) of ``classes``
     from ``seed``; returns each split's counts."""
     return _generate(_write_coco_split, root, num_train, num_val, seed,
                      classes=check_classes(classes), img_size=img_size,
-                     img_side_range=img_side_range, **scene_kwargs)
+                     img_side_range=img_side_range)
 
 
 def coco_metainfo(classes: Optional[Sequence[str]] = None) -> dict:
@@ -397,18 +384,19 @@ BACKGROUND_VALUE = 1
 
 
 def _write_ade_split(root: str, split: str, num_images: int, seed: int, first: int,
-                     classes: Sequence[str], img_size: Tuple[int, int],
-                     **scene_kwargs) -> Dict[str, int]:
+                     classes: Sequence[str], img_size: Tuple[int, int]
+                     ) -> Dict[str, int]:
     """Writes one split's JPEG images and PNG label maps, numbered from 1;
     returns the ``images`` count and the ``pixels`` of each label value."""
     folder, prefix = ADE_SPLITS[split]
     img_dir = _clean_folder(osp.join(root, 'images', folder), prefix + '*.jpg')
     ann_dir = _clean_folder(osp.join(root, 'annotations', folder), prefix + '*.png')
     pixels = np.zeros(len(classes) + 2, np.int64)
-    scenes = _scenes(seed, [img_size] * num_images, classes, **scene_kwargs)
+    scenes = _scenes(seed, [img_size] * num_images, classes)
     for index, scene in enumerate(scenes, 1):
-        labels = scene.label_map(background=BACKGROUND_VALUE,
-                                 offset=BACKGROUND_VALUE + 1)
+        labels = np.full(scene.image.shape[:2], BACKGROUND_VALUE, np.uint8)
+        for obj in scene.objects:
+            labels[obj.visible_mask] = obj.label + BACKGROUND_VALUE + 1
         stem = f'{prefix}{index:08d}'
         cv2.imwrite(osp.join(img_dir, stem + '.jpg'), scene.image,
                     [cv2.IMWRITE_JPEG_QUALITY, 95])
@@ -419,13 +407,11 @@ def _write_ade_split(root: str, split: str, num_images: int, seed: int, first: i
 
 def generate_ade_demo(root: str, num_train: int = 600, num_val: int = 100,
                       seed: int = 0, classes: Sequence[str] = DEFAULT_CLASSES,
-                      img_size: Tuple[int, int] = (160, 160),
-                      **scene_kwargs) -> Dict[str, dict]:
+                      img_size: Tuple[int, int] = (160, 160)) -> Dict[str, dict]:
     """Writes the training and validation splits, with the arguments of
     :func:`generate_coco_demo`."""
     return _generate(_write_ade_split, root, num_train, num_val, seed,
-                     classes=check_classes(classes), img_size=img_size,
-                     **scene_kwargs)
+                     classes=check_classes(classes), img_size=img_size)
 
 
 def ade_metainfo(classes: Optional[Sequence[str]] = None) -> dict:
@@ -469,8 +455,8 @@ def _write_cls_split(root: str, split: str, num_images: int, seed: int, first: i
 def generate_classification_demo(root: str, num_train: int = 400, num_val: int = 100,
                                  seed: int = 0,
                                  classes: Sequence[str] = DEFAULT_CLASSES,
-                                 img_size: Tuple[int, int] = (64, 64),
-                                 **shape_kwargs) -> Dict[str, Dict[str, int]]:
+                                 img_size: Tuple[int, int] = (64, 64)
+                                 ) -> Dict[str, Dict[str, int]]:
     """Writes the train and val splits (64x64 images of sorted ``classes``)
     from ``seed``; returns their counts and the ``classes``. A
     ``ValueError`` for unknown or too few classes, no images or sides < 32."""
@@ -483,7 +469,7 @@ def generate_classification_demo(root: str, num_train: int = 400, num_val: int =
                          f'least 32.')
     os.makedirs(osp.join(root, 'meta'), exist_ok=True)
     stats = _generate(_write_cls_split, root, num_train, num_val, seed,
-                      classes=classes, img_size=tuple(img_size), **shape_kwargs)
+                      classes=classes, img_size=tuple(img_size))
     with open(osp.join(root, 'meta/classes.txt'), 'w') as file:
         file.writelines(f'{name}\n' for name in classes)
     stats['classes'] = list(classes)
