@@ -59,8 +59,7 @@ def parse_args(argv=None):
     # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
 
@@ -72,12 +71,10 @@ def trigger_visualization_hook(cfg, args):
         raise ValueError(f'{" and ".join(options)} needs default_hooks.visualization '
                          "(the library's VisualizationHook) in the config")
     hook = cfg.default_hooks.visualization
-    hook['draw'] = True
-    hook['interval'] = 1
+    hook.update(draw=True, interval=1)
     if args.show:
         apis.check_show(args.wait_time)
-        hook['show'] = True
-        hook['wait_time'] = args.wait_time
+        hook.update(show=True, wait_time=args.wait_time)
     if args.show_dir and cfg.default_scope == 'mmdet':
         # An absolute path: mmdet's hook joins a relative one to work_dir/timestamp.
         hook['test_out_dir'] = osp.abspath(args.show_dir)
@@ -101,12 +98,11 @@ def enable_tta(cfg, config_path):
         while 'dataset' in test_data_cfg:
             test_data_cfg = test_data_cfg['dataset']
         cfg.tta_pipeline = deepcopy(test_data_cfg.pipeline)
-        flip_tta = dict(type='TestTimeAug', transforms=[
+        cfg.tta_pipeline[-1] = dict(type='TestTimeAug', transforms=[
             [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
             [dict(type='PackDetInputs',
                   meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
                              'scale_factor', 'flip', 'flip_direction'))]])
-        cfg.tta_pipeline[-1] = flip_tta
     apis.check_tta(cfg, cfg.get('default_scope'), config_path)
     cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
     for dataset, _ in apis.leaf_datasets(cfg.test_dataloader.dataset, 'test'):
@@ -126,8 +122,7 @@ def setup_config(args):
         raise ValueError(f'--out must be a .pkl or .pickle file for mmdet configs, '
                          f'got {args.out}')
     if args.out and library == 'mmseg':
-        cfg.test_evaluator['output_dir'] = args.out
-        cfg.test_evaluator['keep_results'] = True
+        cfg.test_evaluator.update(output_dir=args.out, keep_results=True)
     return cfg
 
 

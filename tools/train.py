@@ -47,8 +47,7 @@ def parse_args(argv=None):
     # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
 
@@ -57,8 +56,7 @@ def setup_config(args):
     cfg = apis.load_config(args)
     if args.amp:
         apis.check_amp(cfg)
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        cfg.optim_wrapper.loss_scale = 'dynamic'
+        cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
 
     if args.auto_scale_lr:
         if 'base_batch_size' not in (cfg.get('auto_scale_lr') or {}):
@@ -67,13 +65,11 @@ def setup_config(args):
         cfg.auto_scale_lr.enable = True
 
     # resume: from the given checkpoint, else the latest in work_dir
-    if args.resume == 'auto':
+    if args.resume is not None:
+        if args.resume != 'auto':
+            apis.require_checkpoint(args.resume, '--resume')
         cfg.resume = True
-        cfg.load_from = None
-    elif args.resume is not None:
-        apis.require_checkpoint(args.resume, '--resume')
-        cfg.resume = True
-        cfg.load_from = args.resume
+        cfg.load_from = None if args.resume == 'auto' else args.resume
     return cfg
 
 
