@@ -23,12 +23,7 @@ NAME=$(basename "$CONFIG" .py)
 WORK_DIR=${WORK_DIR:-work_dirs/$NAME}
 SHOW_DIR=${SHOW_DIR:-outputs/$NAME/predictions}
 SEED=${SEED:-0}
-TRAIN_SEED=${TRAIN_SEED:-}
 MIN_BBOX_MAP=${MIN_BBOX_MAP:-0.25}
-SEED_OPTIONS=()
-if [ -n "$TRAIN_SEED" ]; then
-    SEED_OPTIONS=(--cfg-options "randomness.seed=$TRAIN_SEED")
-fi
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -37,7 +32,8 @@ step "[1/4] generating the COCO-format shapes dataset (data/demo_coco/, seed $SE
 
 step "[2/4] training $CONFIG (logs and checkpoints in $WORK_DIR)"
 start=$(date +%s)
-"$PYTHON" tools/train.py "$CONFIG" --work-dir "$WORK_DIR" ${SEED_OPTIONS[@]+"${SEED_OPTIONS[@]}"}
+"$PYTHON" tools/train.py "$CONFIG" --work-dir "$WORK_DIR" \
+    ${TRAIN_SEED:+--cfg-options "randomness.seed=$TRAIN_SEED"}
 echo "training took $(( $(date +%s) - start )) s"
 
 CHECKPOINT=$(cat "$WORK_DIR/last_checkpoint")
