@@ -45,16 +45,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def soft_state_layout(settings: dict) -> Dict[str, torch.Tensor]:
-    """Keys and shapes of the state dict of a ``SOFT`` of detected settings.
-
-    Args:
-        settings (dict): As returned by
-            :func:`~mmsoft.checkpoint.soft_official.detect_soft_settings`.
-
-    Returns:
-        dict[str, Tensor]: ``SOFT(...).state_dict()`` as tensors on the meta
-        device.
-    """
+    """``SOFT(...).state_dict()`` as tensors on the meta device (keys and
+    shapes) of the ``settings`` that
+    :func:`~mmsoft.checkpoint.soft_official.detect_soft_settings` returns."""
     last = NUM_STAGES - 1
     # The last stage's head count and bottleneck stride are in no tensor
     # shape; any valid value gives the same layout.
@@ -68,16 +61,6 @@ def soft_state_layout(settings: dict) -> Dict[str, torch.Tensor]:
                  pretrain_img_size=settings['pretrain_img_size'] or 224)
     return {key: torch.empty(value.shape, device='meta')
             for key, value in model.state_dict().items()}
-
-
-def describe_arch(info: dict) -> str:
-    """One line: the arch name, or the detected settings of an unnamed one."""
-    settings = info['arch_settings']
-    fields = ', '.join(f'{k}={settings[k]}' for k in (
-        'embed_dims', 'num_heads', 'depths', 'sr_ratios', 'local_kernel_sizes'))
-    if info['arch'] is None:
-        return f'not in the SOFT arch table ({fields})'
-    return f'{info["arch"]} ({fields})'
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -104,7 +87,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if info['wrapper'] or info['stripped_prefixes']:
         print(f'unwrapped:   {info["wrapper"] or "-"}; prefixes removed: '
               f'{", ".join(info["stripped_prefixes"]) or "-"}')
-    print(f'arch:        {describe_arch(info)}')
+    fields = ', '.join(f'{k}={settings[k]}' for k in (
+        'embed_dims', 'num_heads', 'depths', 'sr_ratios', 'local_kernel_sizes'))
+    print(f'arch:        {info["arch"] or "not in the SOFT arch table"} ({fields})')
     print(f'variant:     {info["variant"]} (from {info["variant_source"]})')
     detected = info['variant_detected']
     if detected is not None and detected != info['variant']:
@@ -119,15 +104,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         mmsoft_version=__version__,
         source=osp.basename(args.src),
         arch=info['arch'],
-        arch_settings={k: v for k, v in settings.items()},
+        arch_settings=dict(settings),
         variant=info['variant'],
         variant_source=info['variant_source'],
         pretrain_img_size=info['pretrain_img_size'],
         dropped=info['dropped'])
     state_dict = {key: value.detach().clone().contiguous()
                   for key, value in state_dict.items()}
-    out_dir = osp.dirname(osp.abspath(args.dst))
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
     torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
     print(f'saved:       {args.dst}')
     return 0
