@@ -46,27 +46,20 @@ def _key_pattern(key: str) -> str:
     return _BLOCK.sub('blocks.N.', key, count=1)
 
 
-def _reference_patterns() -> set:
-    """Key patterns of a four-output ``UFOViT``."""
-    model = UFOViT(arch=dict(embed_dims=16, depth=4, num_heads=2))
-    return {_key_pattern(key) for key in model.state_dict()}
-
-
 def select_backbone_tensors(state_dict: Mapping, prefix: str = BACKBONE_PREFIX
-                            ) -> Tuple[dict, List[str], List[str]]:
+                            ) -> Tuple[dict, List[str]]:
     """The backbone tensors under ``prefix`` (``module.`` ignored), prefix
-    removed, the other keys and the non-tensor entries; a ``ValueError``
-    when there are none."""
-    selected, dropped = split_prefix(state_dict, prefix)
+    removed, and the dropped keys: the other keys and the non-tensor entries;
+    a ``ValueError`` when there are none."""
+    selected, others = split_prefix(state_dict, prefix)
     backbone = {k: v for k, v in selected.items() if isinstance(v, torch.Tensor)}
-    skipped = [f'{prefix}{k}' for k, v in selected.items()
-               if not isinstance(v, torch.Tensor)]
     if not backbone:
         raise ValueError(
             f'the checkpoint has no tensors under {prefix!r}; expected an image '
             f'classifier checkpoint with the backbone under {prefix!r} and the '
             f'head under "head." (its keys: {key_list(state_dict, 20)}).')
-    return backbone, dropped, skipped
+    skipped = [f'{prefix}{key}' for key in selected if key not in backbone]
+    return backbone, sorted(others + skipped)
 
 
 def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
@@ -74,8 +67,9 @@ def detect_ufo_vit_settings(state_dict: Mapping) -> dict:
     tensors, read off their shapes; a ``ValueError`` lists what is missing
     and unexpected."""
     missing = [key for key in ARCH_KEYS if key not in state_dict]
-    if missing:
-        patterns = _reference_patterns()
+    if missing:  # the keys no four-output UFOViT has
+        model = UFOViT(arch=dict(embed_dims=16, depth=4, num_heads=2))
+        patterns = {_key_pattern(key) for key in model.state_dict()}
         unexpected = [k for k in state_dict if _key_pattern(k) not in patterns]
         raise ValueError(
             f'not a UFO-ViT backbone: missing keys: {key_list(missing)}; '
@@ -106,25 +100,17 @@ def match_ufo_vit_arch(arch: Mapping) -> Optional[str]:
     return None
 
 
-def ufo_vit_state_layout(settings: Mapping) -> dict:
-    """The state dict of a four-output ``UFOViT`` of ``settings``."""
+def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping) -> List[str]:
+    """Checks the tensors against a four-output ``UFOViT`` of ``settings``;
+    returns the missing resampling-branch keys, a ``ValueError`` lists any
+    other difference."""
     model = UFOViT(arch=dict(settings['arch']), in_channels=settings['in_channels'],
-                   qkv_bias=settings['qkv_bias'],
-                   out_indices=tuple(range(NUM_STAGES)))
-    return model.state_dict()
-
-
-def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping
-                             ) -> List[str]:
-    """Checks the tensors against a ``UFOViT`` of ``settings``; returns the
-    missing resampling-branch keys, a ``ValueError`` lists any other
-    difference."""
-    result = fit_state_dict(
-        state_dict, ufo_vit_state_layout(settings), optional=UFO_VIT_OPTIONAL_KEY,
+                   qkv_bias=settings['qkv_bias'], out_indices=tuple(range(NUM_STAGES)))
+    return fit_state_dict(
+        state_dict, model.state_dict(), optional=UFO_VIT_OPTIONAL_KEY,
         context=f'the backbone tensors do not match UFOViT(arch='
         f'{dict(settings["arch"])}, in_channels={settings["in_channels"]}, '
-        f'qkv_bias={settings["qkv_bias"]})')
-    return result.optional_missing
+        f'qkv_bias={settings["qkv_bias"]})').optional_missing
 
 
 def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
@@ -134,7 +120,7 @@ def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
     ``num_tensors``, ``dropped``, ``not_pretrained``, ``wrapper``, ``ema``
     and, from ``meta``, ``epoch`` and ``iter``."""
     state_dict, wrapper = unwrap_state_dict(checkpoint)
-    backbone, dropped, skipped = select_backbone_tensors(state_dict, prefix)
+    backbone, dropped = select_backbone_tensors(state_dict, prefix)
     settings = detect_ufo_vit_settings(backbone)
     not_pretrained = check_ufo_vit_state_dict(backbone, settings)
     info = dict(arch=match_ufo_vit_arch(settings['arch']),
@@ -142,7 +128,7 @@ def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
                 in_channels=settings['in_channels'],
                 qkv_bias=settings['qkv_bias'],
                 num_tensors=len(backbone),
-                dropped=sorted(dropped + skipped),
+                dropped=dropped,
                 not_pretrained=not_pretrained,
                 wrapper=wrapper,
                 ema=wrapper is not None and 'ema_state_dict' in checkpoint)
@@ -152,22 +138,6 @@ def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
             if isinstance(meta.get(key), int):
                 info[key] = meta[key]
     return backbone, info
-
-
-def backbone_checkpoint(state_dict: dict, info: Mapping, **meta) -> dict:
-    """``{'state_dict': ..., 'meta': ...}`` as the converter writes it:
-    contiguous copies of the tensors, plain Python values in ``meta``."""
-    meta_out = dict(arch=info['arch'], arch_settings=dict(info['arch_settings']),
-                    in_channels=info['in_channels'], qkv_bias=info['qkv_bias'],
-                    not_pretrained=list(info['not_pretrained']),
-                    num_dropped=len(info['dropped']), ema=bool(info.get('ema')))
-    for key in ('epoch', 'iter'):
-        if key in info:
-            meta_out[f'source_{key}'] = info[key]
-    meta_out.update(meta)
-    tensors = {key: value.detach().clone().contiguous()
-               for key, value in state_dict.items()}
-    return dict(state_dict=tensors, meta=meta_out)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -205,11 +175,17 @@ def main(argv: Optional[List[str]] = None) -> int:
           f'dropped (keys outside {args.prefix!r})')
     print(f'not pretrained:  {len(info["not_pretrained"])} tensors of the stride '
           f'4/8 output branches (initialised by the dense model)')
-    result = backbone_checkpoint(
-        state_dict, info, converter='tools/model_converters/ufo_vit_cls2backbone.py',
-        mmsoft_version=__version__, source=osp.basename(args.src))
+
+    meta = {key: info[key] for key in (
+        'arch', 'arch_settings', 'in_channels', 'qkv_bias', 'not_pretrained')}
+    meta.update(num_dropped=len(info['dropped']), ema=info['ema'])
+    meta.update((f'source_{k}', info[k]) for k in ('epoch', 'iter') if k in info)
+    meta.update(converter='tools/model_converters/ufo_vit_cls2backbone.py',
+                mmsoft_version=__version__, source=osp.basename(args.src))
+    state_dict = {key: value.detach().clone().contiguous()
+                  for key, value in state_dict.items()}
     os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
-    torch.save(result, args.dst)
+    torch.save(dict(state_dict=state_dict, meta=meta), args.dst)
     print(f'saved:           {args.dst}')
     return 0
 
