@@ -141,7 +141,7 @@ def triton_requirement() -> str:
 #: Whether CUDA tensors run the Triton kernels: they need Triton 3.0 or later
 #: (torch >= 2.4 brings it). With an older Triton (torch 2.1 to 2.3) or
 #: none, CUDA runs each op's PyTorch implementation, as the CPU does.
-TRITON_KERNELS = bool(triton_version()) and torch_version(triton_version()) >= (3, 0)
+TRITON_KERNELS = torch_version(triton_version() or '0.0') >= (3, 0)  # none: 0.0
 _TRITON_ON_CPU = False
 
 
