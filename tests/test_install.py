@@ -105,7 +105,8 @@ def test_build_tools_are_the_locked_ones():
 def wheel_key(repo: str, **settings) -> str:
     env = {key: value for key, value in os.environ.items()
            if key not in ('CC', 'CXX', 'CFLAGS', 'CXXFLAGS', 'LDFLAGS',
-                          'TORCH_CUDA_ARCH_LIST', 'FORCE_CUDA', 'CUDA_HOME')}
+                          'TORCH_CUDA_ARCH_LIST', 'FORCE_CUDA', 'CUDA_HOME',
+                          'MMCV_OPS')}
     env.update(settings)
     done = subprocess.run(['bash', osp.join(repo, 'tools', 'build_mmcv_wheel.sh'),
                            'key', sys.executable], env=env, capture_output=True,
@@ -141,8 +142,8 @@ def test_wheel_key_changes_with_build_settings(repo_copy):
     key = wheel_key(repo_copy)
     changed = {wheel_key(repo_copy, **{name: value}) for name, value in [
         ('CXXFLAGS', '-O1'), ('TORCH_CUDA_ARCH_LIST', '9.0'), ('FORCE_CUDA', '1'),
-        ('CXX', 'g++')]}
-    assert key not in changed and len(changed) == 4
+        ('CXX', 'g++'), ('MMCV_OPS', 'all')]}
+    assert key not in changed and len(changed) == 5
 
 
 def test_wheel_key_changes_with_the_build_script_and_the_sdist(repo_copy, tmp_path):
@@ -205,6 +206,58 @@ def test_mmcv_units_compile_after_their_shared_header_precompiled(tmp_path):
     assert calls.read_text().splitlines() == [precompile,
                                               *(' '.join(unit) for unit in units)]
     assert (common / 'pytorch_cpp_helper.hpp.gch').is_file()
+
+
+def test_mmcv_build_keeps_the_units_of_the_ops_asked_and_binds_the_rest_to_an_error(
+        tmp_path):
+    """``only_ops`` removes the units of the other ops (info.cpp stays), and
+    pybind.cpp binds their functions to one that raises, naming the op and
+    MMCV_OPS, so that mmcv's modules still find every name."""
+    csrc = tmp_path / 'pytorch'
+    (csrc / 'cpu').mkdir(parents=True)
+    for name in ('nms', 'roi_pool', 'info'):
+        (csrc / f'{name}.cpp').write_text(
+            f'Tensor {name}_op(Tensor x,\n    int y) {{\n'
+            f'  return {name}_impl(x);\n}}\n')
+    (csrc / 'cpu' / 'nms.cpp').write_text('')
+    (csrc / 'cpu' / 'roi_pool_cpu.cpp').write_text('')
+    nms_bind = ('  m.def("nms", &nms_op, "nms", py::arg("x"),\n'
+                '        py::arg("y"));\n')
+    (csrc / 'pybind.cpp').write_text(
+        '#include <torch/extension.h>\nTensor nms_op(Tensor x, int y);\n'
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n' + nms_bind
+        + '  m.def("roi_pool",\n        &roi_pool_op, "roi_pool");\n'
+        '  m.def("info", &info_op, "info");\n}\n')
+    subprocess.run(['bash', '-c', 'source tools/build_mmcv_wheel.sh && '
+                    f'only_ops {sys.executable} {csrc} nms'], cwd=REPO, check=True,
+                   timeout=60)
+    assert sorted(p.relative_to(csrc).as_posix() for p in csrc.rglob('*.cpp')) == [
+        'cpu/nms.cpp', 'info.cpp', 'nms.cpp', 'pybind.cpp']
+    pybind = (csrc / 'pybind.cpp').read_text()
+    assert nms_bind in pybind and '  m.def("info", &info_op, "info");\n' in pybind
+    assert '  m.def("roi_pool", LeftOut{"roi_pool"});\n' in pybind
+    assert ('"mmcv\'s op " + name + " is not compiled: this build of mmcv compiled '
+            'nms (MMCV_OPS of mmsoft\'s tools/build_mmcv_wheel.sh; all: every op)"'
+            in pybind)
+
+
+@pytest.mark.mmcv_ops
+def test_installed_mmcv_runs_the_configs_ops():
+    """The stack's mmcv, built with MMCV_OPS' default, runs the ops of the
+    shipped configs; an op it left out raises, naming MMCV_OPS."""
+    import torch
+    from mmcv.ops import DeformConv2d, RoIAlign, nms
+    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 11., 11.], [20., 20., 30., 30.]])
+    _, keep = nms(boxes, torch.tensor([0.9, 0.8, 0.7]), iou_threshold=0.5)
+    assert keep.tolist() == [0, 2]
+    features = torch.arange(16.).reshape(1, 1, 4, 4).requires_grad_()
+    roi = torch.tensor([[0., 1, 1, 2, 2]])  # its image, then x1, y1, x2, y2
+    pooled = RoIAlign(1, 1.0, 1, aligned=False)(features, roi)  # the mean at (1.5, 1.5)
+    pooled.sum().backward()
+    assert pooled.item() == pytest.approx(7.5) and features.grad.sum().item() == 1
+    left_out = 'deform_conv_forward is not compiled.*MMCV_OPS'
+    with pytest.raises(RuntimeError, match=left_out):
+        DeformConv2d(1, 1, 3)(features.detach(), torch.zeros(1, 18, 2, 2))
 
 
 @pytest.mark.parametrize('output, hint', [

@@ -27,12 +27,15 @@
 # setup.py is raised to C++20. Unless CFLAGS is set, the ops compile with
 # Python's own CFLAGS and -g0: no debug information, the same machine code.
 # Without CUDA, the build's compiler (precompiling_cxx) precompiles the
-# header that every unit of mmcv's CPU ops starts with, torch's headers. Why
-# and what they save: docs/testing.md.
+# header that every unit of mmcv's CPU ops starts with, torch's headers, and
+# compiles only the ops named in MMCV_OPS (only_ops). Why and what they save:
+# docs/testing.md.
 #
 # Environment: MAX_JOBS (compile jobs, default: the number of cores); CC, CXX,
 # CFLAGS, CXXFLAGS, LDFLAGS, TORCH_CUDA_ARCH_LIST, FORCE_CUDA, CUDA_HOME are
-# passed to the build and are part of the key.
+# passed to the build and are part of the key. MMCV_OPS, also part of it: the
+# ops a build without CUDA compiles, by their units' names (default: nms
+# roi_align, those of the shipped configs and the tests), or `all`.
 set -euo pipefail
 SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 cd "$(dirname "$SCRIPT")/.."
@@ -40,7 +43,9 @@ cd "$(dirname "$SCRIPT")/.."
 source tools/install_common.sh
 TAG=build-mmcv
 LOCK=requirements/locks/mmcv.txt
-BUILD_SETTINGS=(CC CXX CFLAGS CXXFLAGS LDFLAGS TORCH_CUDA_ARCH_LIST FORCE_CUDA CUDA_HOME)
+BUILD_SETTINGS=(CC CXX CFLAGS CXXFLAGS LDFLAGS TORCH_CUDA_ARCH_LIST FORCE_CUDA CUDA_HOME
+                MMCV_OPS)
+DEFAULT_OPS='nms roi_align'
 
 usage() {
     echo "usage: bash tools/build_mmcv_wheel.sh {key PYTHON | prepare PYTHON | build PYTHON WHEEL_DIR}" >&2
@@ -111,6 +116,42 @@ SH
     chmod +x "$1/c++"
 }
 
+# only_ops PY CSRC OPS...: the units of mmcv's CPU ops in CSRC (its
+# csrc/pytorch folder, and cpu/ in it) but those of OPS and info.cpp removed.
+# pybind.cpp binds each function of a removed unit to one that raises,
+# naming the op and MMCV_OPS, so that every mmcv module still imports.
+only_ops() {
+    local py="$1"
+    shift
+    "$py" - "$@" <<'PY'
+import glob, json, os, re, sys
+csrc, ops = sys.argv[1], sys.argv[2:]
+kept = ''
+for path in glob.glob(f'{csrc}/*.cpp') + glob.glob(f'{csrc}/cpu/*.cpp'):
+    name = os.path.basename(path)[:-len('.cpp')]
+    if name in ops or name.removesuffix('_cpu') in ops or name == 'info':
+        kept += open(path).read() if os.path.dirname(path) == csrc else ''
+    elif name != 'pybind':
+        os.remove(path)
+start = 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n'
+head, body = open(f'{csrc}/pybind.cpp').read().split(start)
+binds = list(re.finditer(r'  m\.def\("(\w+)",\s*&(\w+).*?\);\n', body, re.S))
+if ''.join(bind.group(0) for bind in binds) + '}\n' != body:
+    sys.exit(f'{csrc}/pybind.cpp: its module holds more than m.def calls')
+tail = (f' is not compiled: this build of mmcv compiled {" ".join(ops)} (MMCV_OPS '
+        "of mmsoft's tools/build_mmcv_wheel.sh; all: every op)")
+lines = [head, 'struct LeftOut {\n  std::string name;\n',
+         '  py::object operator()(py::args, py::kwargs) const {\n',
+         f'    throw std::runtime_error("mmcv\'s op " + name + {json.dumps(tail)});\n',
+         '  }\n};\n\n', start]
+for bind in binds:
+    name, function = bind.groups()
+    defined = re.search(rf'\b{function}\([^;{{]*\)\s*{{', kept)
+    lines.append(bind.group(0) if defined else f'  m.def("{name}", LeftOut{{"{name}"}});\n')
+open(f'{csrc}/pybind.cpp', 'w').write(''.join(lines) + '}\n')
+PY
+}
+
 # Sourced (a test of precompiling_cxx), it defines its functions only.
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 [ $# -ge 2 ] || usage
@@ -137,6 +178,12 @@ case "$MODE $#" in
         if [ "${FORCE_CUDA:-0}" != 1 ]; then
             precompiling_cxx "$SRC"
             COMPILER=(CXX="$SRC/c++")
+            if [ "${MMCV_OPS:-$DEFAULT_OPS}" != all ] \
+                && "$PY" -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
+                echo "[$TAG] compiling mmcv's CPU ops ${MMCV_OPS:-$DEFAULT_OPS} (MMCV_OPS)" >&2
+                # shellcheck disable=SC2086 # the ops, one word each
+                only_ops "$PY" "$TREE/mmcv/ops/csrc/pytorch" ${MMCV_OPS:-$DEFAULT_OPS}
+            fi
         fi
         run_step "$TAG" "compiling mmcv with its ops (MAX_JOBS=${MAX_JOBS:-$(nproc)}; the longest step of an install, docs/testing.md)" mmcv \
             env MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" ${COMPILER[@]+"${COMPILER[@]}"} \
