@@ -33,7 +33,7 @@ NEWEST_VENV ?= .venv-newest
 NEWEST_PYTHON := $(NEWEST_VENV)/bin/python
 NEWEST_STAMP := $(NEWEST_VENV)/.mmsoft-installed
 STACK_MARKERS ?= mmcv_ops or (openmmlab and torchvision) or stack
-FLOOR_MARKERS ?= not mmcv_ops and not torchvision and not frameworks
+FLOOR_MARKERS ?= not mmcv_ops and not torchvision and not frameworks and not scripts
 NEWEST_MARKERS ?= not openmmlab
 # Where `make test` writes the output of the stack's install and suite, and
 # of the floor's install, while they run in the background (printed when

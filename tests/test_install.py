@@ -19,6 +19,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+pytestmark = pytest.mark.scripts
+
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 REQUIREMENTS = osp.join(REPO, 'requirements')
 #: Each lock and the human-edited files it is written from (tools/lock.sh).
