@@ -238,14 +238,14 @@ split_lock() {
         { print > out }' "$@"
 }
 
-# install_parts VENV DIR: pip installs each requirements file of DIR in turn,
-# without compiling every module to bytecode (Python compiles those imported,
-# once, on their first import).
+# install_parts VENV DIR: pip installs each requirements file of DIR in turn.
+# pip also compiles the modules to bytecode: where PYTHONDONTWRITEBYTECODE is
+# set, nothing else writes it (docs/testing.md).
 install_parts() {
     local venv="$1" dir="$2" part
     for part in "$dir"/*.txt; do
         echo "== $(basename "$part" .txt)"
-        "$venv/bin/python" -m pip install --disable-pip-version-check --no-compile \
+        "$venv/bin/python" -m pip install --disable-pip-version-check \
             --require-hashes --only-binary :all: --no-deps -r "$part" || return 1
     done
 }
