@@ -178,11 +178,12 @@ case "$MODE $#" in
         if [ "${FORCE_CUDA:-0}" != 1 ]; then
             precompiling_cxx "$SRC"
             COMPILER=(CXX="$SRC/c++")
-            if [ "${MMCV_OPS:-$DEFAULT_OPS}" != all ] \
+            OPS="${MMCV_OPS:-$DEFAULT_OPS}"
+            if [ "$OPS" != all ] \
                 && "$PY" -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
-                echo "[$TAG] compiling mmcv's CPU ops ${MMCV_OPS:-$DEFAULT_OPS} (MMCV_OPS)" >&2
+                echo "[$TAG] compiling mmcv's CPU ops $OPS (MMCV_OPS)" >&2
                 # shellcheck disable=SC2086 # the ops, one word each
-                only_ops "$PY" "$TREE/mmcv/ops/csrc/pytorch" ${MMCV_OPS:-$DEFAULT_OPS}
+                only_ops "$PY" "$TREE/mmcv/ops/csrc/pytorch" $OPS
             fi
         fi
         run_step "$TAG" "compiling mmcv with its ops (MAX_JOBS=${MAX_JOBS:-$(nproc)}; the longest step of an install, docs/testing.md)" mmcv \
