@@ -1,21 +1,6 @@
-"""The demo's datasets (``tools/generate_demo_data.py`` writes them), random
-scenes of overlapping shapes on textured backgrounds in the libraries' own
-layouts. An object's class is told by its outline only (colour, shading and
-noise are random); a later object leaves ``min_visible`` of an earlier one.
-
-- COCO instance segmentation: ``annotations/instances_{train,val}.json`` and
-  PNG images in ``train/`` and ``val/``. Each annotation is one polygon
-  (``iscrowd=0``) whose ``area`` and ``bbox`` are those of its rasterised
-  mask, as COCO's tools compute them;
-- ADE20K-layout semantic segmentation (``images/`` and ``annotations/``,
-  each ``training/`` and ``validation/``). Labels follow ADE20K: 0
-  unlabelled (mmseg's ``reduce_zero_label`` ignores it), 1 the background,
-  2..K+1 the shapes;
-- ImageNet-layout classification, one shape per image: ``train/<class>/
-  *.png`` and ``val/<class>/*.png``, lists ``meta/{train,val}.txt``
-  ("<class>/<file> <label>") and ``meta/classes.txt``, as mmpretrain's
-  ``CustomDataset`` reads them. Classes are balanced and sorted, so folder
-  order and labels agree.
+"""The demo's datasets (``tools/generate_demo_data.py`` writes them): random
+scenes of overlapping shapes on textured backgrounds, an object's class told
+by its outline only, in COCO's, ADE20K's and ImageNet's layouts.
 """
 import glob
 import json
@@ -41,8 +26,7 @@ def _regular_polygon(num: int, radius: float, phase: float) -> np.ndarray:
 
 
 def _turned_polygon(num: int, max_turn: float) -> Callable:
-    """Outline generator of a regular ``num``-gon turned by a random angle
-    below ``max_turn`` (none, and no draw, for 0)."""
+    """A regular ``num``-gon turned by a random angle below ``max_turn``."""
     def shape(radius: float, rng: np.random.Generator) -> np.ndarray:
         phase = rng.uniform(0, max_turn) if max_turn else 0.0
         return _regular_polygon(num, radius, phase)
@@ -81,8 +65,7 @@ DEFAULT_CLASSES: Tuple[str, ...] = ('circle', 'triangle', 'square', 'star')
 
 @dataclass(eq=False)
 class SceneObject:
-    """One painted object: its ``label``, and its ``full_mask`` and
-    ``visible_mask``, bool (H, W)."""
+    """One painted object: its ``label`` and masks, bool (H, W)."""
     label: int
     full_mask: np.ndarray
     visible_mask: np.ndarray
@@ -90,15 +73,13 @@ class SceneObject:
 
 @dataclass(eq=False)
 class Scene:
-    """A rendered BGR ``image``, uint8 (H, W, 3), and its ``objects`` in
-    painting order."""
+    """A BGR ``image``, uint8 (H, W, 3), and its ``objects`` in painting order."""
     image: np.ndarray
     objects: List[SceneObject]
 
 
 def check_classes(classes: Sequence[str]) -> Tuple[str, ...]:
-    """``classes`` as a tuple; a ``ValueError`` unless 3 or more distinct
-    known shapes."""
+    """``classes`` as a tuple; a ValueError unless 3 or more distinct shapes."""
     classes = tuple(classes)
     unknown = [c for c in classes if c not in SHAPES]
     if unknown:
@@ -121,9 +102,7 @@ def render_background(rng: np.random.Generator, height: int,
     """A uint8 (H, W, 3) background: a random colour, tint gradient and noise."""
     base = rng.uniform(40, 215, 3)
     tint = rng.uniform(-60, 60, 3)
-    # float64 explicitly: ``np.cos(angle)`` is a float64 scalar, which NumPy 2
-    # (NEP 50) promotes a float32 grid to float64 with, while NumPy 1 kept the
-    # product float32. Both versions must write identical files.
+    # float64, so that NumPy 1 and 2 (NEP 50) write identical files.
     ys, xs = np.mgrid[0:height, 0:width].astype(np.float64)
     angle = rng.uniform(0, 2 * np.pi)
     ramp = (np.cos(angle) * xs / width + np.sin(angle) * ys / height)[..., None]
@@ -164,11 +143,9 @@ def render_scene(rng: np.random.Generator, height: int, width: int,
                  size_range: Tuple[float, float] = (0.1, 0.6),
                  min_visible: float = 0.6, min_pixels: int = 40,
                  max_tries: int = 60) -> Scene:
-    """Renders one scene of ``num_objects`` (an inclusive range) objects,
-    each of a uniformly drawn class, its diameter a log-uniform fraction
-    ``size_range`` of the shorter side, placed in at most ``max_tries``
-    attempts so that every object keeps ``min_visible`` of its area and
-    ``min_pixels`` pixels."""
+    """One scene of ``num_objects`` (an inclusive range) objects, their
+    diameters a log-uniform fraction ``size_range`` of the shorter side, each
+    keeping ``min_visible`` of its area and ``min_pixels`` pixels."""
     side = min(height, width)
     lo, hi = np.log(size_range[0] * side), np.log(size_range[1] * side)
     while True:
@@ -238,10 +215,8 @@ def is_simple_region(mask: np.ndarray) -> bool:
 def _generate(write_split: Callable, root: str, num_train: int, num_val: int,
               seed: int, **kwargs) -> Dict[str, dict]:
     """Each split's statistics from ``write_split(root, split, num_images,
-    split_seed, first, **kwargs)``. The splits' seeds are two streams of
-    ``seed``: the splits share no image, and a seed always gives the same
-    files. ``first``, the number of the split's first image, continues
-    train's numbers in val."""
+    split_seed, first, **kwargs)``, the splits' seeds two streams of ``seed``
+    and val's image numbers (from ``first``) continuing train's."""
     seeds = [int(stream.generate_state(1)[0])
              for stream in np.random.SeedSequence(seed).spawn(2)]
     splits = dict(train=(num_train, 1), val=(num_val, num_train + 1))
@@ -250,8 +225,7 @@ def _generate(write_split: Callable, root: str, num_train: int, num_val: int,
 
 
 def _clean_folder(folder: str, pattern: str) -> str:
-    """Creates ``folder`` and removes its files matching the glob ``pattern``
-    (an earlier run's, which the libraries would list); returns ``folder``."""
+    """Creates ``folder`` without an earlier run's files of glob ``pattern``."""
     os.makedirs(folder, exist_ok=True)
     for path in glob.glob(osp.join(glob.escape(folder), pattern)):
         os.remove(path)
@@ -274,9 +248,8 @@ _PALETTE = [(220, 20, 60), (0, 130, 200), (60, 180, 75), (255, 160, 0),
 
 # --- COCO instance segmentation
 def mask_to_polygon(mask: np.ndarray, upsample: int = 4) -> List[float]:
-    """The outline of one connected region of ``mask`` as a flat COCO polygon,
-    traced at ``upsample`` times the resolution along the pixel borders, so
-    that pycocotools rasterises it back to the mask."""
+    """One connected region of ``mask`` as a flat COCO polygon, traced along
+    the pixel borders at ``upsample`` times the resolution."""
     fine = cv2.resize(mask.astype(np.uint8), None, fx=upsample, fy=upsample,
                       interpolation=cv2.INTER_NEAREST)
     contours, _ = cv2.findContours(fine, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
@@ -307,8 +280,7 @@ def _annotations(scene: Scene, image_id: int, first_ann_id: int) -> List[dict]:
 
 
 def check_side_range(img_side_range: Sequence[int]) -> None:
-    """Raises ValueError unless ``img_side_range`` is ``(min, max)`` with
-    ``32 <= min <= max``."""
+    """A ValueError unless ``img_side_range`` is ``(min, max)``, 32 <= min <= max."""
     if len(img_side_range) != 2 or not 32 <= img_side_range[0] <= img_side_range[1]:
         raise ValueError(f'img_side_range={tuple(img_side_range)} is not a valid '
                          'range; expected (min_side, max_side) with 32 <= '
@@ -319,8 +291,7 @@ def image_sizes(num_images: int, seed: int, img_size: Tuple[int, int] = (160, 16
                 img_side_range: Optional[Tuple[int, int]] = None
                 ) -> List[Tuple[int, int]]:
     """The (height, width) of each image of a split: ``img_size``, or drawn
-    from the inclusive ``img_side_range`` on a stream of ``seed`` of their
-    own. A ``ValueError`` for a bad range."""
+    from the inclusive ``img_side_range`` on a stream of ``seed``."""
     if img_side_range is None:
         return [tuple(img_size)] * num_images
     check_side_range(img_side_range)
@@ -333,8 +304,7 @@ def image_sizes(num_images: int, seed: int, img_size: Tuple[int, int] = (160, 16
 def _write_coco_split(root: str, split: str, num_images: int, seed: int,
                       first: int, classes: Sequence[str], img_size: Tuple[int, int],
                       img_side_range: Optional[Tuple[int, int]]) -> Dict[str, int]:
-    """Writes one split's PNG images and annotation file, image ids from
-    ``first``; returns the ``images`` and ``annotations`` counts."""
+    """Writes one split's PNG images and annotation file; returns its counts."""
     sizes = image_sizes(num_images, seed, img_size, img_side_range)
     img_dir = _clean_folder(osp.join(root, split), '[0-9]' * 12 + '.png')
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
@@ -363,9 +333,8 @@ def generate_coco_demo(root: str, num_train: int = 600, num_val: int = 100,
                        img_size: Tuple[int, int] = (160, 160),
                        img_side_range: Optional[Tuple[int, int]] = None
                        ) -> Dict[str, Dict[str, int]]:
-    """Writes the train and val splits (``num_train``, ``num_val`` images of
-    ``img_size``, or of sides drawn from ``img_side_range``) of ``classes``
-    from ``seed``; returns each split's counts."""
+    """Writes the train and val splits of ``classes`` from ``seed``; returns
+    each split's counts."""
     return _generate(_write_coco_split, root, num_train, num_val, seed,
                      classes=check_classes(classes), img_size=img_size,
                      img_side_range=img_side_range)
@@ -386,8 +355,8 @@ BACKGROUND_VALUE = 1
 def _write_ade_split(root: str, split: str, num_images: int, seed: int, first: int,
                      classes: Sequence[str], img_size: Tuple[int, int]
                      ) -> Dict[str, int]:
-    """Writes one split's JPEG images and PNG label maps, numbered from 1;
-    returns the ``images`` count and the ``pixels`` of each label value."""
+    """Writes one split's JPEG images and PNG label maps; returns the
+    ``images`` count and the ``pixels`` of each label value."""
     folder, prefix = ADE_SPLITS[split]
     img_dir = _clean_folder(osp.join(root, 'images', folder), prefix + '*.jpg')
     ann_dir = _clean_folder(osp.join(root, 'annotations', folder), prefix + '*.png')
@@ -427,9 +396,8 @@ def _write_cls_split(root: str, split: str, num_images: int, seed: int, first: i
                      classes: Sequence[str], img_size: Tuple[int, int],
                      size_range: Tuple[float, float] = (0.45, 0.85)
                      ) -> Dict[str, int]:
-    """Writes one split's images, one ``size_range`` shape each on a noisy
-    background, and its list file; returns ``images`` and the count
-    ``per_class``."""
+    """Writes one split's images, one shape each, and its list file; returns
+    ``images`` and the count ``per_class``."""
     height, width = img_size
     rng = np.random.default_rng(seed)
     split_dir = osp.join(root, split)
@@ -457,9 +425,8 @@ def generate_classification_demo(root: str, num_train: int = 400, num_val: int =
                                  classes: Sequence[str] = DEFAULT_CLASSES,
                                  img_size: Tuple[int, int] = (64, 64)
                                  ) -> Dict[str, Dict[str, int]]:
-    """Writes the train and val splits (64x64 images of sorted ``classes``)
-    from ``seed``; returns their counts and the ``classes``. A
-    ``ValueError`` for unknown or too few classes, no images or sides < 32."""
+    """Writes the train and val splits of sorted ``classes`` from ``seed``;
+    returns their counts and the ``classes``."""
     classes = tuple(sorted(check_classes(classes)))
     if num_train < 1 or num_val < 1:
         raise ValueError(f'num_train={num_train} and num_val={num_val} must be '

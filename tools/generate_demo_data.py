@@ -1,13 +1,8 @@
-"""Writes the generated demo datasets: COCO instance segmentation and
-ADE20K-layout semantic segmentation (``configs/demo``), and ImageNet-layout
-shape classification (``configs/ufo_vit/pretrain/ufo-vit-tiny_demo_cls.py``).
-The generators are in ``tools/demo_data.py``.
+"""Writes the generated demo datasets (generators: ``tools/demo_data.py``).
 
 Examples::
 
-    python tools/generate_demo_data.py                  # coco and ade, default paths
-    python tools/generate_demo_data.py coco --num-train 200 --seed 3
-    python tools/generate_demo_data.py ade --ade-root /tmp/ade --img-size 128
+    python tools/generate_demo_data.py                  # coco and ade
     python tools/generate_demo_data.py coco --mixed-sizes  # data/demo_coco_mixed/
     python tools/generate_demo_data.py cls              # data/demo_cls/
 """

@@ -337,33 +337,23 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest='command', required=True)
     commands.add_parser('device', help="the node's torch and GPU in one line"
                         ).set_defaults(call=lambda args: device())
-    node = commands.add_parser('node', help=(
-        "a training bundle against the node: its mmcv compiled against the node's "
-        'torch and CUDA major version, its gpu-train-node.txt importable'))
+    node = commands.add_parser('node', help="a training bundle against the node")
     node.add_argument('bundle')
     node.set_defaults(call=lambda args: check_node(args.bundle))
-    manifest = commands.add_parser('manifest', help=(
-        "(the build environment) the training bundle's gpu-train-manifest.json: "
-        "each wheel's origin and size; mmcv's torch, CUDA, nvcc and the GPU "
-        'architectures of its compiled ops, each of ARCH_LIST required'))
+    manifest = commands.add_parser('manifest', help=f"writes the bundle's {MANIFEST}")
     names = ('out', 'key', 'arch_list', 'nvcc', 'built', 'python_version', 'platform')
     for name in names:
         manifest.add_argument(name)
     manifest.set_defaults(call=lambda args: write_manifest(
         *(getattr(args, name) for name in names)))
-    ops = commands.add_parser('mmcv-ops', help=(
-        "NMS and RoIAlign of mmcv's compiled ops on the CPU and, where a GPU is "
-        'visible, on CUDA, against each other and the expected values'))
+    ops = commands.add_parser('mmcv-ops', help="checks NMS and RoIAlign of mmcv's ops")
     ops.add_argument('--cuda-version', help='the CUDA release the ops must be '
                      'compiled with, e.g. 13.0')
     ops.add_argument('--require-cuda', action='store_true',
                      help='fail where no GPU is visible')
     ops.set_defaults(call=lambda args: check_mmcv_ops(args.cuda_version,
                                                       args.require_cuda))
-    table = commands.add_parser('table', help=(
-        'gpu_train.md and gpu_train.json: per run, seconds per iteration, images '
-        "per second and peak GPU memory from mmengine's logs, time against "
-        "Swin-T's, and the demo's COCO mAP"))
+    table = commands.add_parser('table', help='writes gpu_train.md and gpu_train.json')
     table.add_argument('--out', required=True, help='folder of gpu_train.md and .json')
     table.add_argument('--run', nargs='+', action='append', required=True,
                        metavar='KEY=VALUE', help='one run: label=, work_dir=, batch=, '

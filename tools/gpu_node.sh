@@ -4,26 +4,16 @@
 #
 # bash tools/gpu_node.sh COMMAND, COMMAND one of:
 #   pack check [OUT_DIR] [--python-version V] [--platform P]   (make gpu-bundle)
-#       the wheels of requirements/locks/gpu-bundle.txt and mmsoft's, the lock
-#       and SHA256SUMS, at most 60 MB; for CPython 3.12, manylinux_2_28_x86_64
-#       unless another target is given (its lock is written into OUT_DIR)
-#   pack train [OUT_DIR]   (make gpu-train-bundle)
-#       the wheels of requirements/locks/gpu-train.txt, mmcv 2.1.0 with its
-#       CUDA ops for TORCH_CUDA_ARCH_LIST (default "8.0;9.0"), gpu-train-lock.txt,
-#       gpu-train-node.txt, gpu-train-manifest.json, SHA256SUMS; at most 50 MB
+#   pack train [OUT_DIR]   (make gpu-train-bundle: mmcv with its CUDA ops for
+#       TORCH_CUDA_ARCH_LIST, default "8.0;9.0", and gpu-train-manifest.json)
 #   lock check|train   (make gpu-bundle-lock, gpu-train-bundle-lock)
 #   run check BUNDLE OUT_DIR [--budget-s N] [--allow-cpu] [benchmark options]
-#       the CUDA tests and the benchmark's --preset gpu-benchmark within 560 s;
-#       writes results.json, results.md and run.log
 #   run train BUNDLE OUT_DIR [--budget-s N] [--speed-iters N] [--allow-cpu]
-#       mmcv's ops, the demo's Mask R-CNN (bbox mAP >= MIN_BBOX_MAP, 0.25), the
-#       speed of three configs (--speed-iters 60) within 540 s; writes
-#       gpu_train.md, gpu_train.json, gpu_train.log and install.log
 #
 # run: PYTHON (default python3) must import torch and see a GPU (--allow-cpu or
-# MMSOFT_GPU_CHECK_DEVICE=cpu: the CPU smoke mode); MMSOFT_COMMIT names the
-# commit where the copy has no git. pack: LOCK_VENV, MAX_JOBS, MMSOFT_INSTALL_LOGS,
-# MMSOFT_GPU_BUILD_DIR, MMSOFT_WHEEL_CACHE, MMSOFT_PYTHON312.
+# MMSOFT_GPU_CHECK_DEVICE=cpu: the CPU smoke mode); MIN_BBOX_MAP, MMSOFT_COMMIT.
+# pack: LOCK_VENV, MAX_JOBS, MMSOFT_INSTALL_LOGS, MMSOFT_GPU_BUILD_DIR,
+# MMSOFT_WHEEL_CACHE, MMSOFT_PYTHON312.
 # Exit status: 0; 1 a step failed (or the demo's mAP is under its floor); 2
 # invalid arguments or an unusable bundle; 3 torch, the GPU or a node package
 # missing, or the node's torch not the bundle's; 124 the budget ran out.

@@ -1,9 +1,4 @@
-"""Paint a detector's or a segmentor's predictions on one image.
-
-mmdet's ``DetInferencer`` or mmseg's ``MMSegInferencer`` (from the config's
-``default_scope``) runs the config and checkpoint on the image, after
-mmsoft's checks of the config and the checkpoint; the image painted by the
-library's visualizer is written to ``--out-file``::
+"""Paint a detector's or a segmentor's predictions on one image::
 
     python tools/inference_demo.py CONFIG CHECKPOINT IMAGE
         [--out-file FILE] [--device cpu|cuda] [--score-thr THR]

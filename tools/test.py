@@ -1,36 +1,17 @@
 """Test (and evaluate) a checkpoint of a detector (mmdet) or a segmentor (mmseg).
 
-mmdet's and mmseg's ``tools/test.py``, for either library (the config's
-``default_scope``), with mmsoft's checks before the run (:mod:`mmsoft.apis`):
-the test data paths, the checkpoint (read weights-only, and fitting the
-model), ``--tta`` and ``--show`` options the config or the machine cannot
-take. The metrics are printed as a table at the end::
-
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE_OR_DIR]
-        [--show-dir DIR] [--show] [--wait-time SECONDS] [--tta]
-        [--cfg-options k=v ...] [--launcher none|pytorch|slurm]
-
-``--out``: mmdet: a ``.pkl`` file of the predictions; mmseg: a folder of
-label maps. ``--show-dir``: a folder (from the current directory) of the
-images painted with the predictions.
+mmdet's and mmseg's ``tools/test.py``, with mmsoft's checks before the run
+(:mod:`mmsoft.apis`); the metrics are printed as a table at the end.
 """
 import argparse
-import os
 import os.path as osp
-import sys
 import warnings
 from copy import deepcopy
 
-from mmengine.config import ConfigDict, DictAction
+from mmengine.config import ConfigDict
 
-# The repository root, so that ``custom_imports=['mmsoft']`` resolves also
-# without an installed package.
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(1, REPO_ROOT)
-
-from mmsoft import apis  # noqa: E402
-from mmsoft.checkpoint import check_checkpoint_fits  # noqa: E402
+from train import add_run_arguments, apis, build_runner, parse_run_arguments
+from mmsoft.checkpoint import check_checkpoint_fits
 
 
 def parse_args(argv=None):
@@ -47,20 +28,11 @@ def parse_args(argv=None):
                         'predictions')
     parser.add_argument('--wait-time', type=float, default=2,
                         help='seconds each --show window stays (0: until a key press)')
-    parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override settings of the config, e.g. test_dataloader.batch_size=2; '
-        'lists as key="[a,b]"')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
     parser.add_argument('--tta', action='store_true',
                         help="test-time augmentation (the config's tta_model and "
                         'tta_pipeline)')
-    # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    add_run_arguments(parser, 'test_dataloader.batch_size=2')
+    return parse_run_arguments(parser, argv)
 
 
 def trigger_visualization_hook(cfg, args):
@@ -145,13 +117,7 @@ def main(argv=None):
     cfg = setup_config(args)
     apis.check_dataset_paths(cfg, ('test', ), args.config)
     apis.require_checkpoint(args.checkpoint)
-    if cfg.default_scope == 'mmdet':
-        # Fewer repeated compilations (mmdet's tool does this too).
-        from mmdet.utils import setup_cache_size_limit_of_dynamo
-        setup_cache_size_limit_of_dynamo()
-
-    apis.setup_cpu_distributed(cfg)
-    runner = apis.build_runner(cfg, args.config)
+    runner = build_runner(cfg, args.config)
     check_checkpoint_fits(args.checkpoint, runner.model, args.config)
     if args.out and cfg.default_scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults

@@ -1,13 +1,7 @@
 """Train a detector (mmdet) or a segmentor (mmseg) from a config.
 
-mmdet's and mmseg's ``tools/train.py``, for either library (the config's
-``default_scope``), with mmsoft's checks before the run (:mod:`mmsoft.apis`):
-the dataset paths, the ``--resume`` checkpoint and its fit to the model, a
-config that uses mmsoft's backbones without importing mmsoft, ``--amp``
-without a GPU, and torchrun on a machine without CUDA::
-
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
-        [--auto-scale-lr] [--cfg-options k=v ...] [--launcher none|pytorch|slurm]
+mmdet's and mmseg's ``tools/train.py``, with mmsoft's checks before the run
+(:mod:`mmsoft.apis`).
 """
 import argparse
 import os
@@ -38,17 +32,38 @@ def parse_args(argv=None):
         '--resume', nargs='?', type=str, const='auto',
         help='resume from the given checkpoint, or without one from the latest '
         'checkpoint in the work directory')
+    add_run_arguments(parser, 'train_cfg.max_epochs=2 '
+                      '"optim_wrapper.optimizer.lr=1e-4"')
+    return parse_run_arguments(parser, argv)
+
+
+def add_run_arguments(parser, example):
+    """The options that tools/train.py and tools/test.py share."""
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction,
-        help='override settings of the config, e.g. train_cfg.max_epochs=2 '
-        '"optim_wrapper.optimizer.lr=1e-4"; lists as key="[a,b]"')
+        help=f'override settings of the config, e.g. {example}; lists as key="[a,b]"')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher')
     # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def parse_run_arguments(parser, argv):
+    """The parsed arguments, ``LOCAL_RANK`` set from ``--local-rank``."""
     args = parser.parse_args(argv)
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
+
+
+def build_runner(cfg, config_path):
+    """mmsoft's runner of ``cfg``, set up as mmdet's and mmseg's tools do."""
+    if cfg.default_scope == 'mmdet':
+        # Fewer repeated compilations (mmdet's tool does this too).
+        from mmdet.utils import setup_cache_size_limit_of_dynamo
+        setup_cache_size_limit_of_dynamo()
+
+    apis.setup_cpu_distributed(cfg)
+    return apis.build_runner(cfg, config_path)
 
 
 def setup_config(args):
@@ -78,13 +93,7 @@ def main(argv=None):
     cfg = setup_config(args)
     splits = ('train', 'val') if cfg.get('val_cfg') else ('train', )
     apis.check_dataset_paths(cfg, splits, args.config)
-    if cfg.default_scope == 'mmdet':
-        # Fewer repeated compilations (mmdet's tool does this too).
-        from mmdet.utils import setup_cache_size_limit_of_dynamo
-        setup_cache_size_limit_of_dynamo()
-
-    apis.setup_cpu_distributed(cfg)
-    runner = apis.build_runner(cfg, args.config)
+    runner = build_runner(cfg, args.config)
     apis.check_resumed_checkpoint(cfg, runner.model, args.config)
     runner.train()
 

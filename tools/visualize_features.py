@@ -1,15 +1,8 @@
 """Draw the four output maps of a backbone on generated demo images.
 
-Scenes of the demo data generator (shapes on a textured background) go
-through SOFT++-tiny (or UFO-ViT-tiny), freshly initialised with a fixed seed
-(no checkpoint, no download); each output map (strides 4, 8, 16 and 32) is
-drawn as its first three principal components over the channels, as red,
-green and blue, one row per scene::
-
-    python tools/visualize_features.py [--out FILE] [--backbone NAME]
-        [--size HxW] [--seeds N ...]
-
-The README's picture is this tool's output with the defaults.
+Each map of a freshly initialised SOFT++-tiny (or UFO-ViT-tiny) is drawn as
+its first three principal components, one row per scene; the README's picture
+is this tool's output with the defaults.
 """
 import argparse
 import os

@@ -1,27 +1,14 @@
 """Time and memory of backbones and whole detectors, side by side.
 
-Each model of ``--models`` (names: ``mmsoft_analysis/models.py``; each with
-its origin) runs each input in a fresh process, training step and
-inference, float32 and AMP, eager and (``--compile``) compiled, on the CPU
-or a GPU; the models take turns round after round (``--rounds``), so the
-first model's time against each other's is an interleaved A/B
-(``x first``; ``first=soft++-tiny old=soft++-tiny:root=../old-checkout``
-compares two commits). Options add the per-region and per-operator profile
-(``--regions``), the peak of live memory on the CPU (``--live-memory``),
-kernels per step and GPU-busy time (``--kernels``), host syncs, FLOPs, the
-largest training batch (``--capacity``), and the CUDA tests before timing
-(``--tests``). Writes ``results.json`` and ``results.md`` into ``--out-dir``
-after every measurement, within ``--budget-s``.
-
-Exit status: 0, 1 when a measurement or a test failed, 2 on invalid
-arguments or CUDA asked for where there is none.
+Each model and input runs in a fresh process, the models in turn round after
+round (``--rounds``: an interleaved A/B against the first model); docs/benchmarks.md
+describes the options and the report. Exit status: 0, 1 when a measurement or a
+test failed, 2 on invalid arguments or CUDA asked for where there is none.
 
 Example::
 
-    python tools/analysis/benchmark.py --models soft++-tiny swin-t pvtv2-b2 \\
-        --sizes 800x1333 1536x1536 --modes inference --live-memory
+    python tools/analysis/benchmark.py --models soft++-tiny swin-t --modes inference
     python tools/analysis/benchmark.py --device cuda --tests --preset gpu-benchmark
-    python tools/analysis/benchmark.py --device cpu --preset smoke  # the CPU smoke mode
 """
 import argparse
 import dataclasses
@@ -80,7 +67,6 @@ def parse_args(argv):
     add('--compile', nargs='?', const='inductor', metavar='BACKEND',
         help='also compiled, after eager (torch.compile with BACKEND, default '
         'inductor)')
-    add('--compile-mode')
     add('--compiled-only', action='store_true')
     add('--warmup', type=int, default=1, help='untimed steps')
     add('--steps', type=int, default=3, help='timed steps per process')

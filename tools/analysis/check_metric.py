@@ -1,14 +1,9 @@
 """Check the newest evaluation of a work directory against a floor.
 
-``tools/test.py`` (mmengine's Runner) writes each evaluation's metrics to
-``WORK_DIR/<timestamp>/<timestamp>.json``. This reads the newest one and
-exits with status 1, saying so, when ``METRIC`` is missing or below
-``MINIMUM``; ``make demo`` ends with it::
+Exits with status 1, saying so, when ``METRIC`` of the newest
+``WORK_DIR/<timestamp>/<timestamp>.json`` is missing or below ``MINIMUM``::
 
     python tools/analysis/check_metric.py WORK_DIR METRIC MINIMUM
-
-e.g. ``python tools/analysis/check_metric.py work_dirs/mask-rcnn_soft-tiny_fpn_demo
-coco/bbox_mAP 0.25``.
 """
 import argparse
 import glob

@@ -1,18 +1,9 @@
 """Accuracy against cost: mmsoft's backbones and the libraries' trained side by side.
 
-Trains every backbone of :mod:`mmsoft_analysis.comparison` on the demo data
-with the same Mask R-CNN (and four of them with the same UperNet), with each
-seed, measures their costs with the benchmark, and writes the table and the
-plots into ``--out-dir`` (``docs/comparison.md`` explains them). The phases
-(``--phases``): probe, train, costs, report; a run recorded in ``runs.json``
-beside the report is not run again.
-
-Example::
-
-    python tools/analysis/compare_backbones.py            # what is not recorded yet
-    python tools/analysis/compare_backbones.py --phases report
-    python tools/analysis/compare_backbones.py --detectors ResNet-18 PVTv2-b0 \\
-        --segmentors --epochs 1 --seeds 0 --phases train
+Trains every backbone of :mod:`mmsoft_analysis.comparison` on the demo data with
+each seed, measures their costs and writes the table and plots into
+``--out-dir`` (docs/comparison.md); a run recorded in ``runs.json`` is not run
+again.
 """
 import argparse
 import json

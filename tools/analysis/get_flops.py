@@ -1,22 +1,12 @@
 """Parameters and FLOPs of a config's model, or of its backbone alone.
 
-FLOPs are multiply-adds counted by mmengine's FlopAnalyzer plus handles for
-what it misses (Gaussian kernel, SOFT's inverse, XNorm, element-wise work,
-fused softmax attention): see ``mmsoft_analysis/flop_handles.py``. Needs no
-dataset and no checkpoint. The model's weights and the input image are drawn
-from a fixed seed, and a two-stage detector's RPN passes its ``max_per_img``
-highest-scoring candidates (1,000 in mmdet's configs) to the RoI head without
-removing small or overlapping boxes, so that the count does not depend on
-what the random weights propose.
+FLOPs are multiply-adds: mmengine's FlopAnalyzer plus mmsoft's handles
+(``mmsoft_analysis/flop_handles.py``), on seeded weights and input, with the
+RPN's proposals kept so that the count does not depend on the weights.
 
 Example::
 
-    python tools/analysis/get_flops.py \
-        configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py --shape 800 1333
-    python tools/analysis/get_flops.py CONFIG --backbone-only --shape 224 224
-
-``tools/analysis/update_metafiles.py`` writes :func:`count_config`'s figures
-into the model zoo's metafiles and README tables.
+    python tools/analysis/get_flops.py CONFIG --shape 800 1333 [--backbone-only]
 """
 import argparse
 import copy

@@ -1,23 +1,9 @@
 """SOFT's bottleneck: the inverse under each solver, and what the cap on its
 tokens changes.
 
-``inverse``: for each bottleneck size m, Gaussian-kernel matrices of random
-tokens (one per head, as in an attention call) inverted by
-:func:`mmsoft.models.soft.kernel_inverse` with each solver: the median time
-(forward, or with ``--backward`` forward and backward), against the exact
-solver's, and the largest relative difference from the Newton iteration (the
-function the published checkpoints were trained with).
-
-``pooling``: a SOFT backbone with and without ``max_bottleneck_tokens``, the
-same weights, at each size: each attention stage's bottleneck grid before
-and after pooling, the relative difference of each stage's output and the
-time of each forward.
-
-Example::
-
-    python tools/analysis/soft_bottleneck.py inverse --sizes 49 240 1050 --heads 10
-    python tools/analysis/soft_bottleneck.py pooling --arch tiny \\
-        --sizes 512x512 512x683 800x1333 --cap 256
+``inverse``: each solver's time and difference from the Newton iteration at
+each bottleneck size; ``pooling``: a SOFT backbone with and without
+``max_bottleneck_tokens`` at each size (docs/benchmarks.md).
 """
 import argparse
 import json

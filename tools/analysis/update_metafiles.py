@@ -1,30 +1,13 @@
 """Writes the model zoo's parameters and FLOPs from ``get_flops``'s count.
 
-Every model that ``model-index.yml``'s metafiles list is built from its config
-and counted by :func:`get_flops.count_config`: the whole model in tensor mode
-(backbone, neck and heads) on one image of 3x800x1333 (COCO, mmdet configs)
-or 3x512x512 (ADE20K, mmseg configs), with mmsoft's FLOP handles. The tool
-rewrites, and changes nothing else:
-
-- in the metafile, the model's ``Parameters`` (exact) and ``FLOPs``
-  (multiply-adds rounded to millions, as ``get_flops.py --json`` gives GFLOPs
-  to three decimals);
-- in the README of the metafile's collection, the ``Params (ours)``,
-  ``Backbone params`` (millions, two decimals) and ``GFLOPs*`` (two decimals)
-  cells of the table row that links the model's config.
-
-A second run changes nothing. Configs that build the same model (an ms-3x
-config and its 1x counterpart) are counted once. All models take about 8
-minutes on two idle CPU cores (24 while other work shares them).
+Every model of ``model-index.yml``'s metafiles is counted by
+:func:`get_flops.count_config`; the tool rewrites its ``Parameters`` and
+``FLOPs`` in the metafile and its figure cells in the collection's README,
+and nothing else. A model built by several configs is counted once.
 
 Usage::
 
-    # Regenerate every metafile and README table:
-    python tools/analysis/update_metafiles.py
-    # List the figures that differ from the count, write nothing, exit 1 if any:
-    python tools/analysis/update_metafiles.py --check
-    # Only some models (metafile names):
-    python tools/analysis/update_metafiles.py --models mask-rcnn_soft++-tiny_fpn_1x_coco
+    python tools/analysis/update_metafiles.py [--check] [--models NAME ...]
 """
 import argparse
 import json

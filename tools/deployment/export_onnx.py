@@ -1,20 +1,8 @@
 """Export a config's backbone (optionally with its neck) to ONNX and check it.
 
-The graph has dynamic batch, height and width. After export the file is
-checked by onnx's checker and run in onnxruntime next to PyTorch at each
-``--verify-shapes`` size; the largest difference is printed and the command
-fails when it exceeds ``--tolerance`` (relative to the output scale).
-
-Example::
-
-    python tools/deployment/export_onnx.py \
-        configs/soft/mask-rcnn_soft++-tiny_fpn_1x_coco.py CHECKPOINT \
-        --out work_dirs/soft++-tiny.onnx --verify-shapes 224x224 800x1333 333x517
-    python tools/deployment/export_onnx.py CONFIG --out backbone_fpn.onnx \
-        --with-neck --benchmark 800x1333 --threads 1
-
-Without a checkpoint the backbone (and neck) are initialised from scratch,
-which is enough to try the export.
+The graph has dynamic batch, height and width; the file is checked by onnx and
+run in onnxruntime beside PyTorch at each ``--verify-shapes`` size
+(docs/deployment.md).
 """
 import argparse
 import json

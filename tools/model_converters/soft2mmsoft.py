@@ -4,18 +4,8 @@ Usage::
 
     python tools/model_converters/soft2mmsoft.py SRC DST [--variant soft|soft++]
 
-SRC is a checkpoint of the reference implementation (fudan-zvg/SOFT): a bare
-state dict or a dict holding it under ``state_dict``/``model``, keys possibly
-prefixed with ``module.`` or ``backbone.``. DST receives
-``{'state_dict': ..., 'meta': ...}`` (torch.save), loadable with
-``init_cfg=dict(type='Pretrained', checkpoint=DST)`` in a ``SOFT`` backbone.
-
-The plain SOFT and the SOFT++ ("norm") models have identical parameters; the
-variant is read from ``--variant``, else from the checkpoint's metadata
-(timm's ``arch``/``args.model``), else from SRC's file name (``norm`` in it
-means SOFT++). When none of these decides, the converter stops and asks for
-``--variant``. The architecture is read off the tensor shapes, and every
-key and shape is checked against a ``SOFT`` of it.
+The variant comes from ``--variant``, else the checkpoint's metadata, else
+SRC's file name (``norm`` in it: SOFT++); the architecture from the shapes.
 """
 import argparse
 import os

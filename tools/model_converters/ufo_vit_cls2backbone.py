@@ -4,15 +4,9 @@ Usage::
 
     python tools/model_converters/ufo_vit_cls2backbone.py SRC DST
 
-SRC (path or URL) is a checkpoint of the mmpretrain pre-training
-(``configs/ufo_vit/pretrain``): the backbone under ``backbone.``, the head
-under ``head.``; with ``EMAHook`` its ``state_dict`` holds the EMA weights.
-DST receives ``{'state_dict': ..., 'meta': ...}`` in ``UFOViT``'s layout,
-for ``init_cfg=dict(type='Pretrained', checkpoint=DST)``. The architecture
-is read off the shapes and every key checked against a ``UFOViT`` of it. The
-resampling branches of outputs 0 and 1 are not trained by classification:
-they are the only keys allowed to be missing, and start from their initial
-values in the dense model.
+SRC (path or URL) is a checkpoint of ``configs/ufo_vit/pretrain``; only the
+resampling branches of outputs 0 and 1, untrained by classification, may be
+missing.
 """
 import argparse
 import os

@@ -1,16 +1,6 @@
 """Accuracy against cost: the backbones that ``tools/analysis/compare_backbones.py``
-trains side by side on the demo data, their runs, costs and report.
-
-Every entry of :data:`DETECTORS` (Mask R-CNN, demo COCO shapes) and
-:data:`SEGMENTORS` (UperNet, demo ADE20K shapes) trains with each seed on the
-demo schedule compressed in proportion; its final validation gives its
-metrics. Each of mmsoft's entries is a demo config (``configs/demo/``); each
-peer's config (``configs/comparison/``) inherits it and changes only the
-backbone (and the input widths of the neck or heads).
-
-Every finished run is recorded in ``runs.json`` beside the report and is not
-run again, here or in another clone; a killed run resumes from its last
-checkpoint.
+trains side by side on the demo data, their runs, costs and report
+(docs/comparison.md).
 """
 import json
 import math

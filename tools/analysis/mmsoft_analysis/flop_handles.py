@@ -1,16 +1,8 @@
 """FLOP counting handles for what mmengine's counter does not see.
 
-mmengine's :class:`~mmengine.analysis.FlopAnalyzer` counts one multiply-add
-as one FLOP and only knows matmul/linear/conv/norm/pool-like operators. The
-handles below count, with the same convention, the rest of what mmsoft's
-models compute: the Gaussian kernel's exponentials and distance terms, the
-projections SOFT computes straight into maps (``baddbmm``), the norms of
-XNorm, the softmax attention of SOFT's last stage
-(``scaled_dot_product_attention``) and SOFT's kernel inverses that run as
-one autograd function (the closed form and the exact solvers; the Newton
-iteration is traced step by step). A matrix product of (a x b) by (b x c) is
-``a*b*c``, an element-wise operation one FLOP per output element, a
-reduction one per input element.
+One multiply-add is one FLOP, as mmengine counts: an (a x b) by (b x c)
+product is ``a*b*c``, an element-wise operation one FLOP per output element,
+a reduction one per input element.
 """
 from math import prod
 from typing import Any, Callable, Dict, List

@@ -1,19 +1,5 @@
 """One measurement in one process: a model built once, then each of its
-settings (mode and precision) stepped, timed and measured.
-
-A training step is the forward (under autocast for AMP), the loss (a
-backbone's: the sum of its maps' means; a detector's: its losses), the
-backward and, with ``optimizer='adamw'``, an AdamW step (mmdet's Swin-T
-settings; under AMP through ``torch.amp.GradScaler``, as mmengine's
-``--amp``); without it the gradients are dropped. Inference is the forward
-without gradients.
-
-Time: each step between two CUDA events on a GPU, its wall time on the
-CPU; beside it the process's CPU time and the host's time to issue it.
-Memory: on a GPU ``max_memory_allocated`` and ``max_memory_reserved`` over
-the timed steps; on the CPU the growth of the resident set's high-water mark
-(``VmHWM``) over the first step, or, in a process whose allocator returns
-freed blocks at once (:func:`track_live_memory`), the peak of live memory.
+settings (mode and precision) stepped, timed and measured (docs/benchmarks.md).
 
 Run as ``python -m mmsoft_analysis.measure JSON`` it measures one case of
 :mod:`.runner` and prints one ``RESULT {json}`` line per record.
@@ -74,7 +60,9 @@ def autocast(device: torch.device, dtype: Optional[torch.dtype]):
 def make_step(model: nn.Module, loss_of: Callable, predict: Callable, mode: str,
               dtype: Optional[torch.dtype], device: torch.device,
               optimizer: str = 'none') -> Callable[[], None]:
-    """One training step or inference call of ``model`` (see the module)."""
+    """One training step of ``model`` (forward under autocast, loss, backward
+    and, with ``optimizer='adamw'``, an AdamW step; else the gradients are
+    dropped) or one inference call without gradients."""
     if mode == 'inference':
         model.eval()
 
@@ -270,7 +258,7 @@ def build(case: Dict, device: torch.device, shapes) -> Tuple:
     maps.valid_shapes = [tuple(s) for s in shapes] if maps.takes_valid_shapes else None
     module = maps
     if case['compile']:
-        module = torch.compile(maps, backend=case['compile'], mode=case['compile_mode'])
+        module = torch.compile(maps, backend=case['compile'])
     return module, maps, maps_loss(images), lambda m: m(images)
 
 

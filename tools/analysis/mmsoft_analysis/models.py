@@ -1,25 +1,10 @@
-"""The backbones the tools measure, one list with one model per name, and
+"""The backbones the tools measure, one model per name of :data:`NAMES`, and
 the Mask R-CNN around any of them.
 
-| name | model | origin |
-|---|---|---|
-| ``soft++-tiny`` ... ``-large`` | :class:`mmsoft.models.SOFT`, as configured | mmsoft |
-| ``ufo-vit-tiny`` ... ``-base`` | :class:`mmsoft.models.UFOViT`, the same | mmsoft |
-| ``swin-t`` | ``SwinTransformer`` of mmdet's Swin-T Mask R-CNN config | mmdet |
-| ``pvtv2-b2`` | ``PyramidVisionTransformerV2`` of mmdet's PVTv2-b2 config | mmdet |
-| ``timm-swin-t`` | ``swin_tiny_patch4_window7_224``, any input size | timm |
-| ``timm-pvtv2-b2`` | ``pvt_v2_b2`` | timm |
-| ``pvtv2-b2-li`` | ``pvt_v2_b2_li`` (keys pooled to 7x7) | timm |
-| ``xcit-s12`` | ``xcit_small_12_p16_224``, blocks 3/5/7/11 at strides 4-32 | timm |
-
-A *spec* is ``[LABEL=]NAME[:key=value,...]``, ``NAME`` one of the table or
-the path of an mmdet or mmseg config (its backbone). The options are the
-model's arguments (Python literals where they parse), but for three:
-``root=PATH`` (mmsoft imported from another checkout, :mod:`.runner`),
-``plain=Class/Class`` (those modules run plain autograd) and
-``checkpointing=True`` (``set_grad_checkpointing``). Drop-path rates are
-those of each model's detection configs. Without a checkpoint, none needs
-weights from the network.
+A *spec* is ``[LABEL=]NAME[:key=value,...]``, ``NAME`` a name or the path of an
+mmdet or mmseg config (its backbone); the options are the model's arguments,
+but for ``root=PATH`` (mmsoft from another checkout), ``plain=Class/Class``
+(those modules run plain autograd) and ``checkpointing=True``.
 """
 import ast
 import contextlib

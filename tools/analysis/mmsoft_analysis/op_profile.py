@@ -1,21 +1,10 @@
 """Where a backbone's time goes: a profile by operator class and by region.
 
-One inference call or training step runs under ``torch.profiler``. Every
-operator's own time (CPU time, or its CUDA kernels' on a GPU) counts for
-
-- its **operator class** (matrix products, convolutions, elementwise math,
-  ...: :func:`operator_class`), and
-- the **region** of the model that ran it: the innermost named region
-  around it in forward, a module of :data:`MODULE_REGIONS` or a function of
-  :data:`FUNCTION_REGIONS`, entered as a ``record_function`` range while the
-  profile runs. A backward operator counts for the region of the forward
-  operator that made its autograd node (autograd's sequence number), so a
-  region's time is its forward and backward time.
-
-FLOPs are counted for matrix products, convolutions (forward and backward,
-from their shapes) and fused attention, 2 per multiply-add; other operators
-count 0. Nothing here changes the model: the hooks and wrappers are removed
-when the profile ends.
+Each operator's own time counts for its operator class and for the innermost
+region around it (a module of :data:`MODULE_REGIONS` or a function of
+:data:`FUNCTION_REGIONS`); a backward operator counts for the region of the
+forward operator that made its autograd node. FLOPs: 2 per multiply-add of
+matrix products, convolutions and fused attention.
 """
 import contextlib
 import functools

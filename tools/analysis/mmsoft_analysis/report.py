@@ -1,12 +1,5 @@
 """The benchmark's report: ``results.json`` (every record, row and target)
-and ``results.md`` (the tables).
-
-A *record* is one setting (mode, precision) of one model measured in one
-process; a *row* gathers the rounds of one setting: the median and
-interquartile range of all its timed steps, each round's median, the
-fastest step's CPU time, the memory peaks, the kernels and GPU-busy time of
-the round that counted them, and its time over the first model's in the
-same round (the median of the rounds' ratios: the interleaved A/B).
+and ``results.md`` (the tables); a row gathers the rounds of one setting.
 """
 import json
 import os

@@ -1,15 +1,5 @@
 """The benchmark's runner: one fresh process per measurement, in turn, within
-a time budget.
-
-:func:`make_cases` lays out the cases: eager, then compiled; each input;
-each round; each model in turn, the order reversed every other round (a
-drift of the machine falls on all models alike, and the rounds give an
-interleaved A/B of the first model against each other); then, on the CPU,
-one live-memory process per model and input; then the capacity searches.
-:func:`run_benchmark` runs ``pytest`` first where asked (the CUDA tests),
-then each case in a process killed at its hard limit or when the budget
-runs out, and writes the report after every record: a run cut short keeps
-what it measured.
+a time budget, the report written after every record.
 """
 import dataclasses
 import json
@@ -46,7 +36,6 @@ class Settings:
     precisions: Sequence[str] = ('float32', )
     amp_dtype: str = 'float16'
     compile: Optional[str] = None
-    compile_mode: Optional[str] = None
     compiled_only: bool = False
     optimizer: str = 'none'
     pad: int = 1
@@ -94,10 +83,12 @@ def describe_input(shapes: Sequence[Tuple[int, int]]) -> str:
 
 
 def make_cases(settings: Settings) -> List[Dict]:
-    """Every case, in the order run (see the module)."""
+    """Every case, in the order run: eager, then compiled; each input; each
+    round, the models' order reversed every other round; then the live-memory
+    processes and the capacity searches."""
     common = {key: getattr(settings, key) for key in (
-        'device', 'amp_dtype', 'compile_mode', 'optimizer', 'pad', 'warmup', 'steps',
-        'threads', 'kernels', 'host_sync', 'flops', 'regions', 'saved_tensors',
+        'device', 'amp_dtype', 'optimizer', 'pad', 'warmup', 'steps', 'threads',
+        'kernels', 'host_sync', 'flops', 'regions', 'saved_tensors',
         'memory_limit_gb', 'max_batch')}
     common.update(detector=settings.detector, memory=settings.memory, live=False,
                   capacity=False, settings=[(m, p) for m in settings.modes

@@ -1,12 +1,7 @@
 """What autograd keeps for backward, by the module that was running.
 
-:class:`SavedTensorRecorder` installs saved-tensor hooks
-(``torch.autograd.graph.saved_tensors_hooks``) and forward hooks on every
-submodule, so each tensor an operation saves for backward is recorded with
-the name of the innermost module running at that moment, its shape, dtype
-and the bytes of its storage. A storage is counted once however many
-operations save it (a Linear's input is also the previous layer's output);
-parameters and buffers are not activations and are left out.
+Each saved storage counts once, for the innermost module running when it was
+saved; parameters and buffers are left out.
 """
 from collections import defaultdict
 from typing import Dict, List, NamedTuple, Tuple
