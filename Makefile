@@ -123,9 +123,9 @@ lint: $(NEWEST_STAMP)
 # suite's). Each suite's torch runs SUITE_THREADS threads: two suites share
 # the two cores from the compile's end to the last suite's, and a suite alone
 # keeps one core busy, not two (docs/testing.md). The newest and floor
-# installs take turns, not side by side, and each holds at most one large
-# wheel in pip's downloads (tools/install_common.sh): together with the
-# stack, the disk holds the three environments and one download.
+# installs take turns, not side by side; each install unpacks a file once,
+# into its environment (uv's cache there, hard-linked, tools/install_common.sh):
+# together with the stack, the disk holds the three environments.
 # Before anything starts, the disk is checked for all three and the suites.
 # Last, the timeline: when each install and suite started and ended, in
 # seconds from the start ($(TIMELINE)).

@@ -272,6 +272,12 @@ def test_installed_mmcv_runs_the_configs_ops():
      'requirements/build-constraints.txt'),
     ('ERROR: No matching distribution found for torch==2.14.1',
      'CPython 3.11 on x86-64 Linux'),
+    ('cause: Hash mismatch for `torch==2.14.1`', 'does not match the hash'),
+    ('cause: Because there is no version of torch==2.14.1 and you require '
+     'torch==2.14.1, we can conclude that your requirements are unsatisfiable.',
+     'CPython 3.11 on x86-64 Linux'),
+    ('cause: error sending request for url (https://pypi.org/simple/torch/)',
+     'the package registry could not be reached'),
     ('something else went wrong', 'read the log above'),
 ])
 def test_failed_step_names_the_step_package_log_and_what_to_try(output, hint, tmp_path):
@@ -351,38 +357,51 @@ def test_disk_check_of_make_test_sums_the_environments_not_yet_installed(tmp_pat
     assert unknown.returncode == 1 and "unknown environment 'gpu'" in unknown.stderr
 
 
-@pytest.mark.parametrize('lock', ['newest.txt', 'stack.txt', 'floor.txt'])
-def test_lock_is_installed_with_one_large_wheel_per_pip_call(lock, tmp_path):
-    """pip keeps its downloads until its call ends: torch, triton and each
-    nvidia-* wheel get a call of their own, every requirement lands in
-    exactly one call, with all its hashes."""
-    path = osp.join(REQUIREMENTS, 'locks', lock)
-    done = run_installer_function(f'split_lock {tmp_path}/parts {path}', tmp_path)
+def write_lock(path, entries: Dict[str, dict]) -> str:
+    """A lock file of ``{name: {'version': ..., 'hashes': [...]}}``."""
+    path.write_text(''.join(f"{name}=={entry['version']} \\\n    "
+                            + ' \\\n    '.join(entry['hashes']) + '\n'
+                            for name, entry in entries.items()))
+    return str(path)
+
+
+def test_locked_install_checks_hashes_and_compiles_bytecode(tmp_path):
+    """A wrong hash or a version the index lacks fails, naming what to do; a
+    lock's wheel installs from the index, its modules compiled, and leaves no
+    cache."""
+    venv = tmp_path / 'venv'
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
+                   check=True)
+    newest = lock_entries(osp.join(REQUIREMENTS, 'locks', 'newest.txt'))
+    wrong_hash = dict(newest['mdurl'], hashes=['--hash=sha256:' + '0' * 64])
+    no_version = dict(version='0.0.0.1', hashes=newest['mdurl']['hashes'])
+    for entry, hint in [(wrong_hash, 'does not match the hash in requirements/locks/'),
+                        (no_version, 'CPython 3.11 on x86-64 Linux')]:
+        lock = write_lock(tmp_path / 'bad.txt', {'mdurl': entry})
+        failed = run_installer_function(f'install_locked test {venv} {lock}', tmp_path)
+        assert failed.returncode == 1 and hint in failed.stderr, failed.stderr
+
+    good = write_lock(tmp_path / 'good.txt', {'mdurl': newest['mdurl']})
+    done = run_installer_function(f'install_locked test {venv} {good}', tmp_path)
     assert done.returncode == 0, done.stderr
-    parts = {name: lock_entries(str(tmp_path / 'parts' / name))
-             for name in sorted(os.listdir(tmp_path / 'parts'))}
-    merged = {}
-    for name, entries in parts.items():
-        assert not set(entries) & set(merged), name
-        merged.update(entries)
-    assert merged == lock_entries(path)
-    large = [name for name in merged
-             if name in ('torch', 'triton') or name.startswith('nvidia-')]
-    assert 'torch' in large and len(large) > 5
-    for name in large:
-        assert list(parts[f'2-{name}.txt']) == [name]
-    assert not set(large) & set(parts['1-rest.txt'])
+    package = next(venv.glob('lib/python3.*/site-packages/mdurl'))
+    assert {path.name.split('.')[0] for path in package.glob('__pycache__/*.pyc')} \
+        == {path.stem for path in package.glob('*.py')}
+    assert not (venv / '.uv-cache').exists()
 
 
-def test_lock_with_an_option_line_is_refused_not_split(tmp_path):
-    """An option line has no requirement to go with: refused, naming it."""
-    lock = tmp_path / 'lock.txt'
-    lock.write_text('--extra-index-url https://example.org/simple\n'
-                    'six==1.16.0 \\\n    --hash=sha256:' + '0' * 64 + '\n')
-    done = run_installer_function(f'split_lock {tmp_path}/parts {lock}', tmp_path)
-    assert done.returncode == 1
-    assert '--extra-index-url https://example.org/simple' in done.stderr
-    assert 'not supported' in done.stderr
+def test_installers_started_together_install_the_lock_tool_once(tmp_path):
+    """`make test` starts two installers at once: one installs uv, the other
+    waits for it."""
+    done = run_installer_function(
+        f'ensure_uv a > {tmp_path}/a & first=$!; ensure_uv b > {tmp_path}/b & '
+        f'wait $first; wait $!; cat {tmp_path}/a {tmp_path}/b; '
+        '"$LOCK_VENV/bin/uv" --version',
+        tmp_path,
+        LOCK_VENV=str(tmp_path / 'lock-venv'))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count('installing the lock tool') == 1
+    assert re.search(r'^uv \d', done.stdout, re.M)
 
 
 def test_unreachable_registry_is_named(tmp_path):

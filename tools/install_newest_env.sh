@@ -8,9 +8,9 @@
 #
 # The interpreter: python3.12 on PATH or in pyenv's versions; without one,
 # the newest python3.N (3.10 or later) on PATH, named in the output (the
-# lock pins versions with wheels for those too). The lock is installed past
-# a pip configuration that caps versions (PIP_CONSTRAINT emptied): it pins
-# every version itself.
+# lock pins versions with wheels for those too). The lock is installed by
+# uv (install_locked), past a pip configuration that caps versions
+# (PIP_CONSTRAINT): it pins every version itself.
 #
 # Usage: bash tools/install_newest_env.sh [VENV_DIR]
 set -euo pipefail
@@ -48,7 +48,7 @@ if [ ! -x "$PY" ]; then
         "the lock is resolved for $WANTED"
 fi
 prepare_env "$TAG" newest "$VENV" "$BASE_PY"
-PIP_CONSTRAINT=/dev/null install_locked "$TAG" "$VENV" requirements/locks/newest.txt
+install_locked "$TAG" "$VENV" requirements/locks/newest.txt
 install_editable "$TAG" "$VENV"
 run_step "$TAG" "checking that every installed package's requirements hold (pip check)" \
     "the locked newest environment" "$PY" -m pip check
