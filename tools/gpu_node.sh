@@ -83,7 +83,7 @@ build_mmcv() {
         run_step "$TAG" "creating the build environment $venv ($base)" python \
             "$base" -m venv "$venv"
     fi
-    PIP_CONSTRAINT=/dev/null install_locked "$TAG" "$venv" requirements/locks/gpu-train-build.txt
+    install_locked "$TAG" "$venv" requirements/locks/gpu-train-build.txt
     cu13=$("$py" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
     [ -x "$cu13/bin/nvcc" ] || fail 1 "no nvcc in $cu13/bin (requirements/locks/gpu-train-build.txt)"
     export CUDA_HOME="$build_dir/cuda-home" FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$arch_list"
