@@ -118,11 +118,11 @@ lint: $(NEWEST_STAMP)
 # and the suites still run), then the newest suite runs at a lower priority
 # (nice), on what the
 # compile leaves of the cores, while the floor environment installs; the
-# floor's suite, also under nice, starts when its install ends (its output
-# in $(FLOOR_LOG), printed after the newest suite's). Each suite's torch runs
-# SUITE_THREADS threads: the suites share the two cores from the compile's
-# end to the last suite's, and no core waits idle while a suite still has
-# tests to run (docs/testing.md). The newest and floor
+# floor's suite, also under nice, starts when the stack's or the newest
+# suite is done (its output in $(FLOOR_LOG), printed after the newest
+# suite's). Each suite's torch runs SUITE_THREADS threads: two suites share
+# the two cores from the compile's end to the last suite's, and a suite alone
+# keeps one core busy, not two (docs/testing.md). The newest and floor
 # installs take turns, not side by side; each install unpacks a file once,
 # into its environment (uv's cache there, hard-linked, tools/install_common.sh):
 # together with the stack, the disk holds the three environments.
@@ -147,6 +147,7 @@ test:
 	{ mark 'floor: install starts'; $(MAKE) --no-print-directory install-floor; \
 		rc=$$?; mark 'floor: install ends'; \
 		if [ $$rc = 0 ]; then \
+			until grep -q -e 'stack: ends' -e 'newest: ends' $(TIMELINE); do sleep 5; done; \
 			mark 'floor: suite starts'; $(SUITE_ENV) nice -n 10 $(MAKE) --no-print-directory test-floor; \
 			rc=$$?; mark 'floor: suite ends'; fi; \
 		exit $$rc; } > $(FLOOR_LOG) 2>&1 & floor=$$!; \
