@@ -1,6 +1,17 @@
 """The demo's datasets (``tools/generate_demo_data.py`` writes them): random
 scenes of overlapping shapes on textured backgrounds, an object's class told
-by its outline only, in COCO's, ADE20K's and ImageNet's layouts.
+by its outline only, in the libraries' own layouts:
+
+- COCO instance segmentation: ``annotations/instances_{train,val}.json`` and
+  PNG images in ``train/`` and ``val/``; each annotation one polygon
+  (``iscrowd=0``) whose ``area`` and ``bbox`` are its rasterised mask's;
+- ADE20K-layout semantic segmentation (``images/`` and ``annotations/``, each
+  ``training/`` and ``validation/``): 0 unlabelled (mmseg's
+  ``reduce_zero_label`` ignores it), 1 the background, 2..K+1 the shapes;
+- ImageNet-layout classification, one shape per image: ``train/<class>/*.png``,
+  ``val/<class>/*.png`` and the lists ``meta/{train,val}.txt`` ("<class>/<file>
+  <label>") and ``meta/classes.txt``, as mmpretrain's ``CustomDataset`` reads
+  them; classes balanced and sorted, so folder order and labels agree.
 """
 import glob
 import json

@@ -231,7 +231,8 @@ install_locked() {
     ensure_uv "$tag"
     for lock in "$@"; do requirements+=(-r "$lock"); done
     run_step "$tag" "installing $* (hash-checked wheels)" "$*" \
-        env ${cert:+"SSL_CERT_FILE=$cert"} "$UV" pip install --python "$venv/bin/python" --cache-dir "$venv/.uv-cache" \
+        env ${cert:+"SSL_CERT_FILE=$cert"} "$UV" pip install \
+        --python "$venv/bin/python" --cache-dir "$venv/.uv-cache" \
         --index-url "$(package_index "$venv/bin/python")" --require-hashes \
         --only-binary :all: --no-deps --compile-bytecode "${requirements[@]}"
     rm -rf "$venv/.uv-cache"
