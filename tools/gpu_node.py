@@ -308,25 +308,22 @@ def write_table(out: str, runs: List[Dict[str, str]], skip: int, device_line: st
                 notes: List[str]) -> str:
     """Writes ``out/gpu_train.json`` and ``out/gpu_train.md``; returns the
     Markdown."""
-    def cell(value, digits):
-        return '–' if value is None else f'{value:.{digits}f}'
-
     rows = table_rows(runs, skip)
+    from mmsoft_analysis.report import table_lines  # tools/analysis/, as table_rows
     write_json(osp.join(out, 'gpu_train.json'),
                dict(device=device_line, skip=skip, runs=rows, notes=notes))
-    lines = ['# Training on the GPU node', '', device_line, '',
-             '| run | batch | image size | iterations timed | s / iteration '
-             f'| images / s | time vs {BASELINE} | peak GPU memory (MiB) '
-             '| bbox mAP | segm mAP | status |', '|---' * 11 + '|']
-    for row in rows:
-        lines.append(
-            f"| {row['label']} | {row['batch']} | {row['size']} "
-            f"| {row['iterations_timed']} of {row['iterations_logged']} "
-            f"| {cell(row['seconds_per_iter'], 3)} | {cell(row['images_per_s'], 2)} "
-            f"| {cell(row['time_vs_' + BASELINE], 2)} "
-            f"| {cell(row['peak_memory_mib'], 0)} | {cell(row.get(METRICS[0]), 3)} "
-            f"| {cell(row.get(METRICS[1]), 3)} | {row['status']} |")
-    text = '\n'.join(lines + [''] + notes) + '\n'
+    columns = (('seconds_per_iter', 3), ('images_per_s', 2), ('time_vs_' + BASELINE, 2),
+               ('peak_memory_mib', 0), (METRICS[0], 3), (METRICS[1], 3))
+    table = table_lines(
+        ['run', 'batch', 'image size', 'iterations timed', 's / iteration',
+         'images / s', f'time vs {BASELINE}', 'peak GPU memory (MiB)', 'bbox mAP',
+         'segm mAP', 'status'],
+        [[row['label'], row['batch'], row['size'],
+          f"{row['iterations_timed']} of {row['iterations_logged']}",
+          *('–' if row.get(key) is None else f'{row[key]:.{digits}f}'
+            for key, digits in columns), row['status']] for row in rows])
+    text = '\n'.join(['# Training on the GPU node', '', device_line, '', *table, '',
+                      *notes]) + '\n'
     with open(osp.join(out, 'gpu_train.md'), 'w') as file:
         file.write(text)
     return text

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from . import REPO
+from .report import table_lines
 
 
 @dataclass(frozen=True)
@@ -423,11 +424,6 @@ def _metric(summary: Optional[Dict]) -> str:
     return f"**{summary['mean']:.3f}** ({values})"
 
 
-def _line(cells: Sequence[str]) -> str:
-    """One row of a Markdown table."""
-    return '| ' + ' | '.join(cells) + ' |'
-
-
 def _link(config: str) -> str:
     """A config's file name linked from ``docs/comparison/``."""
     return f'[{os.path.basename(config)}](../../{config})'
@@ -469,24 +465,25 @@ def markdown_tables(rows: Dict[str, List[Dict]], settings: Dict) -> str:
         "the probe counts its epochs after the first. Training costs of "
         "mmsoft's backbones with the memory-efficient path and without it "
         "(plain autograd, as the peers run); the peers' figures repeat in "
-        "both.", '',
-        f"| backbone | source | group | recipe | config | params (M) | GFLOPs "
-        f"{sizes['flops']} | GFLOPs {sizes['inference']} | inference "
-        f"{sizes['inference']} (CPU s) | training iteration {sizes['train']} "
-        f"(CPU s) | same, plain autograd | training peak {sizes['peak']} (MiB) | "
-        'same, plain autograd | bbox mAP | segm mAP | training (min) |',
-        '|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|']
-    lines += [_line([row['name'], row['source'], row['group'], _recipe(row['recipe']),
-                     _link(row['config']),
-                     *(_number(row[key], digits) for key, digits in COST_COLUMNS),
-                     _metric(row[BBOX_METRIC]), _metric(row[SEGM_METRIC]),
-                     _number(row.get('train_minutes'), 1)])
-              for row in rows['detection']]
-    lines += ['', '| backbone | source | config | mIoU (%) | training (min) |',
-              '|---|---|---|---|---:|']
-    lines += [_line([row['name'], row['source'], _link(row['config']),
-                     _metric(row[MIOU_METRIC]), _number(row.get('train_minutes'), 1)])
-              for row in rows['segmentation']]
+        "both.", '']
+    lines += table_lines(
+        ['backbone', 'source', 'group', 'recipe', 'config', 'params (M)',
+         f"GFLOPs {sizes['flops']}", f"GFLOPs {sizes['inference']}",
+         f"inference {sizes['inference']} (CPU s)",
+         f"training iteration {sizes['train']} (CPU s)", 'same, plain autograd',
+         f"training peak {sizes['peak']} (MiB)", 'same, plain autograd', 'bbox mAP',
+         'segm mAP', 'training (min)'],
+        [[row['name'], row['source'], row['group'], _recipe(row['recipe']),
+          _link(row['config']),
+          *(_number(row[key], digits) for key, digits in COST_COLUMNS),
+          _metric(row[BBOX_METRIC]), _metric(row[SEGM_METRIC]),
+          _number(row.get('train_minutes'), 1)] for row in rows['detection']],
+        right=(*range(5, 13), 15))
+    lines += [''] + table_lines(
+        ['backbone', 'source', 'config', 'mIoU (%)', 'training (min)'],
+        [[row['name'], row['source'], _link(row['config']), _metric(row[MIOU_METRIC]),
+          _number(row.get('train_minutes'), 1)] for row in rows['segmentation']],
+        right=(4, ))
     return '\n'.join(lines) + '\n'
 
 
@@ -495,21 +492,21 @@ def probe_table(probes: Sequence[Dict], runs: Sequence[Dict]) -> str:
     recipe and seed where there is one."""
     full = {(run['config'], run.get('recipe', 'shared'), run['seed']): run
             for run in runs if run['task'] == 'detection'}
-    lines = ['| backbone | recipe | bbox mAP, epoch 1 | segm mAP, epoch 1 | '
-             'training loss, last 40% of epoch 1 | bbox mAP, full run | '
-             'segm mAP, full run | minutes, epoch 1 |',
-             '|---|---|---:|---:|---:|---:|---:|---:|']
+    body = []
     for run in probes:
         if run['task'] != 'probe':
             continue
         final = full.get((run['config'], run['recipe'], run['seed']), {}).get(
             'metrics', {})
-        lines.append(_line([
+        body.append([
             run['name'], _recipe(run['recipe']), f"{run['metrics'][BBOX_METRIC]:.3f}",
             f"{run['metrics'][SEGM_METRIC]:.3f}", _number(run.get('loss'), 3),
             _number(final.get(BBOX_METRIC), 3), _number(final.get(SEGM_METRIC), 3),
-            f"{run['wall_seconds'] / 60:.1f}"]))
-    return '\n'.join(lines) + '\n'
+            f"{run['wall_seconds'] / 60:.1f}"])
+    return '\n'.join(table_lines(
+        ['backbone', 'recipe', 'bbox mAP, epoch 1', 'segm mAP, epoch 1',
+         'training loss, last 40% of epoch 1', 'bbox mAP, full run',
+         'segm mAP, full run', 'minutes, epoch 1'], body, right=range(2, 8))) + '\n'
 
 
 def plot_map_against(rows: Sequence[Dict], cost: str, label: str, path: str,

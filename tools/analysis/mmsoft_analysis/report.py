@@ -131,9 +131,12 @@ def _cell(value, digits: int = 1) -> str:
     return str(value).replace('|', '\\|').replace('\n', ' ')
 
 
-def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
-    return (['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-            + ['| ' + ' | '.join(cells) + ' |' for cells in body])
+def table_lines(header: Sequence[str], body: Sequence[Sequence[str]],
+                right: Sequence[int] = ()) -> List[str]:
+    """A Markdown table, the columns numbered in ``right`` aligned right."""
+    rule = ''.join('---:|' if i in right else '---|' for i in range(len(header)))
+    return (['| ' + ' | '.join(header) + ' |', '|' + rule]
+            + ['| ' + ' | '.join(map(str, cells)) + ' |' for cells in body])
 
 
 def profile_tables(rows: Sequence[Dict], table: str) -> List[str]:
@@ -161,8 +164,8 @@ def profile_tables(rows: Sequence[Dict], table: str) -> List[str]:
                             f"{entry['gflop'] / total_flop:.0%}), {entry['kernels']}")
         title = f'{table[:-1].replace("classe", "operator class")}: {mode}, {size}'
         lines += ['', f'### By {title}, {precision}' + ' compiled' * bool(compiled), '']
-        lines += _table([table[:-2] if table == 'classes' else 'region']
-                        + [r['label'] for r in chosen], cells)
+        lines += table_lines([table[:-2] if table == 'classes' else 'region']
+                             + [r['label'] for r in chosen], cells)
     return lines
 
 
@@ -195,17 +198,18 @@ def markdown(data: Dict) -> str:
         lines += ['', f"Tests: {tests.get('error') or counts.format(**tests)}."]
     if data.get('targets'):
         lines += ['', '## Targets', '']
-        lines += _table(('target', 'input', 'precision', 'value', 'status', 'numbers'),
-                        [[t['target'], t['input'], t['precision'], _cell(t['value'], 2),
-                          t['status'], t['numbers']] for t in data['targets']])
+        lines += table_lines(
+            ('target', 'input', 'precision', 'value', 'status', 'numbers'),
+            [[t['target'], t['input'], t['precision'], _cell(t['value'], 2),
+              t['status'], t['numbers']] for t in data['targets']])
     for group in dict.fromkeys(map(_group, rows)):
         chosen = [r for r in rows if _group(r) == group]
         shown = [column for column in COLUMNS
                  if any(_value(r, column[0]) is not None for r in chosen)]
         lines += ['', f"## {'Mask R-CNN' if group[0] else 'Backbones'}, {group[1]}"
                   + (f', compiled ({group[2]})' if group[2] else ''), '']
-        lines += _table([c[1] for c in shown],
-                        [[_cell(_value(r, c[0]), c[2]) for c in shown] for r in chosen])
+        lines += table_lines([c[1] for c in shown], [[_cell(_value(r, c[0]), c[2])
+                                                      for c in shown] for r in chosen])
     for table in ('regions', 'classes'):
         lines += profile_tables(rows, table)
     problems = [f"{r['label']} {r['input']} {r['mode']} {r['precision']}: "
