@@ -89,20 +89,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f'tensors:     {info["num_tensors"]} converted; dropped: '
           f'{", ".join(info["dropped"]) or "-"}')
 
-    meta = dict(
-        converter='tools/model_converters/soft2mmsoft.py',
-        mmsoft_version=__version__,
-        source=osp.basename(args.src),
-        arch=info['arch'],
-        arch_settings=dict(settings),
-        variant=info['variant'],
-        variant_source=info['variant_source'],
-        pretrain_img_size=info['pretrain_img_size'],
-        dropped=info['dropped'])
-    state_dict = {key: value.detach().clone().contiguous()
-                  for key, value in state_dict.items()}
+    meta = dict(converter='tools/model_converters/soft2mmsoft.py',
+                mmsoft_version=__version__, source=osp.basename(args.src),
+                arch_settings=dict(settings), **{key: info[key] for key in (
+                    'arch', 'variant', 'variant_source', 'pretrain_img_size',
+                    'dropped')})
     os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
-    torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
+    torch.save(dict(state_dict={key: value.detach().clone().contiguous()
+                                for key, value in state_dict.items()}, meta=meta),
+               args.dst)
     print(f'saved:       {args.dst}')
     return 0
 

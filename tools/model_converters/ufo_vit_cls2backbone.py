@@ -107,14 +107,13 @@ def check_ufo_vit_state_dict(state_dict: Mapping, settings: Mapping) -> List[str
         f'qkv_bias={settings["qkv_bias"]})').optional_missing
 
 
-def ufo_vit_cls_to_backbone(checkpoint: Mapping, prefix: str = BACKBONE_PREFIX
-                            ) -> Tuple[dict, dict]:
+def ufo_vit_cls_to_backbone(checkpoint: Mapping) -> Tuple[dict, dict]:
     """The backbone state dict of a classifier checkpoint and what was found:
     ``arch`` (or None), ``arch_settings``, ``in_channels``, ``qkv_bias``,
     ``num_tensors``, ``dropped``, ``not_pretrained``, ``wrapper``, ``ema``
     and, from ``meta``, ``epoch`` and ``iter``."""
     state_dict, wrapper = unwrap_state_dict(checkpoint)
-    backbone, dropped = select_backbone_tensors(state_dict, prefix)
+    backbone, dropped = select_backbone_tensors(state_dict)
     settings = detect_ufo_vit_settings(backbone)
     not_pretrained = check_ufo_vit_state_dict(backbone, settings)
     info = dict(arch=match_ufo_vit_arch(settings['arch']),
@@ -140,8 +139,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'checkpoint.')
     parser.add_argument('src', help='classifier checkpoint (path or URL)')
     parser.add_argument('dst', help='output backbone checkpoint')
-    parser.add_argument('--prefix', default='backbone.',
-                        help='prefix of the backbone keys (default: backbone.)')
     return parser.parse_args(argv)
 
 
@@ -150,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     checkpoint = load_checkpoint_file(args.src, map_location='cpu')
     try:
-        state_dict, info = ufo_vit_cls_to_backbone(checkpoint, prefix=args.prefix)
+        state_dict, info = ufo_vit_cls_to_backbone(checkpoint)
     except ValueError as exc:
         print(f'error: {args.src}: {exc}', file=sys.stderr)
         return 1
@@ -166,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                'as trained (no ema_state_dict)')
     print(f'weights:         {weights}')
     print(f'tensors:         {info["num_tensors"]} kept, {len(info["dropped"])} '
-          f'dropped (keys outside {args.prefix!r})')
+          f'dropped (keys outside {BACKBONE_PREFIX!r})')
     print(f'not pretrained:  {len(info["not_pretrained"])} tensors of the stride '
           f'4/8 output branches (initialised by the dense model)')
 
@@ -176,10 +173,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta.update((f'source_{k}', info[k]) for k in ('epoch', 'iter') if k in info)
     meta.update(converter='tools/model_converters/ufo_vit_cls2backbone.py',
                 mmsoft_version=__version__, source=osp.basename(args.src))
-    state_dict = {key: value.detach().clone().contiguous()
-                  for key, value in state_dict.items()}
     os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
-    torch.save(dict(state_dict=state_dict, meta=meta), args.dst)
+    torch.save(dict(state_dict={key: value.detach().clone().contiguous()
+                                for key, value in state_dict.items()}, meta=meta),
+               args.dst)
     print(f'saved:           {args.dst}')
     return 0
 
