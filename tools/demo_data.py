@@ -412,8 +412,7 @@ def _write_cls_split(root: str, split: str, num_images: int, seed: int, first: i
     height, width = img_size
     rng = np.random.default_rng(seed)
     split_dir = osp.join(root, split)
-    if osp.isdir(split_dir):  # images of an earlier run
-        shutil.rmtree(split_dir)
+    shutil.rmtree(split_dir, ignore_errors=True)  # images of an earlier run
     for name in classes:
         os.makedirs(osp.join(split_dir, name))
     lines, counts = [], [0] * len(classes)
@@ -439,12 +438,6 @@ def generate_classification_demo(root: str, num_train: int = 400, num_val: int =
     """Writes the train and val splits of sorted ``classes`` from ``seed``;
     returns their counts and the ``classes``."""
     classes = tuple(sorted(check_classes(classes)))
-    if num_train < 1 or num_val < 1:
-        raise ValueError(f'num_train={num_train} and num_val={num_val} must be '
-                         f'positive.')
-    if len(img_size) != 2 or min(img_size) < 32:
-        raise ValueError(f'img_size={img_size!r} must be (height, width), each at '
-                         f'least 32.')
     os.makedirs(osp.join(root, 'meta'), exist_ok=True)
     stats = _generate(_write_cls_split, root, num_train, num_val, seed,
                       classes=classes, img_size=tuple(img_size))

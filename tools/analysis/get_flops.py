@@ -59,13 +59,12 @@ def keep_all_proposals(cfg: Config) -> Config:
 
 
 def count_config(cfg: Config, shape: Optional[Sequence[int]] = None,
-                 backbone_only: bool = False,
-                 with_extra_handles: bool = True) -> dict:
+                 backbone_only: bool = False) -> dict:
     """The ``params``, ``backbone_params``, ``flops`` (multiply-adds) and
     ``uncounted_ops`` (operator -> calls left out) of the model an mmdet or
     mmseg config builds, in tensor mode (or with ``backbone_only`` its
     backbone: ``part``), at input ``shape`` (H, W; by default
-    :data:`DEFAULT_SHAPES`); without ``with_extra_handles``, mmengine's count."""
+    :data:`DEFAULT_SHAPES`)."""
     scope = cfg.get('default_scope', None)
     if scope not in DEFAULT_SHAPES:
         raise ValueError(f'default_scope={scope!r} of the config is not supported; '
@@ -76,8 +75,7 @@ def count_config(cfg: Config, shape: Optional[Sequence[int]] = None,
     target = model.backbone if backbone_only else TensorModeModel(
         model, scope, shape)
     with torch.no_grad():
-        flops, analyzer = count_flops(target, (torch.randn(1, 3, *shape), ),
-                                      with_extra_handles=with_extra_handles)
+        flops, analyzer = count_flops(target, (torch.randn(1, 3, *shape), ))
     return dict(shape=list(shape), part='backbone' if backbone_only else 'model',
                 params=sum(p.numel() for p in target.parameters()),
                 backbone_params=sum(p.numel() for p in model.backbone.parameters()),
@@ -92,8 +90,6 @@ def parse_args():
                         '512 512 for mmseg configs)')
     parser.add_argument('--backbone-only', action='store_true',
                         help='count the backbone alone')
-    parser.add_argument('--mmengine-only', action='store_true',
-                        help="mmengine's plain count, without mmsoft's handles")
     parser.add_argument('--json', help='also write the figures to this JSON file')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override settings of the config; lists as key="[a,b]"')
@@ -105,8 +101,7 @@ def main():
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
-    counted = count_config(cfg, args.shape, backbone_only=args.backbone_only,
-                           with_extra_handles=not args.mmengine_only)
+    counted = count_config(cfg, args.shape, backbone_only=args.backbone_only)
     result = dict(config=args.config, shape=counted['shape'], part=counted['part'],
                   params_m=round(counted['params'] / 1e6, 3),
                   gflops=round(counted['flops'] / 1e9, 3),

@@ -7,15 +7,13 @@ each bottleneck size; ``pooling``: a SOFT backbone with and without
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 from mmsoft.models import SOFT
 from mmsoft.models.soft import (SOLVERS, capped_grid_size, gaussian_kernel,
                                 kernel_inverse)
-from mmsoft_analysis import parse_size
+from mmsoft_analysis import parse_size, timed
 
 
 def parse_args():
@@ -43,19 +41,6 @@ def parse_args():
     pooling.add_argument('--sizes', nargs='+', type=parse_size,
                          default=[(512, 512), (512, 683), (800, 1333)])
     return parser.parse_args()
-
-
-def timed(call, repeats: int, warmup: int = 1):
-    """The median time of ``repeats`` calls after ``warmup``, and the last
-    result."""
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
 
 
 def inverse_rows(args):

@@ -7,10 +7,8 @@ run in onnxruntime beside PyTorch at each ``--verify-shapes`` size
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from collections import defaultdict
 
 import torch
@@ -24,7 +22,7 @@ from mmsoft.deployment import onnx_export
 # The tools' shared code (tools/analysis/mmsoft_analysis).
 TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TOOLS_DIR, 'analysis'))
-from mmsoft_analysis import parse_size  # noqa: E402
+from mmsoft_analysis import parse_size, timed  # noqa: E402
 
 
 class FeatureMaps(nn.Module):
@@ -75,18 +73,6 @@ def build_feature_model(cfg: Config, checkpoint: str = None,
     else:
         load_feature_weights(model, checkpoint)
     return model.eval()
-
-
-def median_seconds(run, images, warmup: int, repeats: int) -> float:
-    """Median wall time of ``repeats`` calls without gradients, after ``warmup``."""
-    seconds = []
-    with torch.no_grad():
-        for call in range(warmup + repeats):
-            start = time.perf_counter()
-            run(images)
-            if call >= warmup:
-                seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
 
 
 def profile_onnxruntime(path: str, images: torch.Tensor, threads: int) -> dict:
@@ -165,11 +151,12 @@ def benchmark(model, args) -> None:
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        torch_seconds = median_seconds(model, images, 1, args.repeats)
+        with torch.no_grad():
+            torch_seconds = timed(lambda: model(images), args.repeats)[0]
     finally:
         torch.set_num_threads(previous_threads)
-    ort_seconds = median_seconds(lambda x: onnx_export.run_onnxruntime(session, x),
-                                 images, 1, args.repeats)
+    ort_seconds = timed(lambda: onnx_export.run_onnxruntime(session, images),
+                        args.repeats)[0]
     print(f'{height}x{width}, {threads} thread(s): PyTorch {torch_seconds:.3f} s, '
           f'onnxruntime {ort_seconds:.3f} s, '
           f'speed-up {torch_seconds / ort_seconds:.2f}x')

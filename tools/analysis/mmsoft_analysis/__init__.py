@@ -10,7 +10,9 @@ from their own folder. Importing it puts the repository root on
 """
 import argparse
 import re
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Tuple
 
@@ -40,3 +42,16 @@ def parse_size(text: str) -> Tuple[int, int]:
             return height, width
     raise SizeError(f'size {text!r} is invalid; expected HxW (or N for NxN), '
                     'e.g. 800x1333.')
+
+
+def timed(call, repeats: int, warmup: int = 1):
+    """The median time of ``repeats`` calls after ``warmup``, and the last
+    result."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out

@@ -41,11 +41,8 @@ def _entries(template: str, rows: Sequence[tuple]) -> List[Entry]:
             for name, config, source, *rest in rows]
 
 
-# The shared recipe (the demo's, tuned for its SOFT) and the probe's
-# alternatives for a backbone that does not learn under it: AdamW's ``lr``
-# (else the demo's 1e-3) and the linear warm-up's length in epochs of the
-# demo data (``warmup_epochs``, 75 iterations each; else the demo's share of
-# the schedule, 100 of 600 iterations).
+# The shared recipe (the demo's) and the probe's alternatives: AdamW's ``lr``
+# and the warm-up in epochs (docs/comparison.md, "The probe").
 RECIPES: Dict[str, Dict[str, float]] = {
     'shared': {},
     'warmup-1-epoch': dict(warmup_epochs=1),
@@ -85,8 +82,8 @@ SEGMENTORS: List[Entry] = _entries('upernet_{}_demo', [
                                         LARGE)])
 PROBE_DETECTORS: List[Entry] = [
     *[entry for entry in DETECTORS if entry.recipe != 'shared'], PROBE_CONTROL]
-# The demo configs' schedules: 8 epochs of 75 iterations with a 100-iteration
-# warm-up (Mask R-CNN); 1100 iterations with a 50-iteration warm-up (UperNet).
+# The demo configs' schedules: Mask R-CNN's epochs, their iterations and its
+# warm-up's; UperNet's iterations and warm-up.
 DEMO_EPOCHS, DEMO_EPOCH_ITERS, DEMO_DET_WARMUP = 8, 75, 100
 DEMO_SEG_ITERS, DEMO_SEG_WARMUP = 1100, 50
 BBOX_METRIC, SEGM_METRIC, MIOU_METRIC = 'coco/bbox_mAP', 'coco/segm_mAP', 'mIoU'

@@ -88,14 +88,12 @@ def extra_flop_handles(model) -> Dict[str, Handle]:
     return handles
 
 
-def count_flops(model, inputs, with_extra_handles: bool = True):
+def count_flops(model, inputs):
     """Total FLOPs (multiply-adds) of ``model(*inputs)`` (a model in eval
-    mode) and the FlopAnalyzer; without ``with_extra_handles``, mmengine's
-    plain count."""
+    mode) and the FlopAnalyzer, with :func:`extra_flop_handles`."""
     from mmengine.analysis import FlopAnalyzer
     analyzer = FlopAnalyzer(model, inputs)
-    if with_extra_handles:
-        analyzer.set_op_handle(**extra_flop_handles(model))
+    analyzer.set_op_handle(**extra_flop_handles(model))
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(False)
     return analyzer.total(), analyzer
