@@ -1,11 +1,6 @@
-# The Python interpreter of the shell launchers (tools/*.sh), which source
-# this file. It sets PYTHON to, in this order:
-#   1. $PYTHON, when set (e.g. PYTHON=python to use the active environment);
-#   2. the checkout's .venv/bin/python (what `make install`, `make demo` and
-#      `make test` create), when it exists;
-#   3. python from PATH.
-# Symbolic links to the tools/ folder are followed to find the checkout.
-# It also defines the steps that dist_*.sh and slurm_*.sh share.
+# Sourced by the shell launchers (tools/*.sh): PYTHON, when not set, is the
+# checkout's .venv/bin/python (links to tools/ followed) where it exists, else
+# python; and the steps that dist_*.sh and slurm_*.sh share.
 if [ -z "${PYTHON:-}" ]; then
     PYTHON="$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin/python"
     [ -x "$PYTHON" ] || PYTHON=python

@@ -10,10 +10,8 @@
 #   SHOW_DIR  painted predictions (outputs/<config name>/predictions)
 #   SEED      data generator seed (0)
 #   TRAIN_SEED  training seed (the config's: 0)
-#   MIN_BBOX_MAP  the bbox mAP below which the demo reports a failure
-#             (0.25: under every seed's result measured, see the README)
-#   PYTHON    interpreter (the checkout's .venv/bin/python when it exists,
-#             else python; see tools/_python.sh)
+#   MIN_BBOX_MAP  the least bbox mAP that passes (0.25; docs/get_started.md)
+#   PYTHON    interpreter (tools/_python.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=tools/_python.sh

@@ -3,8 +3,7 @@
 #
 # Usage: bash tools/dist_test.sh CONFIG CHECKPOINT NPROC [tools/test.py options]
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
-#              PORT (29500), PYTHON (the checkout's .venv/bin/python when it
-#              exists, else python; see tools/_python.sh).
+#              PORT (29500), PYTHON (tools/_python.sh).
 set -euo pipefail
 TOOLS_DIR="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=tools/_python.sh

@@ -3,8 +3,7 @@
 #
 # Usage: bash tools/dist_train.sh CONFIG NPROC [tools/train.py options]
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
-#              PORT (29500), PYTHON (the checkout's .venv/bin/python when it
-#              exists, else python; see tools/_python.sh).
+#              PORT (29500), PYTHON (tools/_python.sh).
 # The backend is the config's (mmengine's default: NCCL) on GPUs, gloo on
 # a machine without CUDA (mmsoft.apis.setup_cpu_distributed).
 set -euo pipefail

@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates requirements/locks/ from the human-edited requirement files
-# (`make lock`). Every package of the environments, transitive ones
-# included, is pinned there with the hashes of its files; the installers
-# (tools/install_*env.sh) install from the locks only. uv
-# (requirements/lock-tool.txt, in .venv-lock/) writes them from the index's
-# metadata and the hashes it publishes, for x86-64 Linux and CPython 3.11
-# (3.12 for newest.txt), with the hashes of every file of each version:
-# docs/get_started.md, "Lock files".
+# Regenerates requirements/locks/ from requirements/*.txt with uv (`make
+# lock`), for x86-64 Linux and CPython 3.11 (3.12 for newest.txt), every file's
+# hash pinned: docs/get_started.md, "Lock files".
 #
 # Usage: bash tools/lock.sh
 set -euo pipefail

@@ -3,8 +3,7 @@
 #
 # Usage: [GPUS=8] [GPUS_PER_NODE=8] [CPUS_PER_TASK=5] [SRUN_ARGS=...] \
 #     bash tools/slurm_test.sh PARTITION JOB_NAME CONFIG CHECKPOINT [test.py options]
-# PYTHON: the interpreter on the nodes (the checkout's .venv/bin/python when it
-# exists, else python; see tools/_python.sh).
+# PYTHON: the interpreter on the nodes (tools/_python.sh).
 set -euo pipefail
 TOOLS_DIR="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=tools/_python.sh
