@@ -280,13 +280,9 @@ def _annotations(scene: Scene, image_id: int, first_ann_id: int) -> List[dict]:
         polygon = mask_to_polygon(obj.visible_mask)
         rle = mask_utils.merge(mask_utils.frPyObjects([polygon], height, width))
         anns.append(dict(
-            id=first_ann_id + len(anns),
-            image_id=image_id,
-            category_id=obj.label + 1,
-            segmentation=[polygon],
-            area=float(mask_utils.area(rle)),
-            bbox=[round(float(v), 2) for v in mask_utils.toBbox(rle)],
-            iscrowd=0))
+            id=first_ann_id + len(anns), image_id=image_id, category_id=obj.label + 1,
+            segmentation=[polygon], area=float(mask_utils.area(rle)),
+            bbox=[round(float(v), 2) for v in mask_utils.toBbox(rle)], iscrowd=0))
     return anns
 
 

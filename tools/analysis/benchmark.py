@@ -51,10 +51,8 @@ def parse_args(argv):
         help='inputs, each --batch images of one size')
     add('--batch', type=int, default=1)
     add('--images', nargs='+', type=parse_size, metavar='HxW', help='one batch of '
-        "these images, padded to multiples of --pad; mmsoft's backbones get each "
+        "these images, padded to multiples of 32; mmsoft's backbones get each "
         'valid region')
-    add('--pad', type=int, help='side multiple of the padded batch (default 32 with '
-        '--images, else 1)')
     add('--device', default='cpu', help="'cpu', 'cuda' or 'cuda:N'")
     add('--detector', action='store_true',
         help="the model's whole Mask R-CNN (mmdet's configs)")
@@ -67,7 +65,6 @@ def parse_args(argv):
     add('--compile', nargs='?', const='inductor', metavar='BACKEND',
         help='also compiled, after eager (torch.compile with BACKEND, default '
         'inductor)')
-    add('--compiled-only', action='store_true')
     add('--warmup', type=int, default=1, help='untimed steps')
     add('--steps', type=int, default=3, help='timed steps per process')
     add('--rounds', type=int, default=1,
@@ -79,8 +76,6 @@ def parse_args(argv):
         help='CPU: the peak of live memory, in one more process')
     add('--kernels', type=int, default=0, metavar='STEPS', help='GPU: kernels per step '
         'and GPU-busy time over STEPS profiled steps (first round)')
-    add('--host-sync', action='store_true',
-        help='GPU: one step with host syncs as errors (first round)')
     add('--flops', action='store_true', help='FLOPs of the forward')
     add('--regions', action='store_true',
         help='time, FLOPs and kernels per region and operator class')
@@ -89,7 +84,6 @@ def parse_args(argv):
     add('--capacity', type=parse_size, metavar='HxW',
         help='the largest training batch at HxW within --memory-limit-gb')
     add('--memory-limit-gb', type=float, default=16.)
-    add('--max-batch', type=int, default=512)
     add('--tests', nargs='*', metavar='PATH',
         help='run pytest first (default tests/test_cuda.py)')
     add('--budget-s', type=float, default=1e9,
@@ -111,7 +105,7 @@ def settings_of(args, argv) -> Settings:
               [[size] * args.batch for size in args.sizes or [(800, 1333)]])
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)
               if hasattr(args, f.name)}
-    fields.update(inputs=inputs, pad=args.pad or (32 if images else 1),
+    fields.update(inputs=inputs, pad=32 if images else 1,
                   tests=() if args.tests is None else
                   args.tests or ['tests/test_cuda.py'],
                   command='python tools/analysis/benchmark.py ' + shlex.join(argv))

@@ -117,13 +117,9 @@ def ufo_vit_cls_to_backbone(checkpoint: Mapping) -> Tuple[dict, dict]:
     settings = detect_ufo_vit_settings(backbone)
     not_pretrained = check_ufo_vit_state_dict(backbone, settings)
     info = dict(arch=match_ufo_vit_arch(settings['arch']),
-                arch_settings=dict(settings['arch']),
-                in_channels=settings['in_channels'],
-                qkv_bias=settings['qkv_bias'],
-                num_tensors=len(backbone),
-                dropped=dropped,
-                not_pretrained=not_pretrained,
-                wrapper=wrapper,
+                arch_settings=dict(settings['arch']), in_channels=settings['in_channels'],
+                qkv_bias=settings['qkv_bias'], num_tensors=len(backbone), dropped=dropped,
+                not_pretrained=not_pretrained, wrapper=wrapper,
                 ema=wrapper is not None and 'ema_state_dict' in checkpoint)
     meta = checkpoint.get('meta') if wrapper else None
     if isinstance(meta, Mapping):
