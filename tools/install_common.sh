@@ -1,16 +1,13 @@
 # Sourced by the installers (tools/install_*env.sh, build_mmcv_wheel.sh,
-# lock.sh) and tools/gpu_node.sh pack. Each step runs through run_step, which
-# writes its output to a log (install-logs/ in the checkout, or
-# $MMSOFT_INSTALL_LOGS) and, when it fails, names the step, the package, the
-# log and what to try, instead of leaving only pip's traceback.
+# lock.sh) and tools/gpu_node.sh pack; their steps log into
+# $MMSOFT_INSTALL_LOGS (install-logs/ in the checkout).
 
 MMSOFT_INSTALL_LOGS="${MMSOFT_INSTALL_LOGS:-$(pwd)/install-logs}"
 
-# run_step TAG STEP PACKAGE CMD...: runs CMD with its output in a log, named
-# after TAG and STEP. When CMD fails, it says on standard error what failed,
-# the log's end and what to try, and exits: the hint of the first pair of
-# lines below (grep's options and pattern; the hint) whose pattern the log
-# holds.
+# run_step TAG STEP PACKAGE CMD...: CMD with its output in a log; where it
+# fails, exits naming the step, the package, the log's end and what to try:
+# the hint of the first pair below (grep's options and pattern; the hint)
+# whose pattern the log holds.
 run_step() {
     local tag="$1" step="$2" package="$3" log start=$SECONDS options pattern text
     local hint="read the log above for the first error."; shift 3
@@ -58,8 +55,7 @@ existing() {
     echo "$path"
 }
 
-# free_gib PATH: free space (GiB, rounded down) on the file system of PATH or
-# of its nearest existing parent.
+# free_gib PATH: free GiB (rounded down) where PATH is or would be.
 free_gib() {
     df -Pk "$(existing "$1")" | awk 'NR == 2 { print int($4 / 1048576) }'
 }
@@ -88,10 +84,8 @@ check_disk() {
     fi
 }
 
-# env_disk KIND: the GiB the environment KIND (stack, floor, newest) holds,
-# and that its install needs meanwhile in $TMPDIR (du on x86-64 Linux, rounded
-# up; mostly torch's CUDA build and nvidia-* libraries, PyPI's only torch
-# wheels for Linux); `suites`: what the three test suites write.
+# env_disk KIND: the GiB the environment KIND (stack, floor, newest) holds and
+# its install needs in $TMPDIR (du, rounded up); `suites`: what the suites write.
 env_disk() {
     case "$1" in
         stack) echo "7 1" ;;   # torch 2.14.1 (CUDA 13), the stack, mmcv's build
@@ -102,8 +96,7 @@ env_disk() {
     esac
 }
 
-# has_torch VENV: whether VENV's large part is installed: its python imports
-# torch.
+# has_torch VENV: whether VENV's python imports torch (its large part).
 has_torch() {
     "$1/bin/python" -c 'import torch' >/dev/null 2>&1
 }
@@ -215,15 +208,9 @@ prepare_env() {
     fi
 }
 
-# install_locked TAG VENV LOCK...: installs exactly what the lock files pin,
-# hash-checked wheels only (no build runs), with the lock tool's uv
-# (ensure_uv) from the index pip is configured with (package_index). uv
-# downloads and unpacks the wheels side by side and compiles the modules to
-# bytecode on every core (where PYTHONDONTWRITEBYTECODE is set, nothing else
-# writes it): in 76 s where pip took 200 s for the newest lock (7 December,
-# docs/testing.md).
-# Its cache lives in VENV for the call and is removed after it: the files
-# are hard links into the environment, so the disk holds each once.
+# install_locked TAG VENV LOCK...: exactly what the locks pin, hash-checked
+# wheels only, with uv (ensure_uv) from pip's index (package_index), bytecode
+# compiled (docs/testing.md); its cache, hard links into VENV, is removed after.
 install_locked() {
     local tag="$1" venv="$2" lock requirements=()
     local cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"  # pip's certificates, if set

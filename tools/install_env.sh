@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv/ (when missing) and installs the locked OpenMMLab stack
-# (requirements/locks/stack.txt), mmcv with its ops and mmsoft in editable
-# mode. Idempotent: a second run only verifies.
-#
-# mmcv's wheel (its ops link one torch) is kept under $MMSOFT_WHEEL_CACHE
-# (default ~/.cache/mmsoft/wheels), in a folder named by
-# `tools/build_mmcv_wheel.sh key`; with a cached wheel, `build_mmcv_wheel.sh
-# prepare` still runs the steps before the compile.
+# (requirements/locks/stack.txt), mmcv with its ops (its wheel cached:
+# docs/get_started.md) and mmsoft in editable mode; a second run only verifies.
 #
 # Usage: bash tools/install_env.sh [VENV_DIR]
 set -euo pipefail
@@ -43,10 +38,8 @@ if [ "$(cat "$MMCV_STAMP" 2>/dev/null)" != "$MMCV_WHEEL" ] || \
 fi
 
 install_editable "$TAG" "$VENV"
-# OpenMMLab's mim (0.3.9) reads a package's configs, tools and model index
-# from site-packages/mmsoft/.mim, which for an editable install (PEP 660)
-# becomes a link to the checkout's package. The link is listed in the
-# install's RECORD, so `pip uninstall mmsoft` removes it.
+# mim reads site-packages/mmsoft/.mim: a link to the checkout's package, in
+# the install's RECORD (docs/training.md).
 SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 if [ -e "$SITE/mmsoft" ] && [ ! -L "$SITE/mmsoft" ]; then
     echo "[mim] $SITE/mmsoft is not a link (a regular install?): left as it is" >&2

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Creates the floor environment (default .venv-floor/, when missing) from
-# requirements/locks/floor*.txt: the lowest supported torch (2.1.2), mmcv-lite
-# 2.1.0 (no compiled ops), mmengine, mmdet and mmsegmentation, and mmsoft in
-# editable mode, for `pytest tests -m "not mmcv_ops"` (`make test-floor`).
-# Idempotent: a second run only verifies.
+# requirements/locks/floor*.txt (torch 2.1.2, mmcv-lite 2.1.0) and mmsoft in
+# editable mode, for `make test-floor`; a second run only verifies.
 #
 # Usage: bash tools/install_floor_env.sh [VENV_DIR]
 set -euo pipefail

@@ -1,16 +1,8 @@
 #!/usr/bin/env bash
 # Creates the newest environment (default .venv-newest/, when missing) from
-# requirements/locks/newest.txt: CPython 3.12 with the newest torch,
-# torchvision, timm, transformers 5.x, segmentation-models-pytorch and
-# onnxruntime, no OpenMMLab package, and mmsoft in editable mode, for
-# `pytest tests -m "not openmmlab"` (`make test-newest`). Idempotent: a
-# second run only verifies.
-#
-# The interpreter: python3.12 on PATH or in pyenv's versions; without one,
-# the newest python3.N (3.10 or later) on PATH, named in the output (the
-# lock pins versions with wheels for those too). The lock is installed by
-# uv (install_locked), past a pip configuration that caps versions
-# (PIP_CONSTRAINT): it pins every version itself.
+# requirements/locks/newest.txt, no OpenMMLab package, and mmsoft in editable
+# mode, for `make test-newest`; a second run only verifies. Its interpreter:
+# docs/testing.md.
 #
 # Usage: bash tools/install_newest_env.sh [VENV_DIR]
 set -euo pipefail
