@@ -1,41 +1,27 @@
 #!/usr/bin/env bash
 # Builds mmcv's wheel, with its compiled ops, against the torch of a Python
 # environment, from the sdist pinned (with its hash) in
-# requirements/locks/mmcv.txt.
+# requirements/locks/mmcv.txt; its steps: docs/get_started.md, their times
+# and what each saves: docs/testing.md.
 #
 #   bash tools/build_mmcv_wheel.sh key PYTHON
-#       prints the wheel cache's key: mmcv's locked requirement and hash, the
-#       torch of PYTHON, this script's content, the compiler and every
-#       setting that changes the compiled ops. A change to any of them
-#       rebuilds.
+#       the wheel cache's key: the lock, PYTHON's torch, this script, the
+#       compiler and the build settings below; a change to any rebuilds.
 #   bash tools/build_mmcv_wheel.sh prepare PYTHON
-#       every step before the compile, with an empty pip cache: download the
-#       sdist (hash-checked) and read its metadata, unpack it, raise its C++
-#       standard where torch needs it. Seconds; tools/install_env.sh runs it
-#       on every install, a cached wheel or not, so that a change on the index
-#       that breaks these steps shows at once.
+#       every step before the compile (seconds; each install runs it).
 #   bash tools/build_mmcv_wheel.sh build PYTHON WHEEL_DIR
-#       prepare, then compile the wheel into WHEEL_DIR (7 min 40 s on 2 cores
-#       in the cold run of 6 December, `0cfc805`, docs/testing.md).
+#       prepare, then compile the wheel into WHEEL_DIR.
 #
-# No step builds in isolation: pip would resolve the newest setuptools for
-# it, and setuptools 82+ has no pkg_resources, which mmcv's setup.py imports.
-# The environment's own pinned setuptools runs the metadata step and the
-# build, and the ops link the environment's torch.
-#
-# From torch 2.14 on, whose headers need C++20, the C++17 of mmcv 2.1.0's
-# setup.py is raised to C++20. Unless CFLAGS is set, the ops compile with
-# Python's own CFLAGS and -g0: no debug information, the same machine code.
-# Without CUDA, the build's compiler (precompiling_cxx) precompiles the
-# header that every unit of mmcv's CPU ops starts with, torch's headers, and
-# compiles only the ops named in MMCV_OPS (only_ops). Why and what they save:
-# docs/testing.md.
+# No step builds in isolation (setuptools 82+ lacks the pkg_resources that
+# mmcv's setup.py imports): the environment's pinned setuptools builds, and
+# the ops link its torch. From torch 2.14 on, C++17 is raised to C++20;
+# CFLAGS defaults to Python's own and -g0. Without CUDA, torch's headers are
+# precompiled (precompiling_cxx) and only MMCV_OPS compile (only_ops).
 #
 # Environment: MAX_JOBS (compile jobs, default: the number of cores); CC, CXX,
-# CFLAGS, CXXFLAGS, LDFLAGS, TORCH_CUDA_ARCH_LIST, FORCE_CUDA, CUDA_HOME are
-# passed to the build and are part of the key. MMCV_OPS, also part of it: the
-# ops a build without CUDA compiles, by their units' names (default: nms
-# roi_align, those of the shipped configs and the tests), or `all`.
+# CFLAGS, CXXFLAGS, LDFLAGS, TORCH_CUDA_ARCH_LIST, FORCE_CUDA, CUDA_HOME and
+# MMCV_OPS (the ops a build without CUDA compiles, by their units' names;
+# default: nms roi_align; `all`) pass to the build and are part of the key.
 set -euo pipefail
 SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 cd "$(dirname "$SCRIPT")/.."
