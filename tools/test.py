@@ -66,9 +66,7 @@ def enable_tta(cfg, config_path):
     if mmdet and 'tta_pipeline' not in cfg:
         warnings.warn('Cannot find ``tta_pipeline`` in config, we will set it as '
                       'default (the test pipeline with and without a flip).')
-        test_data_cfg = cfg.test_dataloader.dataset
-        while 'dataset' in test_data_cfg:
-            test_data_cfg = test_data_cfg['dataset']
+        test_data_cfg, _ = next(apis.leaf_datasets(cfg.test_dataloader.dataset, 'test'))
         cfg.tta_pipeline = deepcopy(test_data_cfg.pipeline)
         cfg.tta_pipeline[-1] = dict(type='TestTimeAug', transforms=[
             [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],

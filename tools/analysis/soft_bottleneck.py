@@ -24,18 +24,14 @@ def parse_args():
     inverse = commands.add_parser('inverse', parents=[common], help='time each solver')
     inverse.add_argument('--sizes', type=int, nargs='+', default=[49, 240, 1050])
     inverse.add_argument('--heads', type=int, default=10)
-    inverse.add_argument('--head-dims', type=int, default=32)
     inverse.add_argument('--spread', type=float, default=1.0,
                          help='standard deviation of the random tokens')
     inverse.add_argument('--repeats', type=int, default=3)
-    inverse.add_argument('--newton-iters', type=int, default=20)
     inverse.add_argument('--backward', action='store_true',
                          help='time forward plus backward')
     pooling = commands.add_parser('pooling', parents=[common],
                                   help='capped against uncapped')
     pooling.add_argument('--arch', default='tiny')
-    pooling.add_argument('--attention', default='soft++')
-    pooling.add_argument('--solver', default='newton_closed_form')
     pooling.add_argument('--cap', type=int, default=256,
                          help='max_bottleneck_tokens of the capped model')
     pooling.add_argument('--sizes', nargs='+', type=parse_size,
@@ -46,12 +42,12 @@ def parse_args():
 def inverse_rows(args):
     torch.manual_seed(0)
     for size in args.sizes:
-        tokens = args.spread * torch.randn(1, args.heads, size, args.head_dims)
+        tokens = args.spread * torch.randn(1, args.heads, size, 32)  # head dims
         mats = gaussian_kernel(tokens, tokens)  # (1, heads, m, m)
         for attention in ('soft', 'soft++'):
             def step(solver):
                 leaf = mats.detach().requires_grad_(args.backward)
-                inverse = kernel_inverse(leaf, attention, solver, args.newton_iters)
+                inverse = kernel_inverse(leaf, attention, solver, 20)  # Newton steps
                 if args.backward:
                     inverse.sum().backward()
                 return inverse.detach()
@@ -73,7 +69,7 @@ def inverse_rows(args):
 
 def pooling_rows(args):
     torch.manual_seed(0)
-    settings = dict(arch=args.arch, variant=args.attention, solver=args.solver,
+    settings = dict(arch=args.arch, variant='soft++', solver='newton_closed_form',
                     drop_path_rate=0.)
     capped = SOFT(max_bottleneck_tokens=args.cap, **settings).eval()
     uncapped = SOFT(max_bottleneck_tokens=None, **settings).eval()

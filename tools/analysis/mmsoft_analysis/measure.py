@@ -256,9 +256,7 @@ def build(case: Dict, device: torch.device, shapes) -> Tuple:
     maps = build_backbone(case['spec']).to(device)
     images = images_of(shapes, case['pad'], device)
     maps.valid_shapes = [tuple(s) for s in shapes] if maps.takes_valid_shapes else None
-    module = maps
-    if case['compile']:
-        module = torch.compile(maps, backend=case['compile'])
+    module = torch.compile(maps, backend=case['compile']) if case['compile'] else maps
     return module, maps, maps_loss(images), lambda m: m(images)
 
 
