@@ -1,11 +1,5 @@
-"""Writes the generated demo datasets (generators: ``tools/demo_data.py``).
-
-Examples::
-
-    python tools/generate_demo_data.py                  # coco and ade
-    python tools/generate_demo_data.py coco --mixed-sizes  # data/demo_coco_mixed/
-    python tools/generate_demo_data.py cls              # data/demo_cls/
-"""
+"""Writes the generated demo datasets (generators: ``tools/demo_data.py``;
+commands: docs/training.md)."""
 import argparse
 import time
 

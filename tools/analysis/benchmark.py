@@ -4,11 +4,6 @@ Each model and input runs in a fresh process, the models in turn round after
 round (``--rounds``: an interleaved A/B against the first model); docs/benchmarks.md
 describes the options and the report. Exit status: 0, 1 when a measurement or a
 test failed, 2 on invalid arguments or CUDA asked for where there is none.
-
-Example::
-
-    python tools/analysis/benchmark.py --models soft++-tiny swin-t --modes inference
-    python tools/analysis/benchmark.py --device cuda --tests --preset gpu-benchmark
 """
 import argparse
 import dataclasses

@@ -2,11 +2,8 @@
 
 FLOPs are multiply-adds: mmengine's FlopAnalyzer plus mmsoft's handles
 (``mmsoft_analysis/flop_handles.py``), on seeded weights and input, with the
-RPN's proposals kept so that the count does not depend on the weights.
-
-Example::
-
-    python tools/analysis/get_flops.py CONFIG --shape 800 1333 [--backbone-only]
+RPN's proposals kept so that the count does not depend on the weights
+(docs/benchmarks.md).
 """
 import argparse
 import copy

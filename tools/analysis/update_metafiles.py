@@ -4,10 +4,6 @@ Every model of ``model-index.yml``'s metafiles is counted by
 :func:`get_flops.count_config`; the tool rewrites its ``Parameters`` and
 ``FLOPs`` in the metafile and its figure cells in the collection's README,
 and nothing else. A model built by several configs is counted once.
-
-Usage::
-
-    python tools/analysis/update_metafiles.py [--check] [--models NAME ...]
 """
 import argparse
 import json

@@ -1,11 +1,7 @@
-"""Converts a reference SOFT / SOFT++ ImageNet checkpoint to mmsoft's layout.
-
-Usage::
-
-    python tools/model_converters/soft2mmsoft.py SRC DST [--variant soft|soft++]
-
-The variant comes from ``--variant``, else the checkpoint's metadata, else
-SRC's file name (``norm`` in it: SOFT++); the architecture from the shapes.
+"""Converts a reference SOFT / SOFT++ ImageNet checkpoint to mmsoft's layout
+(docs/training.md). The variant comes from ``--variant``, else the
+checkpoint's metadata, else SRC's file name (``norm`` in it: SOFT++); the
+architecture from the shapes.
 """
 import argparse
 import os

@@ -1,12 +1,7 @@
-"""Turns a UFO-ViT image-classifier checkpoint into a backbone checkpoint.
-
-Usage::
-
-    python tools/model_converters/ufo_vit_cls2backbone.py SRC DST
-
-SRC (path or URL) is a checkpoint of ``configs/ufo_vit/pretrain``; only the
-resampling branches of outputs 0 and 1, untrained by classification, may be
-missing.
+"""Turns a UFO-ViT image-classifier checkpoint into a backbone checkpoint
+(docs/pretraining.md). SRC (path or URL) is a checkpoint of
+``configs/ufo_vit/pretrain``; only the resampling branches of outputs 0 and 1,
+untrained by classification, may be missing.
 """
 import argparse
 import os
@@ -117,8 +112,9 @@ def ufo_vit_cls_to_backbone(checkpoint: Mapping) -> Tuple[dict, dict]:
     settings = detect_ufo_vit_settings(backbone)
     not_pretrained = check_ufo_vit_state_dict(backbone, settings)
     info = dict(arch=match_ufo_vit_arch(settings['arch']),
-                arch_settings=dict(settings['arch']), in_channels=settings['in_channels'],
-                qkv_bias=settings['qkv_bias'], num_tensors=len(backbone), dropped=dropped,
+                arch_settings=dict(settings['arch']),
+                in_channels=settings['in_channels'], qkv_bias=settings['qkv_bias'],
+                num_tensors=len(backbone), dropped=dropped,
                 not_pretrained=not_pretrained, wrapper=wrapper,
                 ema=wrapper is not None and 'ema_state_dict' in checkpoint)
     meta = checkpoint.get('meta') if wrapper else None
