@@ -328,10 +328,9 @@ def _write_coco_split(root: str, split: str, num_images: int, seed: int,
                 version='1.0')
     categories = [dict(id=i + 1, name=name, supercategory='shape')
                   for i, name in enumerate(classes)]
-    coco = dict(info=info, licenses=[], images=images, annotations=annotations,
-                categories=categories)
     with open(osp.join(root, f'annotations/instances_{split}.json'), 'w') as f:
-        json.dump(coco, f)
+        json.dump(dict(info=info, licenses=[], images=images, annotations=annotations,
+                       categories=categories), f)
     return dict(images=len(images), annotations=len(annotations))
 
 

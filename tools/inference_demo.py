@@ -11,8 +11,7 @@ import numpy as np
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-# The repository root, so that ``custom_imports=['mmsoft']`` resolves also
-# without an installed package.
+# The checkout, for ``custom_imports=['mmsoft']`` without an installed mmsoft.
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(1, REPO_ROOT)

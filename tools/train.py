@@ -10,8 +10,7 @@ import sys
 
 from mmengine.config import DictAction
 
-# The repository root, so that ``custom_imports=['mmsoft']`` resolves also
-# without an installed package.
+# The checkout, for ``custom_imports=['mmsoft']`` without an installed mmsoft.
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(1, REPO_ROOT)
@@ -79,7 +78,6 @@ def setup_config(args):
                              'base_batch_size=N) in the config')
         cfg.auto_scale_lr.enable = True
 
-    # resume: from the given checkpoint, else the latest in work_dir
     if args.resume is not None:
         if args.resume != 'auto':
             apis.require_checkpoint(args.resume, '--resume')

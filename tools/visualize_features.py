@@ -10,8 +10,7 @@ import os.path as osp
 import sys
 from typing import List, Optional
 
-# The repository root, so that ``import mmsoft`` resolves also without an
-# installed package.
+# The checkout, for ``import mmsoft`` without an installed package.
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(1, REPO_ROOT)

@@ -1,12 +1,8 @@
-"""The measuring code of ``tools/analysis/``: the backbones and detectors it
-builds (:mod:`.models`), one measurement inside one process
-(:mod:`.measure`), the runner that starts a fresh process per measurement
-(:mod:`.runner`) and the report it writes (:mod:`.report`).
+"""The measuring code of ``tools/analysis/`` (its modules: docs/layout.md).
 
 Lab code, not part of the installed ``mmsoft`` package: the tools import it
-from their own folder. Importing it puts the repository root on
-``sys.path``, so that the comparison's configs import their backbones
-(``configs.comparison.peer_backbones``).
+from their own folder. Importing it puts the repository root on ``sys.path``
+(the comparison's configs import ``configs.comparison.peer_backbones``).
 """
 import argparse
 import re

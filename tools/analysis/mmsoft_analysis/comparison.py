@@ -82,8 +82,7 @@ SEGMENTORS: List[Entry] = _entries('upernet_{}_demo', [
                                         LARGE)])
 PROBE_DETECTORS: List[Entry] = [
     *[entry for entry in DETECTORS if entry.recipe != 'shared'], PROBE_CONTROL]
-# The demo configs' schedules: Mask R-CNN's epochs, their iterations and its
-# warm-up's; UperNet's iterations and warm-up.
+# The demo configs' schedules: Mask R-CNN's (epochs), UperNet's (iterations).
 DEMO_EPOCHS, DEMO_EPOCH_ITERS, DEMO_DET_WARMUP = 8, 75, 100
 DEMO_SEG_ITERS, DEMO_SEG_WARMUP = 1100, 50
 BBOX_METRIC, SEGM_METRIC, MIOU_METRIC = 'coco/bbox_mAP', 'coco/segm_mAP', 'mIoU'
