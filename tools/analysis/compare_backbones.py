@@ -10,7 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-from mmsoft_analysis import parse_size
 from mmsoft_analysis.comparison import (DETECTORS, SEGMENTORS, detection_schedule,
                                         load_records, machine, measure_costs,
                                         probe_jobs, run_jobs, save_records,
@@ -43,9 +42,6 @@ def parse_args(argv=None):
     parser.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE',
                         help='more --cfg-options for every training run, e.g. '
                         'train_dataloader.dataset.indices=16 for a quick check')
-    for kind, size in SIZES.items():
-        parser.add_argument(f'--{kind}-size', type=parse_size, default=size,
-                            metavar='HxW', help=f'the size of the {kind} column')
     parser.add_argument('--work-dir', type=Path,
                         default=Path('work_dirs/compare_backbones'))
     parser.add_argument('--out-dir', type=Path, default=Path('docs/comparison'))
@@ -75,15 +71,14 @@ def main(argv=None) -> int:
     for phase in jobs:  # probe, then train
         if phase in args.phases:
             failed += run_jobs(jobs[phase], recorded, records, args.jobs, args.threads)
-    sizes = {kind: getattr(args, f'{kind}_size') for kind in SIZES}
     if 'costs' in args.phases:
-        measure_costs(args.detectors, sizes, args.threads, args.work_dir)
+        measure_costs(args.detectors, SIZES, args.threads, args.work_dir)
     if 'report' in args.phases:
         costs = args.work_dir / 'costs.json'
         settings = dict(epochs=args.epochs, seg_iters=args.seg_iters, seeds=args.seeds,
                         threads=args.threads, jobs=args.jobs,
                         cfg_options=args.cfg_options,
-                        sizes={kind: f'{h}x{w}' for kind, (h, w) in sizes.items()},
+                        sizes={kind: f'{h}x{w}' for kind, (h, w) in SIZES.items()},
                         machine=machine())
         runs = {phase: [recorded[job['key']] for job in jobs[phase]
                         if job['key'] in recorded] for phase in jobs}
