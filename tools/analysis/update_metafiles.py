@@ -186,17 +186,10 @@ def main(argv=None) -> int:
     parser.add_argument('--check', action='store_true',
                         help='write nothing; list the figures that differ from '
                         'the count and exit 1 if any')
-    parser.add_argument('--models', nargs='+', metavar='NAME',
-                        help='only these models (metafile names); default: all')
     args = parser.parse_args(argv)
     # Each config's custom_imports would repeat it.
     warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
     models = zoo_models()
-    if args.models:
-        unknown = sorted(set(args.models) - {model.name for model in models})
-        if unknown:
-            raise SystemExit(f'not in the metafiles: {", ".join(unknown)}')
-        models = [model for model in models if model.name in args.models]
     start = time.perf_counter()
     figures = measure([model.config for model in models], log=True)
     print(f'Counted {len(models)} models in {time.perf_counter() - start:.0f} s')
