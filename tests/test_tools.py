@@ -1,6 +1,7 @@
-"""The command-line tools end to end, each in its own process: train/test
-(``--tta``, ``--show`` too), kill-and-resume, torchrun, mmdet's own train.py
-on the same config, and the inferencers painting one image.
+"""The command-line tools end to end: train/test (``--tta``, ``--show`` too),
+kill-and-resume, torchrun, mmdet's own train.py on the same config, and the
+inferencers painting one image. A run whose process is not what the test is
+about runs the tool's ``main`` in the test's process (:func:`run_in_process`).
 
 Every run uses a demo config on a small generated dataset with command-line
 overrides: the detector on ``small_coco`` (96x96 images) for one or a few
@@ -12,7 +13,9 @@ import pytest
 pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
                     'and floor environments')
 
+import contextlib
 import glob
+import io
 import math
 import os
 import os.path as osp
@@ -23,12 +26,14 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from typing import Optional
 
 import numpy as np
 import torch
 
 from mmsoft.utils.torch_compat import TORCH_VERSION
+from tests.helpers.tools import load_tool
 
 # Every test trains or runs an mmdet/mmseg model (RoIAlign, NMS, ...): mmcv's
 # compiled ops; left out of the floor run (mmcv-lite), see setup.cfg.
@@ -91,6 +96,30 @@ def check(result: subprocess.CompletedProcess) -> str:
     return output
 
 
+def run_in_process(tool: str, argv: list) -> str:
+    """``tools/<tool>.py``'s ``main(argv)`` in this process, which has imported
+    mmdet and mmseg already (a new process takes about ten seconds of CPU
+    for that): returns what the run printed, its warnings included, as
+    :func:`check` returns a process's output. The environment is restored
+    afterwards (the tools set ``LOCAL_RANK``)."""
+    output, environ = io.StringIO(), dict(os.environ)
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output), \
+                warnings.catch_warnings():
+            warnings.simplefilter('always')
+            # Where the tool's process writes them (pytest records them).
+            warnings.showwarning = lambda *warning, **_: output.write(
+                warnings.formatwarning(*warning[:4]))
+            load_tool(tool).main(argv)
+    except BaseException:
+        print(output.getvalue()[-6000:])  # in pytest's report of the failure
+        raise
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    return output.getvalue()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
@@ -102,9 +131,10 @@ def trained(small_coco, tmp_path_factory):
     """One epoch (8 iterations) of the demo detector and its validation."""
     work_dir = str(tmp_path_factory.mktemp('train'))
     start = time.time()
-    output = check(run([sys.executable, TRAIN, DET_CONFIG, '--work-dir', work_dir,
-                        '--cfg-options', *tiny_options(small_coco),
-                        'train_cfg.max_epochs=1', 'train_cfg.val_interval=1']))
+    output = run_in_process('train', [DET_CONFIG, '--work-dir', work_dir,
+                                      '--cfg-options', *tiny_options(small_coco),
+                                      'train_cfg.max_epochs=1',
+                                      'train_cfg.val_interval=1'])
     return dict(work_dir=work_dir, output=output, seconds=time.time() - start,
                 checkpoint=osp.join(work_dir, 'epoch_1.pth'))
 
@@ -144,10 +174,10 @@ def test_checkpoint_loads_with_weights_only(trained):
 def test_test_tool_reports_coco_metrics(trained, small_coco, tmp_path):
     out = str(tmp_path / 'preds.pkl')
     show_dir = str(tmp_path / 'painted')
-    output = check(run([sys.executable, TEST, DET_CONFIG, trained['checkpoint'],
-                        '--work-dir', str(tmp_path), '--out', out,
-                        '--show-dir', show_dir,
-                        '--cfg-options', *tiny_options(small_coco)]))
+    output = run_in_process('test', [DET_CONFIG, trained['checkpoint'],
+                                     '--work-dir', str(tmp_path), '--out', out,
+                                     '--show-dir', show_dir,
+                                     '--cfg-options', *tiny_options(small_coco)])
     table = dict(re.findall(r'^(coco/\w+) +([0-9.]+)$', output, re.M))
     for key in ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP',
                 'coco/segm_mAP_50'):
@@ -201,8 +231,8 @@ def trained_segmentor(small_ade, tmp_path_factory):
     options = loader_options(small_ade) + [
         'train_cfg.max_iters=4', 'train_cfg.val_interval=4',
         'default_hooks.checkpoint.interval=4']
-    output = check(run([sys.executable, TRAIN, SEG_CONFIG, '--work-dir',
-                        work_dir, '--cfg-options', *options]))
+    output = run_in_process('train', [SEG_CONFIG, '--work-dir', work_dir,
+                                      '--cfg-options', *options])
     return dict(work_dir=work_dir, output=output, options=options,
                 checkpoint=osp.join(work_dir, 'iter_4.pth'))
 
@@ -215,9 +245,9 @@ def test_segmentation_train_and_test(trained_segmentor, tmp_path):
     val = re.search(r'Iter\(val\) \[2/2\] +aAcc: [0-9.]+ +mIoU: ([0-9.]+)', output)
     assert val, output[-3000:]
     checkpoint = trained_segmentor['checkpoint']
-    output = check(run([sys.executable, TEST, SEG_CONFIG, checkpoint,
-                        '--work-dir', str(tmp_path / 'test'),
-                        '--cfg-options', *options]))
+    output = run_in_process('test', [SEG_CONFIG, checkpoint,
+                                     '--work-dir', str(tmp_path / 'test'),
+                                     '--cfg-options', *options])
     test = re.search(r'Iter\(test\) \[2/2\] +aAcc: [0-9.]+ +mIoU: ([0-9.]+)', output)
     assert test, output[-3000:]
     # The checkpoint of the last iteration is the model validated in training.
@@ -258,8 +288,8 @@ def test_kill_and_resume_continues(small_coco, tmp_path):
     before = torch.load(killed_at, map_location='cpu', weights_only=False)
     assert before['meta']['iter'] == 8
 
-    output = check(run([sys.executable, TRAIN, DET_CONFIG, '--work-dir', work_dir,
-                        '--resume', '--cfg-options', *options]))
+    output = run_in_process('train', [DET_CONFIG, '--work-dir', work_dir,
+                                      '--resume', '--cfg-options', *options])
     assert 'resumed epoch: 1, iter: 8' in output
     trained_epochs = [int(e) for e, _ in
                       re.findall(r'Epoch\(train\) +\[(\d+)\]\[ ?(\d+)/8\]', output)]
@@ -356,9 +386,9 @@ def test_detection_tta_with_mmdet_defaults(trained, small_coco, tmp_path):
     ``tta_model``/``tta_pipeline``, mmdet's flip defaults are used."""
     boxes_only = ['model.roi_head.mask_roi_extractor=None',
                   'model.roi_head.mask_head=None', 'test_evaluator.metric=bbox']
-    output = check(run([sys.executable, TEST, DET_CONFIG, trained['checkpoint'],
-                        '--tta', '--work-dir', str(tmp_path), '--cfg-options',
-                        *tiny_options(small_coco), *boxes_only]))
+    output = run_in_process('test', [DET_CONFIG, trained['checkpoint'], '--tta',
+                                     '--work-dir', str(tmp_path), '--cfg-options',
+                                     *tiny_options(small_coco), *boxes_only])
     assert 'Cannot find ``tta_model`` in config' in output
     assert 'Cannot find ``tta_pipeline`` in config' in output
     table = dict(re.findall(r'^(coco/\w+) +([0-9.]+)$', output, re.M))
