@@ -22,6 +22,10 @@ from packaging.requirements import Requirement
 from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+# The GPU node's scripts and locks, which no torch release here changes
+# (setup.cfg's markers).
+pytestmark = pytest.mark.scripts
+
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / 'requirements' / 'gpu-bundle.txt'
 LOCK = REPO / 'requirements' / 'locks' / 'gpu-bundle.txt'

@@ -32,6 +32,10 @@ import gpu_node
 from tests.test_gpu_bundle import (PLATFORM, SECONDS, SUPPORTED_TAGS, UNREACHABLE,
                                    fake_torch, locked_pins, requirement_names)
 
+# The GPU node's scripts and locks, which no torch release here changes
+# (setup.cfg's markers).
+pytestmark = pytest.mark.scripts
+
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / 'requirements'
 LOCK = REQUIREMENTS / 'locks' / 'gpu-train.txt'
