@@ -43,6 +43,12 @@ FLOOR_LOG ?= install-logs/make-test-floor.log
 # When each install and suite of `make test` started and ended.
 TIMELINE ?= install-logs/make-test-timeline.txt
 PYTEST_ARGS ?= --durations=15
+FLOOR_PYTEST = $(FLOOR_PYTHON) -m pytest tests -m "$(FLOOR_MARKERS)" $(PYTEST_ARGS)
+# `make test` runs the floor's suite as FLOOR_SHARDS processes (pytest's
+# --shard K/N, tests/conftest.py), below the newest suite's priority: beside
+# it they share what it leaves of the cores, and once it is done they keep
+# both busy, not one.
+FLOOR_SHARDS ?= 2
 # The torch threads of each suite in `make test` (OMP_NUM_THREADS): one, as
 # two suites run side by side on two cores.
 SUITE_THREADS ?= 1
@@ -118,11 +124,12 @@ lint: $(NEWEST_STAMP)
 # and the suites still run), then the newest suite runs at a lower priority
 # (nice), on what the
 # compile leaves of the cores, while the floor environment installs; the
-# floor's suite, also under nice, starts when the stack's or the newest
-# suite is done (its output in $(FLOOR_LOG), printed after the newest
-# suite's). Each suite's torch runs SUITE_THREADS threads: two suites share
-# the two cores from the compile's end to the last suite's, and a suite alone
-# keeps one core busy, not two (docs/testing.md). The newest and floor
+# floor's suite, as FLOOR_SHARDS processes at a lower priority still, starts
+# when the stack's or the newest suite is done (its output in $(FLOOR_LOG),
+# printed after the newest suite's). Each suite's torch runs SUITE_THREADS
+# threads: two suites share the two cores from the compile's end, and the
+# floor's shards keep both busy when the other suites are done
+# (docs/testing.md). The newest and floor
 # installs take turns, not side by side; each install unpacks a file once,
 # into its environment (uv's cache there, hard-linked, tools/install_common.sh):
 # together with the stack, the disk holds the three environments.
@@ -148,8 +155,14 @@ test:
 		rc=$$?; mark 'floor: install ends'; \
 		if [ $$rc = 0 ]; then \
 			until grep -q -e 'stack: ends' -e 'newest: ends' $(TIMELINE); do sleep 5; done; \
-			mark 'floor: suite starts'; $(SUITE_ENV) nice -n 10 $(MAKE) --no-print-directory test-floor; \
-			rc=$$?; mark 'floor: suite ends'; fi; \
+			mark 'floor: suite starts'; shards=""; \
+			for part in $$(seq $(FLOOR_SHARDS)); do \
+				$(SUITE_ENV) nice -n 15 $(FLOOR_PYTEST) --shard $$part/$(FLOOR_SHARDS) \
+					> $(FLOOR_LOG).$$part 2>&1 & shards="$$shards $$!"; \
+			done; \
+			for shard in $$shards; do wait $$shard || rc=1; done; \
+			for part in $$(seq $(FLOOR_SHARDS)); do cat $(FLOOR_LOG).$$part; done; \
+			mark 'floor: suite ends'; fi; \
 		exit $$rc; } > $(FLOOR_LOG) 2>&1 & floor=$$!; \
 	if [ $$newest = 1 ]; then mark 'newest: suite starts'; \
 		$(SUITE_ENV) nice -n 10 $(MAKE) --no-print-directory test-newest || status=1; \
@@ -169,7 +182,7 @@ test-stack: $(STAMP)
 	$(PYTHON) -m pytest tests --ignore=tests/vendor -m "$(STACK_MARKERS)" $(PYTEST_ARGS)
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_PYTHON) -m pytest tests -m "$(FLOOR_MARKERS)" $(PYTEST_ARGS)
+	$(FLOOR_PYTEST)
 
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST_PYTHON) -m pytest tests -m "$(NEWEST_MARKERS)" $(PYTEST_ARGS)

@@ -48,6 +48,37 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.openmmlab)
 
 
+def pytest_addoption(parser):
+    parser.addoption('--shard', metavar='K/N',
+                     help='run the K-th of N parts of the selected tests (every N-th '
+                     'from the K-th on); make test runs the floor suite as two')
+
+
+def pytest_configure(config):
+    shard = config.getoption('--shard')
+    if shard:
+        config.pluginmanager.register(Shard(shard), 'mmsoft-shard')
+
+
+class Shard:
+    """Keeps every N-th of the tests the markers selected, from the K-th on,
+    so that N processes share a suite; tests of one file land in every part."""
+
+    def __init__(self, spec: str):
+        part, _, parts = spec.partition('/')
+        if not (part.isdigit() and parts.isdigit() and 1 <= int(part) <= int(parts)):
+            raise pytest.UsageError(f'--shard {spec}: expected K/N with 1 <= K <= N, '
+                                    'e.g. 1/2')
+        self.part, self.parts = int(part), int(parts)
+
+    @pytest.hookimpl(trylast=True)  # after -m and -k deselected theirs
+    def pytest_collection_modifyitems(self, config, items):
+        mine = [index % self.parts == self.part - 1 for index in range(len(items))]
+        config.hook.pytest_deselected(
+            items=[item for item, kept in zip(items, mine) if not kept])
+        items[:] = [item for item, kept in zip(items, mine) if kept]
+
+
 @pytest.fixture(scope='session')
 def repo_root() -> str:
     """Absolute path of the repository."""

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import Dict, List
 
 import pytest
@@ -99,6 +100,37 @@ def test_build_tools_are_the_locked_ones():
         entries = lock_entries(osp.join(REQUIREMENTS, 'locks', lock))
         for name, requirement in constraints.items():
             assert str(requirement.specifier) == f'=={entries[name]["version"]}'
+
+
+def collected(*options) -> tuple:
+    """pytest's collection of tests/test_gelu.py with ``options``: the
+    process's result and the node ids it selected."""
+    done = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q',
+                           '-p', 'no:cacheprovider', 'tests/test_gelu.py', *options],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return done, [line for line in done.stdout.splitlines() if '::' in line]
+
+
+def test_shards_run_each_selected_test_once():
+    """``make test`` runs the floor suite as two processes (``--shard 1/2`` and
+    ``2/2``, tests/conftest.py), each on every other test that the markers and
+    ``-k`` selected."""
+    from tests.conftest import Shard
+    parts = []
+    for part in (1, 2):
+        deselected, items = [], list(range(9))  # the selected tests, in order
+        hook = SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items))
+        Shard(f'{part}/2').pytest_collection_modifyitems(SimpleNamespace(hook=hook),
+                                                         items)
+        assert sorted(items + deselected) == list(range(9))
+        parts.append(items)
+    assert parts == [[0, 2, 4, 6, 8], [1, 3, 5, 7]]
+    with pytest.raises(pytest.UsageError, match=r'--shard 3/2: expected K/N'):
+        Shard('3/2')
+    # In pytest, after -k's deselection.
+    _, selected = collected('-k', 'not module')
+    assert len(selected) == 9
+    assert collected('-k', 'not module', '--shard', '2/2')[1] == selected[1::2]
 
 
 # --------------------------------------------------------------------------
