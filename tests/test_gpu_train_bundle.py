@@ -29,6 +29,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 import gpu_node
+from tests.helpers.tools import run_in_process
 from tests.test_gpu_bundle import (PLATFORM, SECONDS, SUPPORTED_TAGS, UNREACHABLE,
                                    fake_torch, locked_pins, requirement_names)
 
@@ -409,13 +410,8 @@ def test_table_from_a_training_run(small_coco, tmp_path):
                f'train_dataloader.dataset.data_root={small_coco}',
                'train_dataloader.dataset.indices=8',
                'train_dataloader.dataset.pipeline.2.scale=(96,96)']
-    env = {**os.environ, 'PYTHONPATH': str(REPO), 'OMP_NUM_THREADS': '1'}
-    done = subprocess.run([sys.executable, 'tools/train.py',
-                           'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py', '--work-dir',
-                           str(work_dir), '--cfg-options', *options],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=env)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    run_in_process('train', [str(REPO / 'configs/demo/mask-rcnn_soft-tiny_fpn_demo.py'),
+                             '--work-dir', str(work_dir), '--cfg-options', *options])
     rows = gpu_node.table_rows([dict(label='demo', work_dir=str(work_dir), batch='2',
                                      size='96x96')], skip=1)
     assert rows[0]['iterations_logged'] == 4 and rows[0]['iterations_timed'] == 3

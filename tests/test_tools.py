@@ -13,9 +13,7 @@ import pytest
 pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
                     'and floor environments')
 
-import contextlib
 import glob
-import io
 import math
 import os
 import os.path as osp
@@ -26,14 +24,13 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
 from typing import Optional
 
 import numpy as np
 import torch
 
 from mmsoft.utils.torch_compat import TORCH_VERSION
-from tests.helpers.tools import load_tool
+from tests.helpers.tools import load_tool, run_in_process
 
 # Every test trains or runs an mmdet/mmseg model (RoIAlign, NMS, ...): mmcv's
 # compiled ops; left out of the floor run (mmcv-lite), see setup.cfg.
@@ -94,30 +91,6 @@ def check(result: subprocess.CompletedProcess) -> str:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     return output
-
-
-def run_in_process(tool: str, argv: list) -> str:
-    """``tools/<tool>.py``'s ``main(argv)`` in this process, which has imported
-    mmdet and mmseg already (a new process takes about ten seconds of CPU
-    for that): returns what the run printed, its warnings included, as
-    :func:`check` returns a process's output. The environment is restored
-    afterwards (the tools set ``LOCAL_RANK``)."""
-    output, environ = io.StringIO(), dict(os.environ)
-    try:
-        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output), \
-                warnings.catch_warnings():
-            warnings.simplefilter('always')
-            # Where the tool's process writes them (pytest records them).
-            warnings.showwarning = lambda *warning, **_: output.write(
-                warnings.formatwarning(*warning[:4]))
-            load_tool(tool).main(argv)
-    except BaseException:
-        print(output.getvalue()[-6000:])  # in pytest's report of the failure
-        raise
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-    return output.getvalue()
 
 
 def free_port() -> int:
@@ -416,7 +389,6 @@ def test_paint_predictions_of_the_segmentor(trained_segmentor, tmp_path):
     """MMSegInferencer on the demo checkpoint: each pixel is the image blended
     with the palette colour of its predicted class (opacity 0.8), except
     under the class names written on the image."""
-    from tests.helpers.tools import load_tool
     paint_predictions = load_tool('inference_demo').paint_predictions
     image = scene_image(str(tmp_path / 'scene.png'))
     painted_file = str(tmp_path / 'painted.png')
