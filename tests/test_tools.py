@@ -181,19 +181,20 @@ def test_test_tool_reports_coco_metrics(trained, small_coco, tmp_path):
                     "inside SOFT's training step (tests/test_compile.py)")
 def test_train_with_mmengine_compile(small_coco, tmp_path):
     """mmengine's ``compile`` option: the Runner compiles the detector's
-    ``train_step`` and trains. The backend is ``eager``: dynamo traces mmdet's
-    code and mmsoft's alike, and AOTAutograd and inductor on the backbones
-    are tests/test_compile.py's (docs/testing.md). The learning rate is
-    constant: a warm-up's new rate at every step would recompile the
-    optimizer's step (about twenty seconds here), which the second step
-    reuses."""
+    ``train_step`` and trains a step. The backend is ``eager``: dynamo traces
+    mmdet's code and mmsoft's alike (a minute and a half here, each further
+    step recompiles mmdet's functions a while longer); AOTAutograd on the
+    backbones, and a new size's graph, are tests/test_compile.py's
+    (docs/testing.md). A process of its own: run in the test's process, it
+    left a later run there without its logged iterations (scalars.json)."""
     output = check(run([sys.executable, TRAIN, DET_CONFIG, '--work-dir', str(tmp_path),
-                        '--cfg-options', *tiny_options(small_coco, train_images=4),
+                        '--cfg-options', *tiny_options(small_coco, train_images=2),
                         'train_cfg.max_epochs=1', 'train_cfg.val_interval=2',
-                        'param_scheduler=[]', 'compile.backend=eager'],
+                        'compile.backend=eager'],
                        timeout=900))
+    assert 'Model has been "compiled"' in output
     losses = [float(value) for value in re.findall(r' loss: ([0-9.]+)', output)]
-    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    assert len(losses) == 1 and math.isfinite(losses[0])
     assert osp.isfile(osp.join(tmp_path, 'epoch_1.pth'))
 
 
