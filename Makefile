@@ -5,11 +5,11 @@
 #
 # `make test` runs the suite in three environments, each test where it
 # tells something (docs/testing.md):
-# - test-newest, .venv-newest/ (tools/install_newest_env.sh): CPython 3.12,
+# - test-newest, .venv-newest/ (tools/install.sh newest): CPython 3.12,
 #   the newest torch, torchvision, timm, transformers 5.x and
 #   segmentation-models-pytorch, no OpenMMLab: every test not marked
 #   `openmmlab`, the ceiling of the supported torch range;
-# - test-floor, .venv-floor/ (tools/install_floor_env.sh): torch 2.1.2,
+# - test-floor, .venv-floor/ (tools/install.sh floor): torch 2.1.2,
 #   mmcv-lite, no torchvision: every test not marked `mmcv_ops`,
 #   `torchvision` or `frameworks`, the floor of the range;
 # - test-stack, .venv/ (the OpenMMLab stack: torch 2.14.1, mmcv with its
@@ -53,6 +53,12 @@ FLOOR_SHARDS ?= 2
 # two suites run side by side on two cores.
 SUITE_THREADS ?= 1
 SUITE_ENV := OMP_NUM_THREADS=$(SUITE_THREADS) MKL_NUM_THREADS=$(SUITE_THREADS)
+# The floor and newest environments are installed without bytecode (most of
+# their modules are never imported): in their targets Python writes the
+# bytecode of what it imports, once, even where the shell sets
+# PYTHONDONTWRITEBYTECODE (docs/testing.md).
+test test-floor test-newest install-floor install-newest lint: \
+	export PYTHONDONTWRITEBYTECODE :=
 # `make gpu-check` installs nothing: it runs in the active environment's
 # python, which needs torch (a CUDA build), timm for the peers and pytest;
 # no OpenMMLab package. GPU_CHECK_PYTHON=... picks another. It runs the CUDA
@@ -84,18 +90,17 @@ GPU_TRAIN_BUNDLE ?= work_dirs/gpu_train_bundle
 	test-newest gpu-check gpu-benchmark gpu-bundle gpu-bundle-lock clean-venv
 
 $(STAMP): requirements/locks/stack.txt requirements/locks/mmcv.txt setup.cfg \
-		tools/install_env.sh tools/build_mmcv_wheel.sh tools/install_common.sh
-	bash tools/install_env.sh $(VENV)
+		tools/install.sh tools/build_mmcv_wheel.sh
+	bash tools/install.sh stack $(VENV)
 	touch $(STAMP)
 
 $(FLOOR_STAMP): requirements/locks/floor.txt requirements/locks/floor-nodeps.txt setup.cfg \
-		tools/install_floor_env.sh tools/install_common.sh
-	bash tools/install_floor_env.sh $(FLOOR_VENV)
+		tools/install.sh
+	bash tools/install.sh floor $(FLOOR_VENV)
 	touch $(FLOOR_STAMP)
 
-$(NEWEST_STAMP): requirements/locks/newest.txt setup.cfg tools/install_newest_env.sh \
-		tools/install_common.sh
-	bash tools/install_newest_env.sh $(NEWEST_VENV)
+$(NEWEST_STAMP): requirements/locks/newest.txt setup.cfg tools/install.sh
+	bash tools/install.sh newest $(NEWEST_VENV)
 	touch $(NEWEST_STAMP)
 
 install: $(STAMP)
@@ -104,9 +109,9 @@ install-floor: $(FLOOR_STAMP)
 
 install-newest: $(NEWEST_STAMP)
 
-# Rewrites requirements/locks/ from requirements/*.txt (tools/lock.sh).
+# Rewrites requirements/locks/ from requirements/*.txt (tools/install.sh lock).
 lock:
-	bash tools/lock.sh
+	bash tools/install.sh lock
 
 demo: $(STAMP)
 	PYTHON="$(abspath $(PYTHON))" bash tools/demo.sh
@@ -131,13 +136,13 @@ lint: $(NEWEST_STAMP)
 # floor's shards keep both busy when the other suites are done
 # (docs/testing.md). The newest and floor
 # installs take turns, not side by side; each install unpacks a file once,
-# into its environment (uv's cache there, hard-linked, tools/install_common.sh):
+# into its environment (uv's cache there, hard-linked, tools/install.sh):
 # together with the stack, the disk holds the three environments.
 # Before anything starts, the disk is checked for all three and the suites.
 # Last, the timeline: when each install and suite started and ended, in
 # seconds from the start ($(TIMELINE)).
 test:
-	@bash tools/install_common.sh check-disks test $(VENV):stack $(FLOOR_VENV):floor \
+	@bash tools/install.sh check-disks test $(VENV):stack $(FLOOR_VENV):floor \
 		$(NEWEST_VENV):newest .:suites || exit 1; \
 	status=0; mkdir -p $(dir $(STACK_LOG)) $(dir $(FLOOR_LOG)) $(dir $(TIMELINE)); \
 	start=$$(date +%s); : > $(TIMELINE); \

@@ -34,8 +34,8 @@ def add_mim_extension():
             continue
         if editable:
             os.symlink(osp.relpath(src, mim_dir), dst)
-        elif osp.isdir(src):
-            shutil.copytree(src, dst)
+        elif osp.isdir(src):  # bytecode that running the tools wrote stays out
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__'))
         else:
             shutil.copyfile(src, dst)
 

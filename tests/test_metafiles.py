@@ -151,7 +151,7 @@ def test_figures_match_get_flops(name):
 def mim_env(tmp_path_factory):
     """The environment as installed (``make install``), run from a scratch
     directory: mim finds mmsoft through the link that
-    ``tools/install_env.sh`` puts into site-packages."""
+    ``tools/install.sh stack`` puts into site-packages."""
     return dict(os.environ, MIM_CWD=str(tmp_path_factory.mktemp('mim_cwd')))
 
 

@@ -27,7 +27,7 @@ def test_mim_index_lists_existing_configs():
 
 def test_imported_package_is_the_checkout():
     """An editable install imports the working tree's files (in .venv through
-    the link that lets mim find the package, see tools/install_common.sh)."""
+    the link that lets mim find the package, see tools/install.sh)."""
     assert osp.realpath(osp.dirname(mmsoft.__file__)) == osp.join(
         osp.realpath(REPO), 'mmsoft')
 
@@ -158,13 +158,13 @@ def test_untested_torch_warns_once_and_tested_ones_do_not():
 
 def test_classifiers_name_the_pythons_the_environments_run():
     """setup.cfg's Python classifiers are the versions `make test` runs: 3.11
-    (stack and floor) and 3.12 (newest, tools/install_newest_env.sh)."""
+    (stack and floor) and 3.12 (newest, tools/install.sh)."""
     config = configparser.ConfigParser()
     config.read(osp.join(REPO, 'setup.cfg'))
     declared = set(re.findall(r'Programming Language :: Python :: (3\.\d+)',
                               config['metadata']['classifiers']))
-    with open(osp.join(REPO, 'tools', 'install_newest_env.sh')) as file:
-        newest = re.search(r'^WANTED=(3\.\d+)$', file.read(), re.MULTILINE)[1]
+    with open(osp.join(REPO, 'tools', 'install.sh')) as file:
+        newest = re.search(r'^NEWEST_PYTHON=(3\.\d+)$', file.read(), re.MULTILINE)[1]
     assert declared == {'3.11', newest}
 
 

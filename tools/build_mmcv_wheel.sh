@@ -25,8 +25,8 @@
 set -euo pipefail
 SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 cd "$(dirname "$SCRIPT")/.."
-# shellcheck source=tools/install_common.sh
-source tools/install_common.sh
+# shellcheck source=tools/install.sh
+source tools/install.sh
 TAG=build-mmcv
 LOCK=requirements/locks/mmcv.txt
 BUILD_SETTINGS=(CC CXX CFLAGS CXXFLAGS LDFLAGS TORCH_CUDA_ARCH_LIST FORCE_CUDA CUDA_HOME

@@ -139,7 +139,7 @@ pack() {
         || fail 2 "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST: expected compute capabilities" \
             "separated by ';', e.g. \"8.0;9.0\""
     cd "$ROOT" || exit 1
-    source tools/install_common.sh
+    source tools/install.sh
     set -e
     ensure_uv "$TAG"
     names "$kind"

@@ -1,7 +1,27 @@
-# Sourced by the installers (tools/install_*env.sh, build_mmcv_wheel.sh,
-# lock.sh) and tools/gpu_node.sh pack; their steps log into
-# $MMSOFT_INSTALL_LOGS (install-logs/ in the checkout).
+#!/usr/bin/env bash
+# The installers of `make` (docs/get_started.md); a second run only verifies:
+#
+#   bash tools/install.sh stack [VENV]    .venv/: the locked OpenMMLab stack
+#       (requirements/locks/stack.txt), mmcv with its ops (its wheel cached)
+#       and mmsoft in editable mode (`make install`)
+#   bash tools/install.sh floor [VENV]    .venv-floor/: torch 2.1.2 and
+#       mmcv-lite (requirements/locks/floor*.txt), for `make test-floor`
+#   bash tools/install.sh newest [VENV]   .venv-newest/: CPython 3.12, the
+#       newest torch, no OpenMMLab (requirements/locks/newest.txt), for
+#       `make test-newest`; its interpreter: docs/testing.md
+#   (floor and newest without bytecode: their suites write what they import)
+#   bash tools/install.sh lock            requirements/locks/ from
+#       requirements/*.txt with uv, every file's hash pinned (`make lock`)
+#   bash tools/install.sh check-disks TAG VENV:KIND...   the disk for several
+#       environments at once (`make test`)
+#
+# Sourced (build_mmcv_wheel.sh, gpu_node.sh pack), it defines the helpers
+# alone. Each step logs into $MMSOFT_INSTALL_LOGS (install-logs/).
 
+#: The Python of the newest environment, and of its lock.
+NEWEST_PYTHON=3.12
+
+[ "${BASH_SOURCE[0]}" != "$0" ] || cd "$(dirname "$0")/.."
 MMSOFT_INSTALL_LOGS="${MMSOFT_INSTALL_LOGS:-$(pwd)/install-logs}"
 
 # run_step TAG STEP PACKAGE CMD...: CMD with its output in a log; where it
@@ -210,9 +230,11 @@ prepare_env() {
 
 # install_locked TAG VENV LOCK...: exactly what the locks pin, hash-checked
 # wheels only, with uv (ensure_uv) from pip's index (package_index), bytecode
-# compiled (docs/testing.md); its cache, hard links into VENV, is removed after.
+# compiled unless BYTECODE=lazy (docs/testing.md); its cache, hard links into
+# VENV, is removed after.
 install_locked() {
-    local tag="$1" venv="$2" lock requirements=()
+    local tag="$1" venv="$2" lock requirements=() compile=--compile-bytecode
+    [ "${BYTECODE:-}" != lazy ] || compile=()
     local cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"  # pip's certificates, if set
     shift 2
     ensure_uv "$tag"
@@ -221,7 +243,7 @@ install_locked() {
         env ${cert:+"SSL_CERT_FILE=$cert"} "$UV" pip install \
         --python "$venv/bin/python" --cache-dir "$venv/.uv-cache" \
         --index-url "$(package_index "$venv/bin/python")" --require-hashes \
-        --only-binary :all: --no-deps --compile-bytecode "${requirements[@]}"
+        --only-binary :all: --no-deps ${compile[@]+"${compile[@]}"} "${requirements[@]}"
     rm -rf "$venv/.uv-cache"
 }
 
@@ -234,12 +256,174 @@ install_editable() {
         --no-build-isolation --no-deps -e .
 }
 
-# Run as a command, `bash tools/install_common.sh check-disks TAG VENV:KIND...`
-# (`make test`) checks the disk for several environments at once.
+# ------------------------------------------------------------------ commands
+# install_stack VENV: the stack, mmcv's wheel (built once per key:
+# build_mmcv_wheel.sh) and mmsoft, linked where mim reads it.
+install_stack() {
+    local venv="$1" tag=install key wheels wheel site record
+    local py="$venv/bin/python" stamp="$venv/.mmcv-wheel"
+    prepare_env "$tag" stack "$venv" python3
+    install_locked "$tag" "$venv" requirements/locks/stack.txt
+    key=$(bash tools/build_mmcv_wheel.sh key "$py")
+    wheels="${MMSOFT_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmsoft/wheels}/$key"
+    if ls "$wheels"/mmcv-*.whl >/dev/null 2>&1; then
+        echo "[$tag] mmcv wheel for this torch and build script found in $wheels"
+        bash tools/build_mmcv_wheel.sh prepare "$py"
+    else
+        echo "[$tag] building mmcv with its ops from source against torch" \
+             "$("$py" -c "import torch; print(torch.__version__)") (kept in $wheels afterwards)"
+        bash tools/build_mmcv_wheel.sh build "$py" "$wheels"
+    fi
+    wheel=$(ls "$wheels"/mmcv-*.whl)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$wheel" ] || ! "$py" -c "import mmcv.ops" 2>/dev/null; then
+        run_step "$tag" "installing $(basename "$wheel")" mmcv "$py" -m pip install \
+            --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+        "$py" -c "import mmcv.ops" || {
+            echo "[$tag] mmcv was installed without its compiled ops ($wheel)" >&2; exit 1; }
+        echo "$wheel" > "$stamp"
+    fi
+    install_editable "$tag" "$venv"
+    # mim reads site-packages/mmsoft/.mim: a link to the checkout's package, in
+    # the install's RECORD (docs/training.md).
+    site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    if [ -e "$site/mmsoft" ] && [ ! -L "$site/mmsoft" ]; then
+        echo "[mim] $site/mmsoft is not a link (a regular install?): left as it is" >&2
+    else
+        ln -sfn "$(pwd)/mmsoft" "$site/mmsoft"
+        record=$(ls "$site"/mmsoft-*.dist-info/RECORD)
+        grep -qx 'mmsoft,,' "$record" || echo 'mmsoft,,' >> "$record"
+    fi
+    run_step "$tag" "checking that every installed package's requirements hold (pip check)" \
+        "the locked stack" "$py" -m pip check
+    "$py" -c "import mmsoft, mmdet, mmseg, mmcv.ops; print('[$tag] ok: mmsoft', mmsoft.__version__)"
+}
+
+# install_floor VENV: mmdet and mmsegmentation without their dependencies
+# (requirements/floor-nodeps.txt): all of them are in the locks.
+install_floor() {
+    local venv="$1" tag=install-floor
+    prepare_env "$tag" floor "$venv" python3
+    BYTECODE=lazy install_locked "$tag" "$venv" requirements/locks/floor.txt \
+        requirements/locks/floor-nodeps.txt
+    install_editable "$tag" "$venv"
+    "$venv/bin/python" - <<'PY'
+import importlib.util
+
+import mmcv
+import numpy
+import torch
+
+import mmdet
+import mmseg
+import mmsoft
+
+assert torch.__version__.startswith('2.1.'), torch.__version__
+assert numpy.__version__.startswith('1.'), numpy.__version__
+assert mmcv.__version__ == '2.1.0', mmcv.__version__
+assert importlib.util.find_spec('mmcv._ext') is None, \
+    'the floor env should hold mmcv-lite (no compiled ops)'
+print(f'[install-floor] ok: mmsoft {mmsoft.__version__}, torch {torch.__version__}, '
+      f'numpy {numpy.__version__}, mmcv-lite {mmcv.__version__}, '
+      f'mmdet {mmdet.__version__}, mmseg {mmseg.__version__}')
+PY
+}
+
+# newest_base: the interpreter to create the newest environment with, on
+# stdout: CPython $NEWEST_PYTHON (python312), else the newest from 3.10 on.
+newest_base() {
+    local candidate version best='' best_minor=0
+    python312 && return 0
+    for candidate in python3.14 python3.13 python3.11 python3.10 python3; do
+        version=$("$candidate" -c 'import sys; print(sys.version_info[1])' 2>/dev/null) || continue
+        if [ "$version" -ge 10 ] && [ "$version" -gt "$best_minor" ]; then
+            best=$(command -v "$candidate")
+            best_minor=$version
+        fi
+    done
+    [ -n "$best" ] && echo "$best"
+}
+
+# install_newest VENV: the newest environment, no OpenMMLab package.
+install_newest() {
+    local venv="$1" tag=install-newest base="$1/bin/python" version
+    if [ ! -x "$base" ]; then
+        base=$(newest_base) || {
+            echo "[$tag] no Python 3.10 or newer found (wanted CPython $NEWEST_PYTHON:" \
+                 "python$NEWEST_PYTHON on PATH or in pyenv's versions)" >&2; exit 1; }
+        version=$("$base" -c 'import platform; print(platform.python_version())')
+        echo "[$tag] CPython $version ($base)"
+        [[ "$version" == "$NEWEST_PYTHON".* ]] || echo "[$tag] CPython $NEWEST_PYTHON not" \
+            "found (neither on PATH nor in pyenv's versions): using the newest Python" \
+            "there; the lock is resolved for $NEWEST_PYTHON"
+    fi
+    prepare_env "$tag" newest "$venv" "$base"
+    BYTECODE=lazy install_locked "$tag" "$venv" requirements/locks/newest.txt
+    install_editable "$tag" "$venv"
+    run_step "$tag" "checking that every installed package's requirements hold (pip check)" \
+        "the locked newest environment" "$venv/bin/python" -m pip check
+    "$venv/bin/python" - <<'PY'
+import importlib.util
+import platform
+
+import segmentation_models_pytorch
+import timm
+import torch
+import torchvision
+import transformers
+from torchvision.ops import nms
+
+import mmsoft
+
+present = [name for name in ('mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain')
+           if importlib.util.find_spec(name) is not None]
+assert not present, f'the newest environment should hold no OpenMMLab package: {present}'
+boxes = torch.tensor([[0., 0., 2., 2.], [0., 0., 2., 2.1]])
+assert nms(boxes, torch.tensor([1., .9]), .5).tolist() == [0], 'torchvision ops'
+print(f'[install-newest] ok: mmsoft {mmsoft.__version__}, Python {platform.python_version()}, '
+      f'torch {torch.__version__}, torchvision {torchvision.__version__}, '
+      f'timm {timm.__version__}, transformers {transformers.__version__}, '
+      f'smp {segmentation_models_pytorch.__version__}')
+PY
+}
+
+# write_locks: requirements/locks/, for x86-64 Linux and CPython 3.11
+# (newest.txt: $NEWEST_PYTHON), docs/get_started.md, "Lock files".
+write_locks() {
+    local tag=lock
+    ensure_uv "$tag"
+    # compile OUTPUT ARGUMENTS...: `uv pip compile` of the requirement files
+    # and options ARGUMENTS, for CPython $LOCK_PYTHON (default 3.11).
+    compile() {
+        local out="$1"; shift
+        run_step "$tag" "writing $out" "$*" \
+            "$UV" pip compile --quiet --python-version "${LOCK_PYTHON:-3.11}" \
+            --python-platform x86_64-manylinux_2_28 --generate-hashes \
+            --only-binary :all: --no-binary mmcv \
+            --build-constraints requirements/build-constraints.txt \
+            --constraint requirements/build-constraints.txt \
+            --custom-compile-command 'make lock' -o "$out" "$@"
+    }
+    mkdir -p requirements/locks
+    compile requirements/locks/stack.txt requirements/pip.txt requirements/build.txt \
+        requirements/runtime.txt requirements/tests.txt requirements/deploy.txt \
+        requirements/mim.txt requirements/mmcv.txt --no-emit-package mmcv
+    # the sdist that tools/build_mmcv_wheel.sh compiles
+    compile requirements/locks/mmcv.txt requirements/mmcv.txt --no-deps
+    compile requirements/locks/floor.txt requirements/pip.txt requirements/floor.txt
+    compile requirements/locks/floor-nodeps.txt requirements/floor-nodeps.txt --no-deps
+    LOCK_PYTHON=$NEWEST_PYTHON compile requirements/locks/newest.txt requirements/pip.txt \
+        requirements/newest.txt
+    echo "[$tag] requirements/locks/ written; install with 'make install install-floor install-newest'"
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     set -euo pipefail
-    case "${1:-}" in
-        check-disks) shift; check_disks "$@" ;;
-        *) echo "usage: bash tools/install_common.sh check-disks TAG VENV:KIND..." >&2; exit 2 ;;
+    case "${1:-} $#" in
+        "stack 1"|"stack 2") install_stack "${2:-.venv}" ;;
+        "floor 1"|"floor 2") install_floor "${2:-.venv-floor}" ;;
+        "newest 1"|"newest 2") install_newest "${2:-.venv-newest}" ;;
+        "lock 1") write_locks ;;
+        check-disks*) check_disks "${@:2}" ;;
+        *) sed -n '4,/(`make test`)$/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
     esac
 fi
