@@ -53,12 +53,12 @@ FLOOR_SHARDS ?= 2
 # two suites run side by side on two cores.
 SUITE_THREADS ?= 1
 SUITE_ENV := OMP_NUM_THREADS=$(SUITE_THREADS) MKL_NUM_THREADS=$(SUITE_THREADS)
-# The floor and newest environments are installed without bytecode (most of
-# their modules are never imported): in their targets Python writes the
-# bytecode of what it imports, once, even where the shell sets
-# PYTHONDONTWRITEBYTECODE (docs/testing.md).
-test test-floor test-newest install-floor install-newest lint: \
-	export PYTHONDONTWRITEBYTECODE :=
+# The environments are installed without bytecode (most of their modules
+# are never imported): in these targets Python writes the bytecode of what it
+# imports, once, even where the shell sets PYTHONDONTWRITEBYTECODE
+# (docs/testing.md).
+install install-floor install-newest demo lint test test-stack test-floor \
+		test-newest: export PYTHONDONTWRITEBYTECODE :=
 # `make gpu-check` installs nothing: it runs in the active environment's
 # python, which needs torch (a CUDA build), timm for the peers and pytest;
 # no OpenMMLab package. GPU_CHECK_PYTHON=... picks another. It runs the CUDA

@@ -9,7 +9,6 @@
 #   bash tools/install.sh newest [VENV]   .venv-newest/: CPython 3.12, the
 #       newest torch, no OpenMMLab (requirements/locks/newest.txt), for
 #       `make test-newest`; its interpreter: docs/testing.md
-#   (floor and newest without bytecode: their suites write what they import)
 #   bash tools/install.sh lock            requirements/locks/ from
 #       requirements/*.txt with uv, every file's hash pinned (`make lock`)
 #   bash tools/install.sh check-disks TAG VENV:KIND...   the disk for several
@@ -229,12 +228,11 @@ prepare_env() {
 }
 
 # install_locked TAG VENV LOCK...: exactly what the locks pin, hash-checked
-# wheels only, with uv (ensure_uv) from pip's index (package_index), bytecode
-# compiled unless BYTECODE=lazy (docs/testing.md); its cache, hard links into
-# VENV, is removed after.
+# wheels only, with uv (ensure_uv) from pip's index (package_index), without
+# bytecode (warm_up writes that of what is imported; docs/testing.md); its
+# cache, hard links into VENV, is removed after.
 install_locked() {
-    local tag="$1" venv="$2" lock requirements=() compile=--compile-bytecode
-    [ "${BYTECODE:-}" != lazy ] || compile=()
+    local tag="$1" venv="$2" lock requirements=()
     local cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"  # pip's certificates, if set
     shift 2
     ensure_uv "$tag"
@@ -243,8 +241,15 @@ install_locked() {
         env ${cert:+"SSL_CERT_FILE=$cert"} "$UV" pip install \
         --python "$venv/bin/python" --cache-dir "$venv/.uv-cache" \
         --index-url "$(package_index "$venv/bin/python")" --require-hashes \
-        --only-binary :all: --no-deps ${compile[@]+"${compile[@]}"} "${requirements[@]}"
+        --only-binary :all: --no-deps "${requirements[@]}"
     rm -rf "$venv/.uv-cache"
+}
+
+# warm_up VENV ARG...: VENV's python with ARG (the install's last check),
+# writing the bytecode of the modules it imports, which later processes
+# read, even where the shell sets PYTHONDONTWRITEBYTECODE.
+warm_up() {
+    PYTHONDONTWRITEBYTECODE= "$1/bin/python" "${@:2}"
 }
 
 # install_editable TAG VENV: mmsoft from the checkout, built with the
@@ -295,7 +300,7 @@ install_stack() {
     fi
     run_step "$tag" "checking that every installed package's requirements hold (pip check)" \
         "the locked stack" "$py" -m pip check
-    "$py" -c "import mmsoft, mmdet, mmseg, mmcv.ops; print('[$tag] ok: mmsoft', mmsoft.__version__)"
+    warm_up "$venv" -c "import mmsoft, mmdet, mmseg, mmcv.ops; print('[$tag] ok: mmsoft', mmsoft.__version__)"
 }
 
 # install_floor VENV: mmdet and mmsegmentation without their dependencies
@@ -303,10 +308,10 @@ install_stack() {
 install_floor() {
     local venv="$1" tag=install-floor
     prepare_env "$tag" floor "$venv" python3
-    BYTECODE=lazy install_locked "$tag" "$venv" requirements/locks/floor.txt \
+    install_locked "$tag" "$venv" requirements/locks/floor.txt \
         requirements/locks/floor-nodeps.txt
     install_editable "$tag" "$venv"
-    "$venv/bin/python" - <<'PY'
+    warm_up "$venv" - <<'PY'
 import importlib.util
 
 import mmcv
@@ -357,11 +362,11 @@ install_newest() {
             "there; the lock is resolved for $NEWEST_PYTHON"
     fi
     prepare_env "$tag" newest "$venv" "$base"
-    BYTECODE=lazy install_locked "$tag" "$venv" requirements/locks/newest.txt
+    install_locked "$tag" "$venv" requirements/locks/newest.txt
     install_editable "$tag" "$venv"
     run_step "$tag" "checking that every installed package's requirements hold (pip check)" \
         "the locked newest environment" "$venv/bin/python" -m pip check
-    "$venv/bin/python" - <<'PY'
+    warm_up "$venv" - <<'PY'
 import importlib.util
 import platform
 
