@@ -10,10 +10,11 @@ import pytest
 pytest.importorskip('mmengine', reason='needs OpenMMLab (mmengine): runs in the stack '
                     'and floor environments')
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from mmengine.config import Config
 
@@ -27,6 +28,7 @@ from mmsoft_analysis.comparison import (BBOX_METRIC, DETECTORS, GROUP_PARAMS,
                                         probe_jobs, recipe_options,
                                         seed_summary, segmentation_schedule,
                                         write_report)
+from tests.helpers.tools import load_tool
 
 pytestmark = pytest.mark.openmmlab
 
@@ -364,9 +366,17 @@ def test_report_writes_table_and_plots(tmp_path):
     assert data['settings']['epochs'] == 3 and len(data['detection']) == 2
 
 
-def _tool(*args, cwd=REPO):
-    return subprocess.run([sys.executable, 'tools/analysis/compare_backbones.py',
-                           *args], cwd=cwd, capture_output=True, text=True)
+def _tool(*args) -> SimpleNamespace:
+    """The tool's ``main`` in this process (its training runs are processes of
+    their own): the exit status and what it printed."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            status = load_tool('analysis/compare_backbones').main(list(args))
+        except SystemExit as exit:  # argparse's errors
+            status = exit.code
+    return SimpleNamespace(returncode=status, stdout=stdout.getvalue(),
+                           stderr=stderr.getvalue())
 
 
 def test_tool_rejects_unknown_names():
