@@ -401,10 +401,11 @@ def write_lock(path, entries: Dict[str, dict]) -> str:
     return str(path)
 
 
-def test_locked_install_checks_hashes_and_compiles_bytecode(tmp_path):
+def test_locked_install_checks_hashes_and_warm_up_writes_bytecode(tmp_path):
     """A wrong hash or a version the index lacks fails, naming what to do; a
-    lock's wheel installs from the index, its modules compiled, and leaves no
-    cache."""
+    lock's wheel installs from the index, no module compiled, and leaves no
+    cache; warm_up writes the bytecode of what it imports (mdurl imports all
+    its modules) where the shell sets PYTHONDONTWRITEBYTECODE."""
     venv = tmp_path / 'venv'
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
                    check=True)
@@ -421,9 +422,13 @@ def test_locked_install_checks_hashes_and_compiles_bytecode(tmp_path):
     done = run_installer_function(f'install_locked test {venv} {good}', tmp_path)
     assert done.returncode == 0, done.stderr
     package = next(venv.glob('lib/python3.*/site-packages/mdurl'))
+    assert not list(package.glob('__pycache__/*.pyc'))
+    assert not (venv / '.uv-cache').exists()
+    warmed = run_installer_function(f'warm_up {venv} -c "import mdurl"', tmp_path,
+                                    PYTHONDONTWRITEBYTECODE='1')
+    assert warmed.returncode == 0, warmed.stderr
     assert {path.name.split('.')[0] for path in package.glob('__pycache__/*.pyc')} \
         == {path.stem for path in package.glob('*.py')}
-    assert not (venv / '.uv-cache').exists()
 
 
 def test_installers_started_together_install_the_lock_tool_once(tmp_path):
