@@ -1,11 +1,10 @@
 """tools/analysis/benchmark.py and its package (tools/analysis/mmsoft_analysis):
 the list of models, the cases and their order, one measurement in this
 process on small sizes, the report's rows, ratios and targets, the budget,
-the hard limit of a case's process, the profile's regions and FLOPs, and the
-command end to end in its CPU smoke mode."""
+the hard limit of a case's process, the profile's regions and FLOPs. The
+command end to end in its CPU smoke mode: tests/test_gpu_bundle.py, where
+the GPU node's check runs it."""
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from mmsoft_analysis.op_profile import (FUNCTION_REGIONS, attribute, operator_cl
                                         profile_regions, profile_tables)
 
 REPO = Path(__file__).resolve().parents[1]
-TOOL = REPO / 'tools' / 'analysis' / 'benchmark.py'
 
 
 def in_process(case, timeout_s):
@@ -270,19 +268,3 @@ def test_compiled_case_in_process(tmp_path):
     assert (row['compiled'], row['status']) == ('eager', 'ok') and row['compile_s'] > 0
     text = (tmp_path / 'results.md').read_text()
     assert '## Backbones, 32x48, compiled (eager)' in text
-
-
-@pytest.mark.torchvision  # timm
-def test_cpu_smoke_run_end_to_end(tmp_path):
-    """The command as a user runs it: a fresh process per case, the report
-    written and printed, exit status 0."""
-    done = subprocess.run(
-        [sys.executable, str(TOOL), '--preset', 'smoke', '--modes', 'inference',
-         '--steps', '1', '--out-dir', str(tmp_path)],
-        capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    data = json.loads((tmp_path / 'results.json').read_text())
-    assert [(r['label'], r['mode'], r['status']) for r in data['rows']] == [
-        ('soft++-tiny', 'inference', 'ok'), ('timm-swin-t', 'inference', 'ok')]
-    assert all(r['median_ms'] > 0 for r in data['rows'])
-    assert '| timm-swin-t | inference | float32 |' in done.stdout

@@ -183,7 +183,9 @@ def test_refuses_a_bad_bundle(tmp_path, wheel, message):
 def test_cpu_smoke_run_installs_the_bundle_and_runs_the_benchmark(tmp_path):
     """``run check --allow-cpu``: the bundle installed into a temporary
     folder, the CUDA tests collected (skipped without a GPU), then the
-    benchmark's CPU smoke mode, its report closed with the run's phases."""
+    benchmark's command end to end in its CPU smoke mode (a fresh process per
+    case, the report written and printed), its report closed with the run's
+    phases."""
     bundle = tmp_path / 'bundle'
     bundle.mkdir()
     with zipfile.ZipFile(bundle / 'stand_in-1.0-py3-none-any.whl', 'w') as wheel:
@@ -202,7 +204,10 @@ def test_cpu_smoke_run_installs_the_bundle_and_runs_the_benchmark(tmp_path):
     assert 'installed 1 wheels' in done.stdout
     data = json.loads((tmp_path / 'out' / 'results.json').read_text())
     assert (data['tests']['passed'], data['tests']['failed']) == (1, 0)
-    assert [r['status'] for r in data['rows']] == ['ok', 'ok']
+    assert [(r['label'], r['mode'], r['status']) for r in data['rows']] == [
+        ('soft++-tiny', 'inference', 'ok'), ('timm-swin-t', 'inference', 'ok')]
+    assert all(r['median_ms'] > 0 for r in data['rows'])
+    assert '| timm-swin-t | inference | float32 |' in done.stdout
     text = (tmp_path / 'out' / 'results.md').read_text()
     assert re.search(r'Offline run: exit status 0; total \d+ s of a 400 s budget\. '
                      r'Phases: device \d+ s, install \d+ s, benchmark \d+ s\.', text)
